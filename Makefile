@@ -1,0 +1,47 @@
+# Set-up and entry points. `make demo` and `make test` work on a fresh machine:
+# each creates or updates .venv and installs what it needs from the package registries.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# PyTorch is pinned here, not in the library: 2.13.0 is the CPU build this machine
+# family keeps on disk; a bare `torch` would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: demo test test-fast lint install-demo install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[hf,demo]"
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
+	$(PIP) -e ".[hf,demo,dev]"
+	touch $@
+
+install-demo: $(VENV)/.demo-installed
+install-test: $(VENV)/.test-installed
+
+## Run the guard over the embedded default model on a handful of questions.
+demo: install-demo
+	$(BIN)/python examples/quickstart.py
+
+## The whole test suite: unit tests and integration tests on the embedded model.
+test: install-test
+	$(BIN)/python -m pytest
+
+## Unit tests only (no model).
+test-fast: install-test
+	$(BIN)/python -m pytest -m "not integration"
+
+lint: install-test
+	$(BIN)/ruff check esi_guard tests examples
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

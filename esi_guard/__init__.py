@@ -1,0 +1,47 @@
+"""esi_guard: flag, withhold or re-route LLM answers that the ESI uncertainty score distrusts.
+
+``import esi_guard`` never imports torch or transformers; they load with a model.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from esi_guard.backends import Backend, FakeBackend, HFBackend
+from esi_guard.exceptions import (
+    BackendError,
+    ConfigurationError,
+    ESIGuardError,
+    InputError,
+    ModelLoadError,
+    ScoringError,
+)
+from esi_guard.guard import ESIGuard, ESIResult
+from esi_guard.interventions import FixedVariants, Intervention, Paraphrase, SkipOneChar, Typo
+from esi_guard.scoring import ESIScore, TopK, esi_score
+
+try:
+    __version__ = version("esi-guard")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "ConfigurationError",
+    "ESIGuard",
+    "ESIGuardError",
+    "ESIResult",
+    "ESIScore",
+    "FakeBackend",
+    "FixedVariants",
+    "HFBackend",
+    "InputError",
+    "Intervention",
+    "ModelLoadError",
+    "Paraphrase",
+    "ScoringError",
+    "SkipOneChar",
+    "TopK",
+    "Typo",
+    "__version__",
+    "esi_score",
+]

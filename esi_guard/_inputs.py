@@ -1,0 +1,105 @@
+"""Turn what a LangChain chain hands the guard into chat messages and find the question.
+
+* a string is one user message, and the whole string is the question;
+* a PromptValue or a list of messages keeps every message; the question is the last
+  human message. System and earlier messages are never intervened on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import BaseMessage, convert_to_messages
+from langchain_core.prompt_values import PromptValue
+
+from esi_guard.backends.base import ChatMessage
+from esi_guard.exceptions import InputError
+
+__all__ = ["GuardedPrompt", "message_text", "parse_input"]
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system"}
+
+
+@dataclass(frozen=True)
+class GuardedPrompt:
+    """A prompt as chat messages, and where its question is."""
+
+    messages: tuple[ChatMessage, ...]
+    """The whole prompt."""
+    question_index: int
+    """Index of the message that is intervened on."""
+
+    @property
+    def question(self) -> str:
+        """The question text."""
+        return self.messages[self.question_index]["content"]
+
+    def with_question(self, text: str) -> list[ChatMessage]:
+        """The same prompt with the question replaced by ``text``."""
+        messages = list(self.messages)
+        messages[self.question_index] = ChatMessage(role="user", content=text)
+        return messages
+
+
+def message_text(message: BaseMessage | Any) -> str:
+    """Plain text of a message's content (string or text content blocks)."""
+    content = getattr(message, "content", message)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            else:
+                kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+                msg = f"cannot guard a message holding a {kind!r} content block; only text is supported"
+                raise InputError(msg)
+        return "".join(parts)
+    msg = f"message content of type {type(content).__name__} is not text"
+    raise InputError(msg)
+
+
+def _role(message: BaseMessage) -> str:
+    role = _ROLES.get(message.type) or getattr(message, "role", None)
+    if not role or message.type == "tool":
+        msg = f"cannot guard a prompt holding a {message.type!r} message"
+        raise InputError(msg)
+    return str(role)
+
+
+def parse_input(value: Any) -> GuardedPrompt:
+    """Chat messages and question of a guard input.
+
+    Raises:
+        InputError: Unsupported type, no human message, or an empty question.
+    """
+    if isinstance(value, str):
+        messages: Sequence[BaseMessage] = []
+        chat = (ChatMessage(role="user", content=value),)
+    elif isinstance(value, PromptValue | Sequence):
+        try:
+            messages = value.to_messages() if isinstance(value, PromptValue) else convert_to_messages(value)
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            msg = f"cannot read the input as chat messages: {exc}"
+            raise InputError(msg) from exc
+        chat = tuple(ChatMessage(role=_role(m), content=message_text(m)) for m in messages)
+    else:
+        msg = (
+            f"ESIGuard takes a string, a PromptValue or a list of messages; "
+            f"got {type(value).__name__}"
+        )
+        raise InputError(msg)
+    users = [i for i, message in enumerate(chat) if message["role"] == "user"]
+    if not users:
+        msg = "the prompt has no human message to use as the question"
+        raise InputError(msg)
+    prompt = GuardedPrompt(messages=chat, question_index=users[-1])
+    if not prompt.question.strip():
+        msg = "the question (last human message) is empty"
+        raise InputError(msg)
+    return prompt

@@ -1,0 +1,128 @@
+"""The one small interface every backend implements, and the types it exchanges.
+
+A backend does two things for ESI:
+
+1. ``generate``: the greedy answer to each prompt and, at each answer position, the
+   top-k of the original distribution;
+2. ``teacher_force``: for each request, the same answer forced after each intervened
+   prompt, the top-k at each answer position (all of a request's variants in one pass).
+
+White-box backends (``values_kind = "logits"``, e.g. :class:`~esi_guard.HFBackend`)
+return raw logits; black-box ones (``"logprobs"``, OpenAI-compatible servers) return
+log-probabilities. Prompts are plain chat messages (role + content), so backends
+never see LangChain types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, TypedDict
+
+from esi_guard.scoring import TopK, ValueKind
+
+__all__ = [
+    "Backend",
+    "ChatMessage",
+    "Forced",
+    "ForcingRequest",
+    "Generation",
+    "Messages",
+]
+
+
+class ChatMessage(TypedDict):
+    """One chat message, as chat templates and OpenAI-style APIs take it."""
+
+    role: str
+    content: str
+
+
+Messages = Sequence[ChatMessage]
+"""A prompt: the chat messages, the last of which the answer replies to."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A greedy answer and the original distributions at each of its tokens."""
+
+    text: str
+    """The decoded answer, special tokens removed."""
+    token_ids: tuple[int, ...]
+    """The answer's token ids, end-of-sequence excluded."""
+    topk: TopK
+    """Top-k of the original distribution at each answer position."""
+    finish_reason: Literal["stop", "length"]
+    """``stop``: an end-of-sequence token ended it; ``length``: ``max_new_tokens`` did."""
+
+
+@dataclass(frozen=True)
+class ForcingRequest:
+    """One answer to force after each of a prompt's variants."""
+
+    prompt: Messages
+    """The original prompt."""
+    variants: Sequence[Messages]
+    """The intervened prompts, same messages but the question."""
+    answer_ids: Sequence[int]
+    """The answer tokens to force."""
+    include_original: bool = False
+    """Also force the answer after the original prompt (to score an existing answer)."""
+
+
+@dataclass(frozen=True)
+class Forced:
+    """Top-k distributions of a forced answer."""
+
+    variants: list[TopK]
+    """One per variant, in request order."""
+    original: TopK | None = None
+    """Under the original prompt, when the request asked for it."""
+
+
+class Backend(ABC):
+    """Base class of all backends."""
+
+    values_kind: ClassVar[ValueKind] = "logits"
+    """What top-k values are: ``logits`` (white-box) or ``logprobs`` (black-box)."""
+    approximate: ClassVar[bool] = False
+    """True when the variants' distributions are not exact teacher forcing."""
+
+    @property
+    @abstractmethod
+    def model_id(self) -> str:
+        """Identity of the model, recorded with every result."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+    ) -> list[Generation]:
+        """Greedy answers with the original top-k at each answer position."""
+
+    @abstractmethod
+    def teacher_force(self, requests: Sequence[ForcingRequest], *, top_k: int) -> list[Forced]:
+        """Top-k at each answer position of each request, under each of its variants."""
+
+    @abstractmethod
+    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """Token ids of an answer the user already has, as the model would emit them."""
+
+    async def agenerate(
+        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+    ) -> list[Generation]:
+        """Async :meth:`generate`; a worker thread by default."""
+        return await asyncio.to_thread(
+            self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k
+        )
+
+    async def ateacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> list[Forced]:
+        """Async :meth:`teacher_force`; a worker thread by default."""
+        return await asyncio.to_thread(self.teacher_force, requests, top_k=top_k)
+
+    async def aencode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """Async :meth:`encode_answer`; a worker thread by default."""
+        return await asyncio.to_thread(self.encode_answer, prompt, answer)

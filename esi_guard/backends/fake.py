@@ -1,0 +1,142 @@
+"""An in-package fake backend for tests and examples, like ``httpx.MockTransport``.
+
+It needs no model: answers come from a mapping, tokens are whitespace-separated words,
+and each position's logits are drawn from a generator seeded by the answer prefix, so
+the same call always returns the same numbers. Under a variant prompt the logits move
+by ``sensitivity`` times seeded noise; a variant identical to the question does not move
+them, so a question with sensitivity 0 always scores 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.scoring import TopK
+
+__all__ = ["FakeBackend"]
+
+_EOS = 0
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _question(prompt: Messages) -> str:
+    for message in reversed(prompt):
+        if message["role"] == "user":
+            return message["content"]
+    return ""
+
+
+class FakeBackend(Backend):
+    """A deterministic backend with scripted answers and scripted sensitivity.
+
+    Args:
+        answers: Question text -> answer text.
+        default_answer: Answer to any question not in ``answers``.
+        sensitivity: Question text -> how far its distributions move under intervention.
+        default_sensitivity: Sensitivity of questions not in ``sensitivity``.
+        vocab_size: Size of the fake vocabulary (grows to fit the answers' words).
+        error: If set, every call raises it (to test failure handling).
+
+    ``calls`` records ``(method, batch size)`` for each call, so tests can check batching.
+    """
+
+    def __init__(
+        self,
+        answers: Mapping[str, str] | None = None,
+        *,
+        default_answer: str = "I do not know.",
+        sensitivity: Mapping[str, float] | None = None,
+        default_sensitivity: float = 0.0,
+        vocab_size: int = 128,
+        error: Exception | None = None,
+    ) -> None:
+        self.answers = dict(answers or {})
+        self.default_answer = default_answer
+        self.sensitivity = dict(sensitivity or {})
+        self.default_sensitivity = default_sensitivity
+        self.vocab_size = vocab_size
+        self.error = error
+        self.calls: list[tuple[str, int]] = []
+        self._words: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        """The fake's identity."""
+        return "fake"
+
+    def _ids(self, text: str) -> list[int]:
+        with self._lock:
+            return [self._words.setdefault(word, len(self._words) + 1) for word in text.split()]
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        names = {index: word for word, index in self._words.items()}
+        return " ".join(names[i] for i in ids)
+
+    def _topk(self, answer: Sequence[int], top_k: int, noise: float, variant: str) -> TopK:
+        size = max(self.vocab_size, len(self._words) + 2)
+        rows = []
+        for t, target in enumerate([*answer]):
+            logits = np.random.default_rng(_seed("base", *answer[:t])).normal(size=size)
+            logits[target] = logits.max() + 1.0
+            if noise:
+                logits += noise * np.random.default_rng(_seed("noise", variant, t)).normal(size=size)
+            rows.append(logits)
+        full = np.asarray(rows, dtype=np.float64).reshape(len(rows), size)
+        order = np.argsort(-full, axis=-1, kind="stable")[:, :top_k]
+        return TopK(order, np.take_along_axis(full, order, axis=-1))
+
+    def _record(self, method: str, size: int) -> None:
+        self.calls.append((method, size))
+        if self.error is not None:
+            raise self.error
+
+    def generate(
+        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+    ) -> list[Generation]:
+        """Scripted answers, cut at ``max_new_tokens`` words."""
+        self._record("generate", len(prompts))
+        results = []
+        for prompt in prompts:
+            question = _question(prompt)
+            ids = self._ids(self.answers.get(question, self.default_answer))
+            finish = "length" if len(ids) > max_new_tokens else "stop"
+            ids = ids[:max_new_tokens]
+            results.append(
+                Generation(
+                    text=self._decode(ids),
+                    token_ids=tuple(ids),
+                    topk=self._topk(ids, top_k, 0.0, question),
+                    finish_reason=finish,
+                )
+            )
+        return results
+
+    def teacher_force(self, requests: Sequence[ForcingRequest], *, top_k: int) -> list[Forced]:
+        """Distributions that move with the question's sensitivity."""
+        self._record("teacher_force", len(requests))
+        results = []
+        for request in requests:
+            question = _question(request.prompt)
+            level = self.sensitivity.get(question, self.default_sensitivity)
+            answer = list(request.answer_ids)
+            variants = []
+            for variant in request.variants:
+                text = _question(variant)
+                variants.append(self._topk(answer, top_k, 0.0 if text == question else level, text))
+            original = self._topk(answer, top_k, 0.0, question) if request.include_original else None
+            results.append(Forced(variants=variants, original=original))
+        return results
+
+    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """Word ids of the answer."""
+        return self._ids(answer)

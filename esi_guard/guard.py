@@ -1,0 +1,506 @@
+"""ESIGuard: the Runnable that generates, scores with ESI, decides and acts.
+
+The guard knows no backend internals: it asks its backend for greedy answers and for
+teacher-forced distributions, its intervention for variants, and ``esi_score`` for the
+number. Each of those steps shows as a tagged child run (``esi:generate``,
+``esi:intervene``, ``esi:score``, and ``esi:fallback`` when routing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.prompt_values import PromptValue
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
+from langchain_core.runnables.config import patch_config
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from esi_guard._inputs import GuardedPrompt, message_text, parse_input
+from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
+from esi_guard.exceptions import ConfigurationError, ScoringError
+from esi_guard.interventions import Intervention, SkipOneChar
+from esi_guard.scoring import Distance, TopK, esi_score
+
+__all__ = ["ESIGuard", "ESIResult", "GuardInput"]
+
+GuardInput: TypeAlias = str | PromptValue | Sequence[BaseMessage | tuple[str, str] | dict[str, Any] | str]
+"""What the guard takes: a string, a PromptValue, or a list of messages."""
+
+Action = Literal["flag", "abstain", "route"]
+Decision = Literal["accept", "flag", "abstain", "route"]
+
+DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
+
+
+@dataclass
+class ESIResult:
+    """What the guard found about one answer; ``as_dict()`` is ``response_metadata["esi"]``."""
+
+    score: float | None
+    """ESI score, or None when the answer could not be scored."""
+    threshold: float
+    """Scores above it are not trusted."""
+    decision: Decision
+    """``accept`` (scored, at or below the threshold) or the action taken."""
+    scored: bool
+    """False when no score could be computed; the action is then taken (fail closed)."""
+    reason: str | None
+    """Why the answer was not scored, or None."""
+    answer: str
+    """The model's answer (kept here when withheld or replaced)."""
+    variants: list[str]
+    """The intervened question texts actually used."""
+    answer_token_ids: list[int]
+    """Answer tokens, end-of-sequence excluded."""
+    token_scores: list[float]
+    """Per-token contributions (mean over variants of alpha_t * D)."""
+    model: str
+    """Backend's model identity."""
+    scoring: dict[str, Any] = field(default_factory=dict)
+    """Scoring configuration: intervention, n_variants, top_k, distance, approximate."""
+    finish_reason: str | None = None
+    """``stop`` or ``length`` when the guard generated the answer."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy."""
+        return asdict(self)
+
+
+def _result_summary(result: ESIResult) -> dict[str, Any]:
+    return {"score": result.score, "scored": result.scored, "reason": result.reason}
+
+
+class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
+    """Guard a model's answers with the ESI uncertainty score.
+
+    For each prompt the guard generates the greedy answer, builds ``n_variants``
+    intervened copies of the question (the last human message only), teacher-forces
+    the same answer after each, and scores how much the token distributions move.
+    Above ``threshold`` it acts: ``flag`` returns the answer marked untrusted,
+    ``abstain`` replaces it with ``abstain_message``, ``route`` returns ``fallback``'s
+    answer to the original input. An answer that cannot be scored (empty, or no
+    variant differs from the question) is never passed as trusted: the action is
+    taken and ``reason`` says why.
+
+    The output is an ``AIMessage`` whose ``response_metadata["esi"]`` holds the score,
+    decision, variants, token scores and configuration (see :class:`ESIResult`).
+
+    ``batch``/``abatch`` send all prompts through the backend together. ``stream`` and
+    ``astream`` yield one chunk: the answer is held until it has been scored, since a
+    guard cannot vouch for text it has not seen whole.
+
+    Example:
+        .. code-block:: python
+
+            from esi_guard import ESIGuard, HFBackend
+
+            guard = ESIGuard(backend=HFBackend.default(), threshold=0.3, action="abstain")
+            message = guard.invoke("What is the capital of France?")
+            message.response_metadata["esi"]["score"]
+    """
+
+    backend: Backend
+    """The model engine (``HFBackend``, ``FakeBackend``...)."""
+    threshold: float
+    """Scores strictly above it are untrusted; calibrate it on labelled data."""
+    intervention: Intervention = Field(default_factory=SkipOneChar)
+    """How variants of the question are made (SOC with p=0.3, M*=3 by default)."""
+    n_variants: int = Field(default=10, ge=1)
+    """L, the number of intervened variants per question."""
+    top_k: int = Field(default=100, ge=1)
+    """k, the number of tokens kept in each truncated distribution."""
+    distance: Distance = "hellinger"
+    """Distance between truncated distributions."""
+    action: Action = "flag"
+    """What to do with an untrusted answer: ``flag``, ``abstain`` or ``route``."""
+    fallback: Runnable[Any, Any] | None = None
+    """Runnable invoked with the original input when ``action="route"``."""
+    abstain_message: str = DEFAULT_ABSTAIN_MESSAGE
+    """Content returned in place of an untrusted answer when ``action="abstain"``."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Most tokens generated per answer."""
+    seed: int = 0
+    """Seed of the intervention; variants depend only on it and the question."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        """Validate the configuration; any invalid field is a :class:`ConfigurationError`."""
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:
+            msg = f"invalid ESIGuard configuration: {exc}"
+            raise ConfigurationError(msg) from exc
+
+    @model_validator(mode="after")
+    def _check(self) -> ESIGuard:
+        if not math.isfinite(self.threshold):
+            msg = f"threshold must be a finite number, got {self.threshold!r}"
+            raise ConfigurationError(msg)
+        if self.action == "route" and self.fallback is None:
+            msg = "action='route' needs a fallback runnable"
+            raise ConfigurationError(msg)
+        return self
+
+    # -- public Runnable API ------------------------------------------------------------
+
+    def invoke(self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        """Answer, score and act on one prompt."""
+        return self._call_with_config(self._invoke, input, config, **kwargs)
+
+    async def ainvoke(
+        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AIMessage:
+        """Async :meth:`invoke`."""
+        return await self._acall_with_config(self._ainvoke, input, config, **kwargs)
+
+    def batch(
+        self,
+        inputs: list[GuardInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:
+        """Guard many prompts with one batched pass through the backend per step."""
+        if not inputs:
+            return []
+        return self._batch_with_config(
+            self._batch, inputs, config, return_exceptions=return_exceptions, **kwargs
+        )
+
+    async def abatch(
+        self,
+        inputs: list[GuardInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:
+        """Async :meth:`batch`."""
+        if not inputs:
+            return []
+        return await self._abatch_with_config(
+            self._abatch, inputs, config, return_exceptions=return_exceptions, **kwargs
+        )
+
+    def stream(
+        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[AIMessage]:
+        """Yield the guarded answer as ONE chunk: it is held until it has been scored."""
+        yield self.invoke(input, config, **kwargs)
+
+    async def astream(
+        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessage]:
+        """Async :meth:`stream`: one chunk, after scoring."""
+        yield await self.ainvoke(input, config, **kwargs)
+
+    def score(self, prompt: GuardInput, answer: str) -> ESIResult:
+        """Score an answer the user already has, without generating.
+
+        The original distributions come from teacher forcing ``answer`` after the
+        original prompt, in the same pass as the variants.
+        """
+        parsed = parse_input(prompt)
+        ids = self.backend.encode_answer(parsed.messages, answer)
+        variants = self.intervention.variants(parsed.question, self.n_variants, seed=self.seed)
+        request, early = self._request(parsed, ids, variants, include_original=True, answer=answer)
+        forced = self.backend.teacher_force([request], top_k=self.top_k)[0] if request else None
+        return early or self._assess(parsed, answer, ids, variants, None, forced, None)
+
+    # -- the work -------------------------------------------------------------------------
+
+    def _invoke(
+        self, input: GuardInput, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> AIMessage:
+        return _single(self._batch([input], [run_manager], [config]))
+
+    async def _ainvoke(
+        self, input: GuardInput, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> AIMessage:
+        return _single(await self._abatch([input], [run_manager], [config]))
+
+    def _batch(
+        self,
+        inputs: list[GuardInput],
+        run_manager: list[CallbackManagerForChainRun],
+        config: list[RunnableConfig],
+    ) -> list[Any]:
+        run_managers, configs = run_manager, config
+        parsed, ok = _parse_all(inputs)
+        managers = [run_managers[i] for i in ok]
+        prompts = [parsed[i] for i in ok]
+        gens = _traced(managers, "generate", prompts, lambda: self.backend.generate(
+            [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k))
+        variants = _traced(managers, "intervene", prompts, lambda: self.intervention.batch_variants(
+            [p.question for p in prompts], self.n_variants, seed=self.seed))
+        results = _traced(managers, "score", prompts, lambda: self._score_generated(prompts, gens, variants))
+        routed = [i for i, r in enumerate(results) if r.decision == "route"]
+        fallback_out = []
+        if routed and self.fallback is not None:
+            fallback_out = self.fallback.batch(
+                [inputs[ok[i]] for i in routed],
+                [_child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback") for i in routed],
+            )
+        return _assemble(parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message)
+
+    async def _abatch(
+        self,
+        inputs: list[GuardInput],
+        run_manager: list[AsyncCallbackManagerForChainRun],
+        config: list[RunnableConfig],
+    ) -> list[Any]:
+        run_managers, configs = run_manager, config
+        parsed, ok = _parse_all(inputs)
+        managers = [run_managers[i] for i in ok]
+        prompts = [parsed[i] for i in ok]
+        gens = await _atraced(managers, "generate", prompts, lambda: self.backend.agenerate(
+            [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k))
+        variants = await _atraced(managers, "intervene", prompts, lambda: self.intervention.abatch_variants(
+            [p.question for p in prompts], self.n_variants, seed=self.seed))
+        results = await _atraced(managers, "score", prompts, lambda: self._ascore_generated(prompts, gens, variants))
+        routed = [i for i, r in enumerate(results) if r.decision == "route"]
+        fallback_out = []
+        if routed and self.fallback is not None:
+            fallback_out = await self.fallback.abatch(
+                [inputs[ok[i]] for i in routed],
+                [_child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback") for i in routed],
+            )
+        return _assemble(parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message)
+
+    def _plan(
+        self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
+    ) -> tuple[list[ForcingRequest], list[ESIResult | None]]:
+        requests: list[ForcingRequest] = []
+        early: list[ESIResult | None] = []
+        for prompt, gen, texts in zip(prompts, gens, variants, strict=True):
+            request, result = self._request(prompt, gen.token_ids, texts, include_original=False,
+                                            answer=gen.text, finish_reason=gen.finish_reason)
+            early.append(result)
+            if request is not None:
+                requests.append(request)
+        return requests, early
+
+    def _score_generated(
+        self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
+    ) -> list[ESIResult]:
+        requests, early = self._plan(prompts, gens, variants)
+        forced = self.backend.teacher_force(requests, top_k=self.top_k) if requests else []
+        return self._collect(prompts, gens, variants, early, forced)
+
+    async def _ascore_generated(
+        self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
+    ) -> list[ESIResult]:
+        requests, early = self._plan(prompts, gens, variants)
+        forced = await self.backend.ateacher_force(requests, top_k=self.top_k) if requests else []
+        return self._collect(prompts, gens, variants, early, forced)
+
+    def _collect(
+        self,
+        prompts: list[GuardedPrompt],
+        gens: list[Generation],
+        variants: list[list[str]],
+        early: list[ESIResult | None],
+        forced: list[Forced],
+    ) -> list[ESIResult]:
+        pending = iter(forced)
+        return [
+            result or self._assess(prompt, gen.text, gen.token_ids, texts, gen.topk, next(pending), gen.finish_reason)
+            for prompt, gen, texts, result in zip(prompts, gens, variants, early, strict=True)
+        ]
+
+    def _request(
+        self,
+        prompt: GuardedPrompt,
+        answer_ids: Sequence[int],
+        variants: list[str],
+        *,
+        include_original: bool,
+        answer: str = "",
+        finish_reason: str | None = None,
+    ) -> tuple[ForcingRequest | None, ESIResult | None]:
+        """The forcing request for one answer, or the unscored result when there is none."""
+        reason = None
+        if not answer_ids:
+            reason = "empty_answer: the answer has no tokens to score"
+        elif all(text == prompt.question for text in variants):
+            reason = (
+                "no_effective_variant: no variant differs from the question "
+                f"({self.intervention.name} found nothing to change)"
+            )
+        if reason is not None:
+            return None, self._result(None, reason, answer, answer_ids, variants, [], finish_reason)
+        request = ForcingRequest(
+            prompt=prompt.messages,
+            variants=[prompt.with_question(text) for text in variants],
+            answer_ids=list(answer_ids),
+            include_original=include_original,
+        )
+        return request, None
+
+    def _assess(
+        self,
+        prompt: GuardedPrompt,
+        answer: str,
+        answer_ids: Sequence[int],
+        variants: list[str],
+        original: TopK | None,
+        forced: Forced,
+        finish_reason: str | None,
+    ) -> ESIResult:
+        base = original if original is not None else forced.original
+        try:
+            if base is None:
+                msg = "the backend returned no original distributions"
+                raise ScoringError(msg)
+            esi = esi_score(base, forced.variants, distance=self.distance, kind=self.backend.values_kind)
+        except ScoringError as exc:
+            return self._result(None, f"scoring_error: {exc}", answer, answer_ids, variants, [], finish_reason)
+        return self._result(esi.score, None, answer, answer_ids, variants,
+                            [float(x) for x in esi.token_scores], finish_reason)
+
+    def _result(
+        self,
+        score: float | None,
+        reason: str | None,
+        answer: str,
+        answer_ids: Sequence[int],
+        variants: list[str],
+        token_scores: list[float],
+        finish_reason: str | None,
+    ) -> ESIResult:
+        trusted = score is not None and score <= self.threshold
+        return ESIResult(
+            score=score,
+            threshold=self.threshold,
+            decision="accept" if trusted else self.action,
+            scored=score is not None,
+            reason=reason,
+            answer=answer,
+            variants=list(variants),
+            answer_token_ids=[int(i) for i in answer_ids],
+            token_scores=token_scores,
+            model=self.backend.model_id,
+            scoring={
+                "intervention": self.intervention.describe(),
+                "n_variants": self.n_variants,
+                "top_k": self.top_k,
+                "distance": self.distance,
+                "values": self.backend.values_kind,
+                "approximate": self.backend.approximate,
+                "seed": self.seed,
+            },
+            finish_reason=finish_reason,
+        )
+
+
+# -- helpers shared by the sync and async paths -----------------------------------------
+
+
+def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[int]]:
+    """Parsed prompts (or the InputError in place) and the indices that parsed."""
+    parsed: list[Any] = []
+    for value in inputs:
+        try:
+            parsed.append(parse_input(value))
+        except ValueError as exc:
+            parsed.append(exc)
+    return parsed, [i for i, p in enumerate(parsed) if isinstance(p, GuardedPrompt)]
+
+
+def _single(results: list[Any]) -> AIMessage:
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]
+
+
+def _child_config(config: RunnableConfig, run_manager: Any, tag: str) -> RunnableConfig:
+    return patch_config(config, callbacks=run_manager.get_child(tag))
+
+
+def _traced(
+    managers: list[CallbackManagerForChainRun],
+    step: str,
+    prompts: list[GuardedPrompt],
+    call: Callable[[], list[Any]],
+) -> list[Any]:
+    """Run one batched step, shown as a child run tagged ``esi:{step}`` under each input."""
+    if not prompts:
+        return []
+    children = [
+        m.get_child(f"esi:{step}").on_chain_start(None, {"question": p.question}, name=f"esi_{step}")
+        for m, p in zip(managers, prompts, strict=True)
+    ]
+    try:
+        outputs = call()
+    except BaseException as exc:
+        for child in children:
+            child.on_chain_error(exc)
+        raise
+    for child, output in zip(children, outputs, strict=True):
+        child.on_chain_end(_summary(output))
+    return outputs
+
+
+async def _atraced(
+    managers: list[AsyncCallbackManagerForChainRun],
+    step: str,
+    prompts: list[GuardedPrompt],
+    call: Callable[[], Any],
+) -> list[Any]:
+    """Async :func:`_traced`."""
+    if not prompts:
+        return []
+    children = [
+        await m.get_child(f"esi:{step}").on_chain_start(None, {"question": p.question}, name=f"esi_{step}")
+        for m, p in zip(managers, prompts, strict=True)
+    ]
+    try:
+        outputs = await call()
+    except BaseException as exc:
+        for child in children:
+            await child.on_chain_error(exc)
+        raise
+    for child, output in zip(children, outputs, strict=True):
+        await child.on_chain_end(_summary(output))
+    return list(outputs)
+
+
+def _summary(output: Any) -> dict[str, Any]:
+    """What a child run shows: small and JSON-friendly, never raw distributions."""
+    if isinstance(output, Generation):
+        return {"answer": output.text, "n_tokens": len(output.token_ids)}
+    if isinstance(output, ESIResult):
+        return _result_summary(output)
+    return {"variants": output}
+
+
+def _assemble(
+    parsed: list[Any],
+    ok: list[int],
+    results: list[ESIResult],
+    fallback_out: dict[int, Any],
+    abstain_message: str,
+) -> list[Any]:
+    """One AIMessage per input (or its InputError), in input order."""
+    out: list[Any] = list(parsed)
+    for position, (index, result) in enumerate(zip(ok, results, strict=True)):
+        out[index] = _message(result, fallback_out.get(position), abstain_message)
+    return out
+
+
+def _message(result: ESIResult, fallback: Any, abstain_message: str) -> AIMessage:
+    meta = result.as_dict()
+    if result.decision == "abstain":
+        return AIMessage(content=abstain_message, response_metadata={"esi": meta})
+    if result.decision == "route":
+        inherited = dict(getattr(fallback, "response_metadata", {}) or {})
+        meta["fallback_used"] = True
+        return AIMessage(content=message_text(fallback), response_metadata={**inherited, "esi": meta})
+    return AIMessage(content=result.answer, response_metadata={"esi": meta})

@@ -1,0 +1,389 @@
+"""Semantic-preserving interventions: a question in, ``n`` intervened questions out.
+
+Every intervention is seeded: the variants of a question depend only on the question
+text, ``n`` and the seed, never on batch order, so a batched call and one-by-one calls
+see the same variants.
+
+* :class:`SkipOneChar` (SOC), the paper's character-level intervention.
+* :class:`Typo`, SOC's sibling that replaces the character with a keyboard neighbour.
+* :class:`Paraphrase`, few-shot paraphrasing by any LangChain chat model or runnable.
+* :class:`FixedVariants`, precomputed paraphrases, topped up with SOC.
+
+Only letters form words: digits, punctuation and whitespace are never changed, so
+numbers and dates keep their meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from esi_guard.exceptions import ConfigurationError, InputError
+
+__all__ = [
+    "PARAPHRASE_PROMPT",
+    "FixedVariants",
+    "Intervention",
+    "Paraphrase",
+    "SkipOneChar",
+    "Typo",
+]
+
+_WORD = re.compile(r"[^\W\d_]+")
+_REPHRASE = re.compile(r"^\s*\**\s*Rephrase\s*\d+\s*\**\s*:\s*\**\s*(.+?)\s*$", re.MULTILINE)
+_SPACES = re.compile(r"\s+")
+
+
+def _rng(seed: int, question: str) -> random.Random:
+    """A generator that depends only on the seed and the question text."""
+    return random.Random(f"{seed}\x1f{question}")
+
+
+def _normalise(text: str) -> str:
+    return _SPACES.sub(" ", text).strip().casefold().rstrip("?.!")
+
+
+def _distinct(candidates: Sequence[str], question: str) -> list[str]:
+    """Candidates in order, without repeats or copies of the question."""
+    seen = {_normalise(question)}
+    kept = []
+    for candidate in candidates:
+        key = _normalise(candidate)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(candidate.strip())
+    return kept
+
+
+class Intervention(ABC):
+    """Turns a question into ``n`` semantic-preserving variants."""
+
+    name: ClassVar[str] = "intervention"
+    """Short name recorded in results and threshold files."""
+
+    @abstractmethod
+    def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
+        """Return exactly ``n`` variants of ``question``.
+
+        Variants may equal the question (SOC with no eligible word): callers check.
+        """
+
+    def batch_variants(self, questions: Sequence[str], n: int, *, seed: int = 0) -> list[list[str]]:
+        """Variants of several questions; override to batch remote calls."""
+        return [self.variants(question, n, seed=seed) for question in questions]
+
+    async def abatch_variants(
+        self, questions: Sequence[str], n: int, *, seed: int = 0
+    ) -> list[list[str]]:
+        """Async :meth:`batch_variants`; runs the sync one in a worker thread by default."""
+        return await asyncio.to_thread(self.batch_variants, questions, n, seed=seed)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-serialisable description, for metadata and threshold files."""
+        return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class _CharacterEdit(Intervention):
+    """Edits one character at a position >= ``min_chars`` of each eligible word."""
+
+    p: float = 0.3
+    """Probability that an eligible word is edited."""
+    min_chars: int = 3
+    """M*: the first ``min_chars`` characters of a word are never touched, and words of
+    ``min_chars`` characters or fewer are left whole."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            msg = f"p must lie in [0, 1], got {self.p!r}"
+            raise ConfigurationError(msg)
+        if self.min_chars < 1:
+            msg = f"min_chars must be >= 1 (a word is never removed whole), got {self.min_chars!r}"
+            raise ConfigurationError(msg)
+
+    def _edit(self, word: str, position: int, rng: random.Random) -> str:
+        raise NotImplementedError
+
+    def _apply(self, question: str, rng: random.Random) -> str:
+        def replace(match: re.Match[str]) -> str:
+            word = match.group()
+            if len(word) <= self.min_chars or rng.random() >= self.p:
+                return word
+            return self._edit(word, rng.randrange(self.min_chars, len(word)), rng)
+
+        return _WORD.sub(replace, question)
+
+    def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
+        """Return ``n`` independently edited copies of ``question``."""
+        rng = _rng(seed, question)
+        return [self._apply(question, rng) for _ in range(n)]
+
+    def describe(self) -> dict[str, Any]:
+        """Name and parameters."""
+        return {"name": self.name, "p": self.p, "min_chars": self.min_chars}
+
+
+@dataclass(frozen=True)
+class SkipOneChar(_CharacterEdit):
+    """Skip-One-Char (SOC): in each word longer than M*, with probability ``p``, delete
+    one character at a uniformly drawn position in ``[M*, len(word))`` (0-based).
+
+    ``p=0`` is the identity.
+    """
+
+    name: ClassVar[str] = "skip_one_char"
+
+    def _edit(self, word: str, position: int, rng: random.Random) -> str:
+        return word[:position] + word[position + 1 :]
+
+
+_KEYBOARD = [
+    "qwertyuiop",
+    "asdfghjkl",
+    "zxcvbnm",
+]
+
+
+def _keyboard_neighbours() -> dict[str, str]:
+    neighbours: dict[str, str] = {}
+    for row_index, row in enumerate(_KEYBOARD):
+        for col, char in enumerate(row):
+            near = [row[c] for c in (col - 1, col + 1) if 0 <= c < len(row)]
+            for other in (row_index - 1, row_index + 1):
+                if 0 <= other < len(_KEYBOARD):
+                    near += [_KEYBOARD[other][c] for c in (col - 1, col, col + 1)
+                             if 0 <= c < len(_KEYBOARD[other])]
+            neighbours[char] = "".join(near)
+    return neighbours
+
+
+_NEIGHBOURS = _keyboard_neighbours()
+
+
+@dataclass(frozen=True)
+class Typo(_CharacterEdit):
+    """Keyboard typo: like SOC, but the character is replaced by a QWERTY neighbour
+    (case kept); letters off the QWERTY grid get a random ASCII letter."""
+
+    name: ClassVar[str] = "typo"
+
+    def _edit(self, word: str, position: int, rng: random.Random) -> str:
+        char = word[position]
+        near = _NEIGHBOURS.get(char.lower(), "abcdefghijklmnopqrstuvwxyz")
+        new = rng.choice(near)
+        return word[:position] + (new.upper() if char.isupper() else new) + word[position + 1 :]
+
+
+PARAPHRASE_PROMPT = """\
+In this task, you will receive a single question, and your goal is to generate multiple \
+versions of it that convey the same meaning as the original. Please format your responses \
+as follows:
+Rephrase 1: [Your rephrased question]
+Rephrase 2: [Another rephrased question]
+Rephrase 3: [Yet another rephrased question]
+....
+Ensure that each rephrased question is distinct from the others.
+
+Here are two examples:
+Question: When did the manhattan project began and end?
+Rephrase 1: What were the start and end dates of the Manhattan Project?
+Rephrase 2: The manhattan project began and ended in ?
+Rephrase 3: What were the starting and ending dates of the Manhattan Project?
+Rephrase 4: Can you tell me when the Manhattan Project started and concluded?
+Rephrase 5: When was the Manhattan Project initiated and concluded?
+Rephrase 6: What time period does the Manhattan Project cover, from start to finish?
+Rephrase 7: Can you provide the beginning and ending dates of the Manhattan Project?
+
+
+Question: Who played george washington in the john adams series?
+Rephrase 1: In the John Adams series, who portrayed George Washington?
+Rephrase 2: In the John Adams series, which actor portrayed George Washington?
+Rephrase 3: Who portrayed George Washington in the John Adams series?
+Rephrase 4: Which actor took on the role of George Washington in the John Adams series?
+Rephrase 5: In the series about John Adams, who acted as George Washington?
+Rephrase 6: Who was cast as George Washington in the John Adams series?
+Rephrase 7: Who took on the role of George Washington in the John Adams series?
+
+Question: {query}"""
+"""The paper's paraphrase prompt (appendix "Prompt Templates")."""
+
+
+def _text_of(output: Any) -> str:
+    """Text of a chat model / runnable output: a message, a string or content blocks."""
+    content = getattr(output, "content", output)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            block if isinstance(block, str) else str(block.get("text", ""))
+            for block in content
+            if isinstance(block, str | dict)
+        )
+    msg = f"paraphrase model returned {type(output).__name__}; expected a message or a string"
+    raise InputError(msg)
+
+
+def parse_rephrasings(text: str) -> list[str]:
+    """The questions on ``Rephrase i:`` lines, in order."""
+    return [match.group(1) for match in _REPHRASE.finditer(text)]
+
+
+@dataclass(frozen=True)
+class Paraphrase(Intervention):
+    """Paraphrases written by an LLM with the paper's few-shot prompt.
+
+    The model is called up to ``max_calls`` times per question (stopping early once a
+    call adds no new paraphrase); distinct paraphrases are kept, and a shortfall is
+    topped up with ``fill`` (SOC by default), as the paper does.
+    """
+
+    llm: Any
+    """Any LangChain chat model or runnable taking a string."""
+    max_calls: int = 3
+    """Most calls to the model per question."""
+    prompt: str = PARAPHRASE_PROMPT
+    """Prompt with a ``{query}`` placeholder."""
+    fill: Intervention = field(default_factory=SkipOneChar)
+    """Intervention that tops up a shortfall of paraphrases."""
+    name: ClassVar[str] = "paraphrase"
+
+    def __post_init__(self) -> None:
+        if not hasattr(self.llm, "batch"):
+            msg = f"llm must be a LangChain runnable or chat model, got {type(self.llm).__name__}"
+            raise ConfigurationError(msg)
+        if "{query}" not in self.prompt:
+            msg = "prompt must contain a {query} placeholder"
+            raise ConfigurationError(msg)
+
+    def _finish(self, questions: Sequence[str], found: list[list[str]], n: int, seed: int) -> list[list[str]]:
+        result = []
+        for question, kept in zip(questions, found, strict=True):
+            rng = _rng(seed, question)
+            chosen = rng.sample(kept, n) if len(kept) > n else kept
+            shortfall = n - len(chosen)
+            result.append(chosen + (self.fill.variants(question, shortfall, seed=seed) if shortfall else []))
+        return result
+
+    def _absorb(self, questions: Sequence[str], found: list[list[str]], pending: list[int],
+                outputs: Sequence[Any], n: int) -> list[int]:
+        """Add new paraphrases; return the questions that still need more."""
+        still = []
+        for index, output in zip(pending, outputs, strict=True):
+            before = len(found[index])
+            found[index] = _distinct(found[index] + parse_rephrasings(_text_of(output)), questions[index])
+            if before < len(found[index]) < n:
+                still.append(index)
+        return still
+
+    def batch_variants(self, questions: Sequence[str], n: int, *, seed: int = 0) -> list[list[str]]:
+        """Paraphrase all questions, calling the model in batches."""
+        found: list[list[str]] = [[] for _ in questions]
+        pending = list(range(len(questions))) if n > 0 else []
+        for _ in range(self.max_calls):
+            if not pending:
+                break
+            outputs = self.llm.batch([self.prompt.format(query=questions[i]) for i in pending])
+            pending = self._absorb(questions, found, pending, outputs, n)
+        return self._finish(questions, found, n, seed)
+
+    async def abatch_variants(
+        self, questions: Sequence[str], n: int, *, seed: int = 0
+    ) -> list[list[str]]:
+        """Async :meth:`batch_variants`, through the model's ``abatch``."""
+        found: list[list[str]] = [[] for _ in questions]
+        pending = list(range(len(questions))) if n > 0 else []
+        for _ in range(self.max_calls):
+            if not pending:
+                break
+            outputs = await self.llm.abatch([self.prompt.format(query=questions[i]) for i in pending])
+            pending = self._absorb(questions, found, pending, outputs, n)
+        return self._finish(questions, found, n, seed)
+
+    def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
+        """Paraphrase one question."""
+        return self.batch_variants([question], n, seed=seed)[0]
+
+    def describe(self) -> dict[str, Any]:
+        """Name, model and fill."""
+        return {
+            "name": self.name,
+            "llm": type(self.llm).__name__,
+            "max_calls": self.max_calls,
+            "fill": self.fill.describe(),
+        }
+
+
+@dataclass(frozen=True)
+class FixedVariants(Intervention):
+    """Precomputed paraphrases, looked up by question text.
+
+    Lookup is exact first, then on whitespace- and case-normalised text. When a question
+    has more than ``n`` paraphrases, ``n`` are drawn (seeded); when it has fewer (or none),
+    the rest are filled by ``fill`` (SOC by default), as the paper does. With
+    ``strict=True`` a question missing from the mapping is an :class:`InputError`.
+    """
+
+    paraphrases: Mapping[str, Sequence[str]]
+    """Question text -> its paraphrases."""
+    fill: Intervention = field(default_factory=SkipOneChar)
+    """Intervention that tops up a shortfall of paraphrases."""
+    strict: bool = False
+    """Raise on a question that has no entry instead of filling all variants."""
+    name: ClassVar[str] = "fixed_variants"
+    _index: dict[str, Sequence[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index = {_normalise(question): texts for question, texts in self.paraphrases.items()}
+        object.__setattr__(self, "_index", index)
+
+    @classmethod
+    def from_jsonl(
+        cls,
+        path: str | Path,
+        *,
+        question_field: str = "query",
+        variants_field: str = "paraphrases",
+        **kwargs: Any,
+    ) -> FixedVariants:
+        """Load paraphrases from a JSONL file such as ``sciq/paraphrase.jsonl``."""
+        mapping: dict[str, list[str]] = {}
+        with Path(path).open(encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                try:
+                    mapping[str(record[question_field])] = [str(v) for v in record[variants_field]]
+                except (KeyError, TypeError) as exc:
+                    msg = (
+                        f"{path}:{line_number}: expected fields {question_field!r} (text) and "
+                        f"{variants_field!r} (list of texts)"
+                    )
+                    raise ConfigurationError(msg) from exc
+        return cls(mapping, **kwargs)
+
+    def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
+        """Up to ``n`` stored paraphrases, topped up by ``fill``."""
+        stored = self.paraphrases.get(question)
+        if stored is None:
+            stored = self._index.get(_normalise(question))
+        if stored is None and self.strict:
+            msg = f"no precomputed paraphrases for question {question[:80]!r}"
+            raise InputError(msg)
+        kept = _distinct(list(stored or ()), question)
+        if len(kept) > n:
+            kept = _rng(seed, question).sample(kept, n)
+        shortfall = n - len(kept)
+        return kept + (self.fill.variants(question, shortfall, seed=seed) if shortfall else [])
+
+    def describe(self) -> dict[str, Any]:
+        """Name, size and fill."""
+        return {"name": self.name, "questions": len(self.paraphrases), "fill": self.fill.describe()}
+

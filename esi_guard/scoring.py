@@ -1,0 +1,309 @@
+"""The ESI estimator: pure, vectorised math over top-k token distributions.
+
+Arrays in, floats out. Nothing here knows about models, HTTP or LangChain.
+
+For an answer ``y*`` of ``N`` tokens (end-of-sequence excluded), the original prompt's
+top-k at each answer position ``t`` and, for each of ``L`` intervened prompts, the
+top-k at the same position under teacher forcing::
+
+    ESI = 1 / (L * N) * sum_l sum_t alpha_t * D(p_t, q_{l,t})
+
+* ``p_t`` and ``q_{l,t}`` are *truncated* distributions: a softmax over the kept
+  values, on the union of the two top-k id sets (the paper's appendix).
+* A token kept on one side but missing on the other gets a fill value on the side
+  that lacks it (see :func:`fill_value`).
+* ``alpha_t`` is the entropy, in nats, of the original truncated distribution taken
+  alone (softmax over its own top-k, no union), not normalised.
+* ``D`` is the Hellinger distance by default; see :data:`DISTANCES`.
+
+Top-k arrays may be ragged (an API returning fewer than ``k`` entries): pad them
+with id ``-1``; padded entries are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from esi_guard.exceptions import ScoringError
+
+__all__ = [
+    "DISTANCES",
+    "Distance",
+    "ESIScore",
+    "TopK",
+    "ValueKind",
+    "esi_score",
+    "fill_value",
+    "truncated_entropy",
+    "union_distributions",
+]
+
+Distance = Literal["hellinger", "squared_hellinger", "kl", "bhattacharyya"]
+"""Names of the distance functions ESI can use."""
+
+ValueKind = Literal["logits", "logprobs"]
+"""What top-k values are: raw model logits (white-box) or log-probabilities (APIs)."""
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+_LN10 = math.log(10.0)
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Top-k token ids and values at each answer position.
+
+    ``ids`` and ``values`` have shape ``(N, k)``: row ``t`` describes the distribution
+    of the token at answer position ``t``. Ids ``< 0`` mark padding.
+    """
+
+    ids: IntArray
+    """Token ids, shape ``(N, k)``."""
+    values: FloatArray
+    """Logits or logprobs of those tokens, shape ``(N, k)``."""
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.ids, dtype=np.int64)
+        values = np.asarray(self.values, dtype=np.float64)
+        if ids.ndim != 2 or ids.shape != values.shape:
+            msg = (
+                "TopK needs ids and values of the same 2-D shape (positions, k); "
+                f"got ids {ids.shape} and values {values.shape}"
+            )
+            raise ScoringError(msg)
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "values", values)
+
+    @property
+    def n_positions(self) -> int:
+        """Number of answer positions ``N``."""
+        return int(self.ids.shape[0])
+
+
+@dataclass(frozen=True)
+class ESIScore:
+    """The ESI estimate and its parts."""
+
+    score: float
+    """The ESI score: mean over variants and tokens of ``alpha_t * D``."""
+    token_scores: FloatArray
+    """Per-token contributions, shape ``(N,)``: mean over variants of ``alpha_t * D``."""
+    alphas: FloatArray
+    """Entropy weights ``alpha_t`` (nats), shape ``(N,)``."""
+    distances: FloatArray
+    """Unweighted distances ``D(p_t, q_{l,t})``, shape ``(L, N)``."""
+
+
+def fill_value(values: FloatArray, valid: NDArray[np.bool_], kind: ValueKind) -> FloatArray:
+    """Value given to a token that is missing from one side's top-k.
+
+    * ``kind="logits"`` with a positive minimum kept logit ``m``: ``m / 10``, the
+      paper's rule.
+    * every other case (a zero or negative minimum logit, or log-probabilities): ``m - ln 10``.
+      The missing token gets one tenth of the least kept token's unnormalised
+      probability mass. The rule is shift-invariant, so logits and the logprobs derived
+      from them give the same truncated distributions.
+
+    Both rules keep a missing token strictly below every kept one.
+
+    Args:
+        values: Kept values, shape ``(..., k)``.
+        valid: Which entries are kept (not padding), same shape.
+        kind: What the values are.
+
+    Returns:
+        The fill value for each row, shape ``(...)``.
+    """
+    minimum = np.where(valid, values, np.inf).min(axis=-1)
+    shifted = minimum - _LN10
+    if kind == "logprobs":
+        return shifted
+    return np.where(minimum > 0, minimum / 10.0, shifted)
+
+
+def _log_softmax(values: FloatArray) -> FloatArray:
+    """Log-softmax along the last axis; ``-inf`` entries get probability 0."""
+    top = values.max(axis=-1, keepdims=True)
+    shifted = values - top
+    with np.errstate(divide="ignore"):
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def truncated_entropy(topk: TopK) -> FloatArray:
+    """Entropy (nats) of each position's truncated distribution over its own top-k.
+
+    Returns:
+        Shape ``(N,)``: the ``alpha_t`` weights of ESI.
+    """
+    valid = topk.ids >= 0
+    logp = _log_softmax(np.where(valid, topk.values, -np.inf))
+    safe = np.where(np.isfinite(logp), logp, 0.0)
+    return -(np.exp(safe) * safe * np.isfinite(logp)).sum(axis=-1)
+
+
+def union_distributions(
+    p_ids: IntArray,
+    p_values: FloatArray,
+    q_ids: IntArray,
+    q_values: FloatArray,
+    kind: ValueKind = "logits",
+) -> tuple[FloatArray, FloatArray]:
+    """Log-probabilities of two truncated distributions on the union of their supports.
+
+    Inputs broadcast against each other with shape ``(..., k)``. The union is laid out
+    as ``2k`` slots: ``p``'s tokens first, then ``q``'s tokens that ``p`` lacks; slots of
+    ``q``'s tokens that ``p`` also holds, and padding, get ``-inf`` on both sides.
+
+    Returns:
+        ``(log_p, log_q)``, each of shape ``(..., 2k)``.
+    """
+    p_ids, q_ids = np.broadcast_arrays(p_ids, q_ids)
+    p_values, q_values = np.broadcast_arrays(p_values, q_values)
+    p_valid, q_valid = p_ids >= 0, q_ids >= 0
+    same = (p_ids[..., :, None] == q_ids[..., None, :]) & p_valid[..., :, None]
+    same &= q_valid[..., None, :]
+
+    p_fill = fill_value(p_values, p_valid, kind)[..., None]
+    q_fill = fill_value(q_values, q_valid, kind)[..., None]
+
+    # q's value on each of p's tokens: its own where it has the token, else its fill.
+    q_on_p = np.take_along_axis(q_values, same.argmax(axis=-1), axis=-1)
+    q_first = np.where(same.any(axis=-1), q_on_p, q_fill)
+    # q's own tokens that p lacks get p's fill; the rest of q's slots are dropped.
+    q_only = q_valid & ~same.any(axis=-2)
+
+    first = np.where(p_valid, 0.0, -np.inf)
+    second = np.where(q_only, 0.0, -np.inf)
+    log_p = _log_softmax(np.concatenate([p_values + first, p_fill + second], axis=-1))
+    log_q = _log_softmax(np.concatenate([q_first + first, q_values + second], axis=-1))
+    return log_p, log_q
+
+
+def _bhattacharyya_coefficient(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
+    return np.exp(0.5 * (log_p + log_q)).sum(axis=-1)
+
+
+def _squared_hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
+    diff = np.exp(0.5 * log_p) - np.exp(0.5 * log_q)
+    return np.clip(0.5 * (diff * diff).sum(axis=-1), 0.0, 1.0)
+
+
+def _hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
+    return np.sqrt(_squared_hellinger(log_p, log_q))
+
+
+def _kl(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
+    """KL(q || p): the variant measured against the original, as in the paper's eq. 4."""
+    kept = np.isfinite(log_q) & np.isfinite(log_p)
+    safe_q, safe_p = np.where(kept, log_q, 0.0), np.where(kept, log_p, 0.0)
+    terms = np.where(kept, np.exp(safe_q) * (safe_q - safe_p), 0.0)
+    return np.maximum(terms.sum(axis=-1), 0.0)
+
+
+def _bhattacharyya(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
+    coefficient = np.clip(_bhattacharyya_coefficient(log_p, log_q), 1e-300, 1.0)
+    return -np.log(coefficient)
+
+
+DISTANCES: dict[str, Callable[[FloatArray, FloatArray], FloatArray]] = {
+    "hellinger": _hellinger,
+    "squared_hellinger": _squared_hellinger,
+    "kl": _kl,
+    "bhattacharyya": _bhattacharyya,
+}
+"""Distance functions on log-probabilities ``(log_p original, log_q variant)``.
+
+``hellinger`` (default, in [0, 1], symmetric), ``squared_hellinger`` (in [0, 1],
+symmetric), ``kl`` (KL(variant || original), >= 0), ``bhattacharyya`` (>= 0, symmetric).
+"""
+
+
+def _check(topk: TopK, name: str, n_positions: int) -> None:
+    if topk.n_positions != n_positions:
+        msg = (
+            f"{name} covers {topk.n_positions} answer positions, expected {n_positions} "
+            "(one per answer token)"
+        )
+        raise ScoringError(msg)
+    valid = topk.ids >= 0
+    if not valid.any(axis=-1).all():
+        msg = f"{name} has an answer position with no kept token"
+        raise ScoringError(msg)
+    if not np.isfinite(topk.values[valid]).all():
+        msg = f"{name} holds NaN or infinite values among its kept tokens"
+        raise ScoringError(msg)
+
+
+def _pad_to(topk: TopK, k: int) -> tuple[IntArray, FloatArray]:
+    extra = k - topk.ids.shape[1]
+    if extra == 0:
+        return topk.ids, topk.values
+    ids = np.pad(topk.ids, ((0, 0), (0, extra)), constant_values=-1)
+    values = np.pad(topk.values, ((0, 0), (0, extra)), constant_values=0.0)
+    return ids, values
+
+
+def esi_score(
+    original: TopK,
+    variants: Sequence[TopK],
+    *,
+    distance: Distance = "hellinger",
+    kind: ValueKind = "logits",
+) -> ESIScore:
+    """Compute the ESI score of one answer.
+
+    Args:
+        original: Top-k at each answer position under the original prompt.
+        variants: For each of the ``L`` intervened prompts, the top-k at the same
+            positions under teacher forcing of the same answer.
+        distance: Name of the distance function, one of :data:`DISTANCES`.
+        kind: Whether values are raw logits or logprobs (decides the fill rule).
+
+    Returns:
+        The score, the per-token contributions, the weights and the raw distances.
+
+    Raises:
+        ScoringError: On an empty answer, no variants, mismatched positions or
+            non-finite values.
+    """
+    if distance not in DISTANCES:
+        msg = f"unknown distance {distance!r}; expected one of {sorted(DISTANCES)}"
+        raise ScoringError(msg)
+    if kind not in get_args(ValueKind):
+        msg = f"unknown value kind {kind!r}; expected one of {get_args(ValueKind)}"
+        raise ScoringError(msg)
+    n_positions = original.n_positions
+    if n_positions == 0:
+        msg = "the answer has no tokens to score"
+        raise ScoringError(msg)
+    if not variants:
+        msg = "ESI needs at least one variant"
+        raise ScoringError(msg)
+    _check(original, "original top-k", n_positions)
+    for index, variant in enumerate(variants):
+        _check(variant, f"variant {index} top-k", n_positions)
+
+    k = max(original.ids.shape[1], *(v.ids.shape[1] for v in variants))
+    p_ids, p_values = _pad_to(original, k)
+    padded = [_pad_to(v, k) for v in variants]
+    q_ids = np.stack([ids for ids, _ in padded])
+    q_values = np.stack([values for _, values in padded])
+
+    log_p, log_q = union_distributions(p_ids[None], p_values[None], q_ids, q_values, kind)
+    distances = DISTANCES[distance](log_p, log_q)
+    alphas = truncated_entropy(original)
+    weighted = alphas[None, :] * distances
+    token_scores = weighted.mean(axis=0)
+    return ESIScore(
+        score=float(weighted.mean()),
+        token_scores=token_scores,
+        alphas=alphas,
+        distances=distances,
+    )

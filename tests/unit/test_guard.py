@@ -1,0 +1,262 @@
+"""ESIGuard's behaviour on the in-package fake backend, through every Runnable entry point."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda
+
+from esi_guard import (
+    ConfigurationError,
+    ESIGuard,
+    FakeBackend,
+    InputError,
+    SkipOneChar,
+)
+
+SURE = "What is the capital city of France?"
+UNSURE = "Which river flows through the ancient city of Timbuktu?"
+ANSWERS = {SURE: "Paris", UNSURE: "The Nile river"}
+
+
+def make_guard(**kwargs: Any) -> ESIGuard:
+    backend = FakeBackend(ANSWERS, sensitivity={UNSURE: 2.0})
+    defaults: dict[str, Any] = {"backend": backend, "threshold": 0.05}
+    return ESIGuard(**{**defaults, **kwargs})
+
+
+def run(guard: ESIGuard, mode: str, value: Any) -> AIMessage:
+    """One input through one Runnable entry point."""
+    if mode == "invoke":
+        return guard.invoke(value)
+    if mode == "batch":
+        return guard.batch([value])[0]
+    if mode == "stream":
+        chunks = list(guard.stream(value))
+        assert len(chunks) == 1
+        return chunks[0]
+    raise AssertionError(mode)
+
+
+async def arun(guard: ESIGuard, mode: str, value: Any) -> AIMessage:
+    if mode == "ainvoke":
+        return await guard.ainvoke(value)
+    if mode == "abatch":
+        return (await guard.abatch([value]))[0]
+    chunks = [chunk async for chunk in guard.astream(value)]
+    assert len(chunks) == 1
+    return chunks[0]
+
+
+SYNC = ["invoke", "batch", "stream"]
+ASYNC = ["ainvoke", "abatch", "astream"]
+FALLBACK = RunnableLambda(lambda _: AIMessage(content="Ask a librarian.", response_metadata={"src": "fb"}))
+
+
+def check_action(message: AIMessage, action: str, question: str) -> None:
+    esi = message.response_metadata["esi"]
+    json.dumps(esi)  # JSON-serialisable
+    assert esi["answer"] == ANSWERS[question]
+    assert len(esi["variants"]) == 10
+    assert len(esi["token_scores"]) == len(esi["answer_token_ids"]) == len(ANSWERS[question].split())
+    if question == SURE:
+        assert esi["score"] == 0.0 and esi["decision"] == "accept"
+        assert message.content == ANSWERS[SURE]
+        return
+    assert esi["score"] > 0.05 and esi["decision"] == action
+    expected = {"flag": ANSWERS[UNSURE], "abstain": "I do not know", "route": "Ask a librarian."}
+    assert message.content == expected[action]
+    if action == "route":
+        assert esi["fallback_used"] is True
+        assert message.response_metadata["src"] == "fb"
+
+
+@pytest.mark.parametrize("mode", SYNC)
+@pytest.mark.parametrize("action", ["flag", "abstain", "route"])
+@pytest.mark.parametrize("question", [SURE, UNSURE])
+def test_actions_sync(mode: str, action: str, question: str) -> None:
+    guard = make_guard(action=action, fallback=FALLBACK, abstain_message="I do not know")
+    check_action(run(guard, mode, question), action, question)
+
+
+@pytest.mark.parametrize("mode", ASYNC)
+@pytest.mark.parametrize("action", ["flag", "abstain", "route"])
+@pytest.mark.parametrize("question", [SURE, UNSURE])
+async def test_actions_async(mode: str, action: str, question: str) -> None:
+    guard = make_guard(action=action, fallback=FALLBACK, abstain_message="I do not know")
+    check_action(await arun(guard, mode, question), action, question)
+
+
+def test_batch_goes_through_the_backend_once_per_step() -> None:
+    guard = make_guard()
+    backend = guard.backend
+    assert isinstance(backend, FakeBackend)
+    messages = guard.batch([SURE, UNSURE, SURE])
+    assert backend.calls == [("generate", 3), ("teacher_force", 3)]
+    assert [m.response_metadata["esi"]["decision"] for m in messages] == ["accept", "flag", "accept"]
+
+
+def test_batch_and_one_by_one_agree() -> None:
+    guard = make_guard()
+    together = [m.response_metadata["esi"]["score"] for m in guard.batch([UNSURE, SURE])]
+    alone = [guard.invoke(q).response_metadata["esi"]["score"] for q in (UNSURE, SURE)]
+    assert together == alone
+
+
+def test_only_the_last_human_message_is_intervened_on() -> None:
+    backend = FakeBackend(ANSWERS, sensitivity={UNSURE: 2.0})
+    seen: list[Any] = []
+    original = backend.teacher_force
+
+    def spy(requests: Any, *, top_k: int) -> Any:
+        seen.extend(requests)
+        return original(requests, top_k=top_k)
+
+    backend.teacher_force = spy  # type: ignore[method-assign]
+    guard = ESIGuard(backend=backend, threshold=0.05)
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer with one or few words, please."), ("human", "Earlier question about history?"),
+         ("ai", "Earlier answer here."), ("human", "{q}")]
+    ).invoke({"q": UNSURE})
+    message = guard.invoke(prompt)
+    (request,) = seen
+    for variant in request.variants:
+        assert list(variant[:3]) == list(request.prompt[:3])
+        assert variant[3]["role"] == "user"
+    assert any(v[3]["content"] != UNSURE for v in request.variants)
+    assert message.response_metadata["esi"]["decision"] == "flag"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [SystemMessage("Be brief in every answer."), HumanMessage(UNSURE)],
+        [("system", "Be brief in every answer."), ("human", UNSURE)],
+        [{"role": "user", "content": UNSURE}],
+        [HumanMessage(content=[{"type": "text", "text": UNSURE}])],
+    ],
+)
+def test_message_lists_of_every_shape(value: Any) -> None:
+    assert make_guard().invoke(value).response_metadata["esi"]["decision"] == "flag"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (42, "got int"),
+        ("   ", "empty"),
+        ([SystemMessage("Only a system message here.")], "no human message"),
+        ([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])], "image_url"),
+    ],
+)
+def test_bad_inputs_raise_a_named_input_error(value: Any, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        make_guard().invoke(value)
+
+
+def test_batch_keeps_good_inputs_when_one_is_bad() -> None:
+    results = make_guard().batch([SURE, 42, UNSURE], return_exceptions=True)  # type: ignore[list-item]
+    assert isinstance(results[1], InputError)
+    assert results[0].response_metadata["esi"]["decision"] == "accept"
+    assert results[2].response_metadata["esi"]["decision"] == "flag"
+
+
+def test_a_question_with_nothing_to_intervene_on_is_not_trusted() -> None:
+    guard = make_guard(action="abstain", abstain_message="I do not know")
+    message = guard.invoke("Is 2+2 = 4?")
+    esi = message.response_metadata["esi"]
+    assert esi["scored"] is False and esi["score"] is None
+    assert esi["reason"].startswith("no_effective_variant")
+    assert esi["decision"] == "abstain" and message.content == "I do not know"
+
+
+def test_an_empty_answer_is_not_trusted() -> None:
+    guard = ESIGuard(backend=FakeBackend(default_answer=""), threshold=1.0)
+    esi = guard.invoke(SURE).response_metadata["esi"]
+    assert esi["scored"] is False and esi["reason"].startswith("empty_answer")
+    assert esi["decision"] == "flag"
+
+
+def test_backend_errors_propagate_instead_of_passing_the_answer() -> None:
+    guard = ESIGuard(backend=FakeBackend(error=RuntimeError("engine down")), threshold=1.0)
+    with pytest.raises(RuntimeError, match="engine down"):
+        guard.invoke(SURE)
+
+
+def test_score_an_existing_answer_without_generating() -> None:
+    guard = make_guard()
+    backend = guard.backend
+    assert isinstance(backend, FakeBackend)
+    result = guard.score(UNSURE, "The Nile river")
+    assert result.scored and result.score is not None and result.score > 0.05
+    assert result.decision == "flag"
+    assert [call[0] for call in backend.calls] == ["teacher_force"]
+    generated = guard.invoke(UNSURE).response_metadata["esi"]["score"]
+    assert result.score == pytest.approx(generated, abs=1e-12)
+
+
+def test_configuration_is_validated() -> None:
+    with pytest.raises(ConfigurationError, match="fallback"):
+        make_guard(action="route")
+    with pytest.raises(ConfigurationError, match="threshold"):
+        make_guard(threshold=float("nan"))
+    with pytest.raises(ValueError, match="n_variants"):
+        make_guard(n_variants=0)
+
+
+def test_metadata_records_the_scoring_configuration() -> None:
+    guard = make_guard(intervention=SkipOneChar(p=0.5), n_variants=4, top_k=7, distance="kl")
+    esi = guard.invoke(UNSURE).response_metadata["esi"]
+    assert esi["scoring"]["intervention"] == {"name": "skip_one_char", "p": 0.5, "min_chars": 3}
+    assert (esi["scoring"]["n_variants"], esi["scoring"]["top_k"], esi["scoring"]["distance"]) == (4, 7, "kl")
+    assert esi["model"] == "fake" and len(esi["variants"]) == 4
+
+
+class Recorder(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.runs: dict[UUID, dict[str, Any]] = {}
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.runs[run_id] = {"name": kwargs.get("name"), "parent": parent_run_id,
+                             "tags": tags or [], "metadata": metadata or {}}
+
+
+@pytest.mark.parametrize("mode", ["invoke", "batch", "ainvoke", "abatch"])
+async def test_config_and_callbacks_propagate_to_tagged_child_runs(mode: str) -> None:
+    recorder = Recorder()
+    guard = make_guard(action="route", fallback=FALLBACK)
+    config: Any = {"callbacks": [recorder], "tags": ["my-app"], "metadata": {"user": "u1"},
+                   "run_name": "guarded"}
+    if mode == "invoke":
+        guard.invoke(UNSURE, config)
+    elif mode == "batch":
+        guard.batch([UNSURE], config)
+    elif mode == "ainvoke":
+        await guard.ainvoke(UNSURE, config)
+    else:
+        await guard.abatch([UNSURE], config)
+    (root_id,) = [i for i, r in recorder.runs.items() if r["parent"] is None]
+    assert recorder.runs[root_id]["name"] == "guarded"
+    children = {r["name"]: r for r in recorder.runs.values() if r["parent"] == root_id}
+    assert {"esi_generate", "esi_intervene", "esi_score"} <= set(children)
+    assert "esi:score" in children["esi_score"]["tags"]
+    assert "my-app" in children["esi_score"]["tags"]
+    assert children["esi_score"]["metadata"]["user"] == "u1"
+    fallback_runs = [r for r in recorder.runs.values() if "esi:fallback" in r["tags"]]
+    assert fallback_runs and fallback_runs[0]["parent"] == root_id
+
+
+def test_guard_composes_in_a_chain() -> None:
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer with one or few words."), ("human", "{question}")]
+    )
+    chain = prompt | make_guard() | RunnableLambda(lambda m: m.response_metadata["esi"]["decision"])
+    assert chain.batch([{"question": SURE}, {"question": UNSURE}]) == ["accept", "flag"]
