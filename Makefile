@@ -39,8 +39,10 @@ test: install-test
 test-fast: install-test
 	$(BIN)/python -m pytest -m "not integration"
 
+## ruff (lint + format check) and mypy --strict on the package.
 lint: install-test
-	$(BIN)/ruff check esi_guard tests examples
+	$(BIN)/ruff check esi_guard tests examples benchmarks
+	$(BIN)/ruff format --check esi_guard tests examples benchmarks
 	$(BIN)/mypy
 
 clean:

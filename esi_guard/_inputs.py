@@ -57,7 +57,7 @@ def message_text(message: BaseMessage | Any) -> str:
                 parts.append(str(block.get("text", "")))
             else:
                 kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-                msg = f"cannot guard a message holding a {kind!r} content block; only text is supported"
+                msg = f"cannot guard a message holding a {kind!r} content block; only text"
                 raise InputError(msg)
         return "".join(parts)
     msg = f"message content of type {type(content).__name__} is not text"
@@ -78,12 +78,16 @@ def parse_input(value: Any) -> GuardedPrompt:
     Raises:
         InputError: Unsupported type, no human message, or an empty question.
     """
+    chat: tuple[ChatMessage, ...]
     if isinstance(value, str):
-        messages: Sequence[BaseMessage] = []
         chat = (ChatMessage(role="user", content=value),)
     elif isinstance(value, PromptValue | Sequence):
         try:
-            messages = value.to_messages() if isinstance(value, PromptValue) else convert_to_messages(value)
+            messages = (
+                value.to_messages()
+                if isinstance(value, PromptValue)
+                else convert_to_messages(value)
+            )
         except (ValueError, TypeError, NotImplementedError) as exc:
             msg = f"cannot read the input as chat messages: {exc}"
             raise InputError(msg) from exc

@@ -9,7 +9,7 @@ number. Each of those steps shows as a tagged child run (``esi:generate``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -28,7 +28,9 @@ from esi_guard.scoring import Distance, TopK, esi_score
 
 __all__ = ["ESIGuard", "ESIResult", "GuardInput"]
 
-GuardInput: TypeAlias = str | PromptValue | Sequence[BaseMessage | tuple[str, str] | dict[str, Any] | str]
+GuardInput: TypeAlias = (
+    str | PromptValue | Sequence[BaseMessage | tuple[str, str] | dict[str, Any] | str]
+)
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
 Action = Literal["flag", "abstain", "route"]
@@ -149,7 +151,9 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
 
     # -- public Runnable API ------------------------------------------------------------
 
-    def invoke(self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+    def invoke(
+        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AIMessage:
         """Answer, score and act on one prompt."""
         return self._call_with_config(self._invoke, input, config, **kwargs)
 
@@ -211,8 +215,10 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         ids = self.backend.encode_answer(parsed.messages, answer)
         variants = self.intervention.variants(parsed.question, self.n_variants, seed=self.seed)
         request, early = self._request(parsed, ids, variants, include_original=True, answer=answer)
-        forced = self.backend.teacher_force([request], top_k=self.top_k)[0] if request else None
-        return early or self._assess(parsed, answer, ids, variants, None, forced, None)
+        if early is not None or request is None:
+            return early  # type: ignore[return-value]
+        forced = self.backend.teacher_force([request], top_k=self.top_k)[0]
+        return self._assess(parsed, answer, ids, variants, None, forced, None)
 
     # -- the work -------------------------------------------------------------------------
 
@@ -222,7 +228,10 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         return _single(self._batch([input], [run_manager], [config]))
 
     async def _ainvoke(
-        self, input: GuardInput, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+        self,
+        input: GuardInput,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
     ) -> AIMessage:
         return _single(await self._abatch([input], [run_manager], [config]))
 
@@ -236,19 +245,38 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         parsed, ok = _parse_all(inputs)
         managers = [run_managers[i] for i in ok]
         prompts = [parsed[i] for i in ok]
-        gens = _traced(managers, "generate", prompts, lambda: self.backend.generate(
-            [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k))
-        variants = _traced(managers, "intervene", prompts, lambda: self.intervention.batch_variants(
-            [p.question for p in prompts], self.n_variants, seed=self.seed))
-        results = _traced(managers, "score", prompts, lambda: self._score_generated(prompts, gens, variants))
+        gens = _traced(
+            managers,
+            "generate",
+            prompts,
+            lambda: self.backend.generate(
+                [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k
+            ),
+        )
+        variants = _traced(
+            managers,
+            "intervene",
+            prompts,
+            lambda: self.intervention.batch_variants(
+                [p.question for p in prompts], self.n_variants, seed=self.seed
+            ),
+        )
+        results = _traced(
+            managers, "score", prompts, lambda: self._score_generated(prompts, gens, variants)
+        )
         routed = [i for i, r in enumerate(results) if r.decision == "route"]
         fallback_out = []
         if routed and self.fallback is not None:
             fallback_out = self.fallback.batch(
                 [inputs[ok[i]] for i in routed],
-                [_child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback") for i in routed],
+                [
+                    _child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback")
+                    for i in routed
+                ],
             )
-        return _assemble(parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message)
+        return _assemble(
+            parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message
+        )
 
     async def _abatch(
         self,
@@ -260,19 +288,38 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         parsed, ok = _parse_all(inputs)
         managers = [run_managers[i] for i in ok]
         prompts = [parsed[i] for i in ok]
-        gens = await _atraced(managers, "generate", prompts, lambda: self.backend.agenerate(
-            [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k))
-        variants = await _atraced(managers, "intervene", prompts, lambda: self.intervention.abatch_variants(
-            [p.question for p in prompts], self.n_variants, seed=self.seed))
-        results = await _atraced(managers, "score", prompts, lambda: self._ascore_generated(prompts, gens, variants))
+        gens = await _atraced(
+            managers,
+            "generate",
+            prompts,
+            lambda: self.backend.agenerate(
+                [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k
+            ),
+        )
+        variants = await _atraced(
+            managers,
+            "intervene",
+            prompts,
+            lambda: self.intervention.abatch_variants(
+                [p.question for p in prompts], self.n_variants, seed=self.seed
+            ),
+        )
+        results = await _atraced(
+            managers, "score", prompts, lambda: self._ascore_generated(prompts, gens, variants)
+        )
         routed = [i for i, r in enumerate(results) if r.decision == "route"]
         fallback_out = []
         if routed and self.fallback is not None:
             fallback_out = await self.fallback.abatch(
                 [inputs[ok[i]] for i in routed],
-                [_child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback") for i in routed],
+                [
+                    _child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback")
+                    for i in routed
+                ],
             )
-        return _assemble(parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message)
+        return _assemble(
+            parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message
+        )
 
     def _plan(
         self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
@@ -280,8 +327,14 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         requests: list[ForcingRequest] = []
         early: list[ESIResult | None] = []
         for prompt, gen, texts in zip(prompts, gens, variants, strict=True):
-            request, result = self._request(prompt, gen.token_ids, texts, include_original=False,
-                                            answer=gen.text, finish_reason=gen.finish_reason)
+            request, result = self._request(
+                prompt,
+                gen.token_ids,
+                texts,
+                include_original=False,
+                answer=gen.text,
+                finish_reason=gen.finish_reason,
+            )
             early.append(result)
             if request is not None:
                 requests.append(request)
@@ -311,7 +364,10 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     ) -> list[ESIResult]:
         pending = iter(forced)
         return [
-            result or self._assess(prompt, gen.text, gen.token_ids, texts, gen.topk, next(pending), gen.finish_reason)
+            result
+            or self._assess(
+                prompt, gen.text, gen.token_ids, texts, gen.topk, next(pending), gen.finish_reason
+            )
             for prompt, gen, texts, result in zip(prompts, gens, variants, early, strict=True)
         ]
 
@@ -359,11 +415,22 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             if base is None:
                 msg = "the backend returned no original distributions"
                 raise ScoringError(msg)
-            esi = esi_score(base, forced.variants, distance=self.distance, kind=self.backend.values_kind)
+            esi = esi_score(
+                base, forced.variants, distance=self.distance, kind=self.backend.values_kind
+            )
         except ScoringError as exc:
-            return self._result(None, f"scoring_error: {exc}", answer, answer_ids, variants, [], finish_reason)
-        return self._result(esi.score, None, answer, answer_ids, variants,
-                            [float(x) for x in esi.token_scores], finish_reason)
+            return self._result(
+                None, f"scoring_error: {exc}", answer, answer_ids, variants, [], finish_reason
+            )
+        return self._result(
+            esi.score,
+            None,
+            answer,
+            answer_ids,
+            variants,
+            [float(x) for x in esi.token_scores],
+            finish_reason,
+        )
 
     def _result(
         self,
@@ -415,9 +482,11 @@ def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[int]]:
 
 
 def _single(results: list[Any]) -> AIMessage:
-    if isinstance(results[0], Exception):
-        raise results[0]
-    return results[0]
+    first = results[0]
+    if isinstance(first, Exception):
+        raise first
+    assert isinstance(first, AIMessage)
+    return first
 
 
 def _child_config(config: RunnableConfig, run_manager: Any, tag: str) -> RunnableConfig:
@@ -434,7 +503,9 @@ def _traced(
     if not prompts:
         return []
     children = [
-        m.get_child(f"esi:{step}").on_chain_start(None, {"question": p.question}, name=f"esi_{step}")
+        m.get_child(f"esi:{step}").on_chain_start(
+            None, {"question": p.question}, name=f"esi_{step}"
+        )
         for m, p in zip(managers, prompts, strict=True)
     ]
     try:
@@ -458,7 +529,9 @@ async def _atraced(
     if not prompts:
         return []
     children = [
-        await m.get_child(f"esi:{step}").on_chain_start(None, {"question": p.question}, name=f"esi_{step}")
+        await m.get_child(f"esi:{step}").on_chain_start(
+            None, {"question": p.question}, name=f"esi_{step}"
+        )
         for m, p in zip(managers, prompts, strict=True)
     ]
     try:
@@ -502,5 +575,7 @@ def _message(result: ESIResult, fallback: Any, abstain_message: str) -> AIMessag
     if result.decision == "route":
         inherited = dict(getattr(fallback, "response_metadata", {}) or {})
         meta["fallback_used"] = True
-        return AIMessage(content=message_text(fallback), response_metadata={**inherited, "esi": meta})
+        return AIMessage(
+            content=message_text(fallback), response_metadata={**inherited, "esi": meta}
+        )
     return AIMessage(content=result.answer, response_metadata={"esi": meta})

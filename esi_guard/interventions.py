@@ -132,10 +132,10 @@ class _CharacterEdit(Intervention):
 
 @dataclass(frozen=True)
 class SkipOneChar(_CharacterEdit):
-    """Skip-One-Char (SOC): in each word longer than M*, with probability ``p``, delete
-    one character at a uniformly drawn position in ``[M*, len(word))`` (0-based).
+    """Skip-One-Char (SOC), the paper's character-level intervention.
 
-    ``p=0`` is the identity.
+    In each word longer than M* letters, with probability ``p``, delete one character at a
+    uniformly drawn position in ``[M*, len(word))`` (0-based). ``p=0`` is the identity.
     """
 
     name: ClassVar[str] = "skip_one_char"
@@ -158,8 +158,11 @@ def _keyboard_neighbours() -> dict[str, str]:
             near = [row[c] for c in (col - 1, col + 1) if 0 <= c < len(row)]
             for other in (row_index - 1, row_index + 1):
                 if 0 <= other < len(_KEYBOARD):
-                    near += [_KEYBOARD[other][c] for c in (col - 1, col, col + 1)
-                             if 0 <= c < len(_KEYBOARD[other])]
+                    near += [
+                        _KEYBOARD[other][c]
+                        for c in (col - 1, col, col + 1)
+                        if 0 <= c < len(_KEYBOARD[other])
+                    ]
             neighbours[char] = "".join(near)
     return neighbours
 
@@ -169,8 +172,10 @@ _NEIGHBOURS = _keyboard_neighbours()
 
 @dataclass(frozen=True)
 class Typo(_CharacterEdit):
-    """Keyboard typo: like SOC, but the character is replaced by a QWERTY neighbour
-    (case kept); letters off the QWERTY grid get a random ASCII letter."""
+    """Keyboard typo: like SOC, but the character is replaced by a QWERTY neighbour.
+
+    Case is kept; letters off the QWERTY grid get a random ASCII letter.
+    """
 
     name: ClassVar[str] = "typo"
 
@@ -262,22 +267,34 @@ class Paraphrase(Intervention):
             msg = "prompt must contain a {query} placeholder"
             raise ConfigurationError(msg)
 
-    def _finish(self, questions: Sequence[str], found: list[list[str]], n: int, seed: int) -> list[list[str]]:
+    def _finish(
+        self, questions: Sequence[str], found: list[list[str]], n: int, seed: int
+    ) -> list[list[str]]:
         result = []
         for question, kept in zip(questions, found, strict=True):
             rng = _rng(seed, question)
             chosen = rng.sample(kept, n) if len(kept) > n else kept
             shortfall = n - len(chosen)
-            result.append(chosen + (self.fill.variants(question, shortfall, seed=seed) if shortfall else []))
+            result.append(
+                chosen + (self.fill.variants(question, shortfall, seed=seed) if shortfall else [])
+            )
         return result
 
-    def _absorb(self, questions: Sequence[str], found: list[list[str]], pending: list[int],
-                outputs: Sequence[Any], n: int) -> list[int]:
+    def _absorb(
+        self,
+        questions: Sequence[str],
+        found: list[list[str]],
+        pending: list[int],
+        outputs: Sequence[Any],
+        n: int,
+    ) -> list[int]:
         """Add new paraphrases; return the questions that still need more."""
         still = []
         for index, output in zip(pending, outputs, strict=True):
             before = len(found[index])
-            found[index] = _distinct(found[index] + parse_rephrasings(_text_of(output)), questions[index])
+            found[index] = _distinct(
+                found[index] + parse_rephrasings(_text_of(output)), questions[index]
+            )
             if before < len(found[index]) < n:
                 still.append(index)
         return still
@@ -302,7 +319,9 @@ class Paraphrase(Intervention):
         for _ in range(self.max_calls):
             if not pending:
                 break
-            outputs = await self.llm.abatch([self.prompt.format(query=questions[i]) for i in pending])
+            outputs = await self.llm.abatch(
+                [self.prompt.format(query=questions[i]) for i in pending]
+            )
             pending = self._absorb(questions, found, pending, outputs, n)
         return self._finish(questions, found, n, seed)
 
@@ -386,4 +405,3 @@ class FixedVariants(Intervention):
     def describe(self) -> dict[str, Any]:
         """Name, size and fill."""
         return {"name": self.name, "questions": len(self.paraphrases), "fill": self.fill.describe()}
-

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 from numpy.typing import NDArray
@@ -54,6 +54,10 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 _LN10 = math.log(10.0)
+
+
+def _f64(array: Any) -> FloatArray:
+    return np.asarray(array, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -124,8 +128,8 @@ def fill_value(values: FloatArray, valid: NDArray[np.bool_], kind: ValueKind) ->
     minimum = np.where(valid, values, np.inf).min(axis=-1)
     shifted = minimum - _LN10
     if kind == "logprobs":
-        return shifted
-    return np.where(minimum > 0, minimum / 10.0, shifted)
+        return _f64(shifted)
+    return _f64(np.where(minimum > 0, minimum / 10.0, shifted))
 
 
 def _log_softmax(values: FloatArray) -> FloatArray:
@@ -133,7 +137,7 @@ def _log_softmax(values: FloatArray) -> FloatArray:
     top = values.max(axis=-1, keepdims=True)
     shifted = values - top
     with np.errstate(divide="ignore"):
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        return _f64(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
 
 
 def truncated_entropy(topk: TopK) -> FloatArray:
@@ -145,7 +149,7 @@ def truncated_entropy(topk: TopK) -> FloatArray:
     valid = topk.ids >= 0
     logp = _log_softmax(np.where(valid, topk.values, -np.inf))
     safe = np.where(np.isfinite(logp), logp, 0.0)
-    return -(np.exp(safe) * safe * np.isfinite(logp)).sum(axis=-1)
+    return _f64(-(np.exp(safe) * safe * np.isfinite(logp)).sum(axis=-1))
 
 
 def union_distributions(
@@ -187,16 +191,16 @@ def union_distributions(
 
 
 def _bhattacharyya_coefficient(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
-    return np.exp(0.5 * (log_p + log_q)).sum(axis=-1)
+    return _f64(np.exp(0.5 * (log_p + log_q)).sum(axis=-1))
 
 
 def _squared_hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
     diff = np.exp(0.5 * log_p) - np.exp(0.5 * log_q)
-    return np.clip(0.5 * (diff * diff).sum(axis=-1), 0.0, 1.0)
+    return _f64(np.clip(0.5 * (diff * diff).sum(axis=-1), 0.0, 1.0))
 
 
 def _hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
-    return np.sqrt(_squared_hellinger(log_p, log_q))
+    return _f64(np.sqrt(_squared_hellinger(log_p, log_q)))
 
 
 def _kl(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
@@ -204,12 +208,12 @@ def _kl(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
     kept = np.isfinite(log_q) & np.isfinite(log_p)
     safe_q, safe_p = np.where(kept, log_q, 0.0), np.where(kept, log_p, 0.0)
     terms = np.where(kept, np.exp(safe_q) * (safe_q - safe_p), 0.0)
-    return np.maximum(terms.sum(axis=-1), 0.0)
+    return _f64(np.maximum(terms.sum(axis=-1), 0.0))
 
 
 def _bhattacharyya(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
     coefficient = np.clip(_bhattacharyya_coefficient(log_p, log_q), 1e-300, 1.0)
-    return -np.log(coefficient)
+    return _f64(-np.log(coefficient))
 
 
 DISTANCES: dict[str, Callable[[FloatArray, FloatArray], FloatArray]] = {

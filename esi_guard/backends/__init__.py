@@ -4,7 +4,14 @@
 when a model is loaded.
 """
 
-from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import (
+    Backend,
+    ChatMessage,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+)
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -89,7 +90,9 @@ class FakeBackend(Backend):
             logits = np.random.default_rng(_seed("base", *answer[:t])).normal(size=size)
             logits[target] = logits.max() + 1.0
             if noise:
-                logits += noise * np.random.default_rng(_seed("noise", variant, t)).normal(size=size)
+                logits += noise * np.random.default_rng(_seed("noise", variant, t)).normal(
+                    size=size
+                )
             rows.append(logits)
         full = np.asarray(rows, dtype=np.float64).reshape(len(rows), size)
         order = np.argsort(-full, axis=-1, kind="stable")[:, :top_k]
@@ -109,7 +112,7 @@ class FakeBackend(Backend):
         for prompt in prompts:
             question = _question(prompt)
             ids = self._ids(self.answers.get(question, self.default_answer))
-            finish = "length" if len(ids) > max_new_tokens else "stop"
+            finish: Literal["stop", "length"] = "length" if len(ids) > max_new_tokens else "stop"
             ids = ids[:max_new_tokens]
             results.append(
                 Generation(
@@ -133,7 +136,9 @@ class FakeBackend(Backend):
             for variant in request.variants:
                 text = _question(variant)
                 variants.append(self._topk(answer, top_k, 0.0 if text == question else level, text))
-            original = self._topk(answer, top_k, 0.0, question) if request.include_original else None
+            original = (
+                self._topk(answer, top_k, 0.0, question) if request.include_original else None
+            )
             results.append(Forced(variants=variants, original=original))
         return results
 

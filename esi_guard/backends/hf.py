@@ -118,7 +118,8 @@ class HFBackend(Backend):
                 "(a Jinja template) to HFBackend"
             )
             raise ConfigurationError(msg)
-        self.model = model.eval()
+        self.model: Any = model
+        model.eval()  # type: ignore[no-untyped-call]
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
@@ -159,12 +160,15 @@ class HFBackend(Backend):
         extra = {"gguf_file": gguf_file} if gguf_file else {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-            model = AutoModelForCausalLM.from_pretrained(
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 where, dtype=_resolve_dtype(dtype), **extra, **model_kwargs
             )
         except (OSError, ValueError, ImportError) as exc:
-            msg = f"could not load model {where!r}" + (f" (GGUF {gguf_file!r})" if gguf_file else "")
-            raise ModelLoadError(f"{msg}: {exc}") from exc
+            msg = f"could not load model {where!r}" + (
+                f" (GGUF {gguf_file!r})" if gguf_file else ""
+            )
+            msg_0 = f"{msg}: {exc}"
+            raise ModelLoadError(msg_0) from exc
         model.to(_resolve_device(device))
         model_id = f"{where}/{gguf_file}" if gguf_file else where
         return cls(
@@ -190,7 +194,8 @@ class HFBackend(Backend):
     @property
     def device(self) -> torch.device:
         """Device the model's parameters live on."""
-        return next(self.model.parameters()).device
+        device: torch.device = next(self.model.parameters()).device
+        return device
 
     def _collect_eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -208,7 +213,7 @@ class HFBackend(Backend):
     def render(self, prompt: Messages) -> list[int]:
         """Token ids of a prompt through the chat template, generation prompt added."""
         text = self.tokenizer.apply_chat_template(
-            [dict(message) for message in prompt],
+            [{"role": m["role"], "content": m["content"]} for m in prompt],
             add_generation_prompt=True,
             tokenize=False,
             chat_template=self.chat_template,
@@ -252,7 +257,7 @@ class HFBackend(Backend):
         for i, row in enumerate(rows):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention[i, width - len(row) :] = 1
-        config = GenerationConfig(
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=max_new_tokens,
             do_sample=False,
             num_beams=1,
@@ -276,7 +281,7 @@ class HFBackend(Backend):
         length = len(tokens) if stop is None else stop
         answer = tuple(tokens[:length])
         return Generation(
-            text=self.tokenizer.decode(answer, skip_special_tokens=True).strip(),
+            text=str(self.tokenizer.decode(list(answer), skip_special_tokens=True)).strip(),
             token_ids=answer,
             topk=TopK(ids[:length], values[:length]),
             finish_reason="length" if stop is None else "stop",
@@ -309,15 +314,15 @@ class HFBackend(Backend):
         answers: list[list[int]] = []
         for request in group:
             extra = [request.prompt] if request.include_original else []
-            for prompt in [*extra, *request.variants]:
-                prompts.append(self.render(prompt))
+            for messages in [*extra, *request.variants]:
+                prompts.append(self.render(messages))
                 answers.append(list(request.answer_ids))
         lengths = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
         width = max(lengths)
         input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
-            input_ids[i, : lengths[i]] = torch.tensor(prompt + answer)
+        for i, (row, answer) in enumerate(zip(prompts, answers, strict=True)):
+            input_ids[i, : lengths[i]] = torch.tensor(row + answer)
             attention[i, : lengths[i]] = 1
         # Only positions from the shortest prompt's last token on carry answer logits.
         first = min(len(p) for p in prompts) - 1 if self._can_trim else 0
@@ -350,7 +355,9 @@ class HFBackend(Backend):
             if request.include_original:
                 original = TopK(ids[row, :n], values[row, :n])
                 row += 1
-            variants = [TopK(ids[row + i, :n], values[row + i, :n]) for i in range(len(request.variants))]
+            variants = [
+                TopK(ids[row + i, :n], values[row + i, :n]) for i in range(len(request.variants))
+            ]
             row += len(request.variants)
             results.append(Forced(variants=variants, original=original))
         return results

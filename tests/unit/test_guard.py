@@ -56,7 +56,9 @@ async def arun(guard: ESIGuard, mode: str, value: Any) -> AIMessage:
 
 SYNC = ["invoke", "batch", "stream"]
 ASYNC = ["ainvoke", "abatch", "astream"]
-FALLBACK = RunnableLambda(lambda _: AIMessage(content="Ask a librarian.", response_metadata={"src": "fb"}))
+FALLBACK = RunnableLambda(
+    lambda _: AIMessage(content="Ask a librarian.", response_metadata={"src": "fb"})
+)
 
 
 def check_action(message: AIMessage, action: str, question: str) -> None:
@@ -64,7 +66,9 @@ def check_action(message: AIMessage, action: str, question: str) -> None:
     json.dumps(esi)  # JSON-serialisable
     assert esi["answer"] == ANSWERS[question]
     assert len(esi["variants"]) == 10
-    assert len(esi["token_scores"]) == len(esi["answer_token_ids"]) == len(ANSWERS[question].split())
+    assert (
+        len(esi["token_scores"]) == len(esi["answer_token_ids"]) == len(ANSWERS[question].split())
+    )
     if question == SURE:
         assert esi["score"] == 0.0 and esi["decision"] == "accept"
         assert message.content == ANSWERS[SURE]
@@ -99,7 +103,11 @@ def test_batch_goes_through_the_backend_once_per_step() -> None:
     assert isinstance(backend, FakeBackend)
     messages = guard.batch([SURE, UNSURE, SURE])
     assert backend.calls == [("generate", 3), ("teacher_force", 3)]
-    assert [m.response_metadata["esi"]["decision"] for m in messages] == ["accept", "flag", "accept"]
+    assert [m.response_metadata["esi"]["decision"] for m in messages] == [
+        "accept",
+        "flag",
+        "accept",
+    ]
 
 
 def test_batch_and_one_by_one_agree() -> None:
@@ -121,8 +129,12 @@ def test_only_the_last_human_message_is_intervened_on() -> None:
     backend.teacher_force = spy  # type: ignore[method-assign]
     guard = ESIGuard(backend=backend, threshold=0.05)
     prompt = ChatPromptTemplate.from_messages(
-        [("system", "Answer with one or few words, please."), ("human", "Earlier question about history?"),
-         ("ai", "Earlier answer here."), ("human", "{q}")]
+        [
+            ("system", "Answer with one or few words, please."),
+            ("human", "Earlier question about history?"),
+            ("ai", "Earlier answer here."),
+            ("human", "{q}"),
+        ]
     ).invoke({"q": UNSURE})
     message = guard.invoke(prompt)
     (request,) = seen
@@ -214,7 +226,11 @@ def test_metadata_records_the_scoring_configuration() -> None:
     guard = make_guard(intervention=SkipOneChar(p=0.5), n_variants=4, top_k=7, distance="kl")
     esi = guard.invoke(UNSURE).response_metadata["esi"]
     assert esi["scoring"]["intervention"] == {"name": "skip_one_char", "p": 0.5, "min_chars": 3}
-    assert (esi["scoring"]["n_variants"], esi["scoring"]["top_k"], esi["scoring"]["distance"]) == (4, 7, "kl")
+    assert (esi["scoring"]["n_variants"], esi["scoring"]["top_k"], esi["scoring"]["distance"]) == (
+        4,
+        7,
+        "kl",
+    )
     assert esi["model"] == "fake" and len(esi["variants"]) == 4
 
 
@@ -222,19 +238,35 @@ class Recorder(BaseCallbackHandler):
     def __init__(self) -> None:
         self.runs: dict[UUID, dict[str, Any]] = {}
 
-    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
-                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
-                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self.runs[run_id] = {"name": kwargs.get("name"), "parent": parent_run_id,
-                             "tags": tags or [], "metadata": metadata or {}}
+    def on_chain_start(
+        self,
+        serialized: Any,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.runs[run_id] = {
+            "name": kwargs.get("name"),
+            "parent": parent_run_id,
+            "tags": tags or [],
+            "metadata": metadata or {},
+        }
 
 
 @pytest.mark.parametrize("mode", ["invoke", "batch", "ainvoke", "abatch"])
 async def test_config_and_callbacks_propagate_to_tagged_child_runs(mode: str) -> None:
     recorder = Recorder()
     guard = make_guard(action="route", fallback=FALLBACK)
-    config: Any = {"callbacks": [recorder], "tags": ["my-app"], "metadata": {"user": "u1"},
-                   "run_name": "guarded"}
+    config: Any = {
+        "callbacks": [recorder],
+        "tags": ["my-app"],
+        "metadata": {"user": "u1"},
+        "run_name": "guarded",
+    }
     if mode == "invoke":
         guard.invoke(UNSURE, config)
     elif mode == "batch":

@@ -121,7 +121,9 @@ def test_paraphrase_sends_the_papers_prompt() -> None:
 
 async def test_paraphrase_async_matches_sync() -> None:
     sync = Paraphrase(llm=FakeListChatModel(responses=[REPLY] * 3)).batch_variants([QUESTION], 3)
-    async_ = await Paraphrase(llm=FakeListChatModel(responses=[REPLY] * 3)).abatch_variants([QUESTION], 3)
+    async_ = await Paraphrase(llm=FakeListChatModel(responses=[REPLY] * 3)).abatch_variants(
+        [QUESTION], 3
+    )
     assert sync == async_
 
 

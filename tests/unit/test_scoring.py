@@ -65,12 +65,12 @@ def test_duplicate_slot_carries_no_mass() -> None:
 
 def hand_distance(name: str, p: list[float], q: list[float]) -> float:
     if name == "hellinger":
-        return math.sqrt(0.5 * sum((math.sqrt(a) - math.sqrt(b)) ** 2 for a, b in zip(p, q)))
+        return math.sqrt(hand_distance("squared_hellinger", p, q))
     if name == "squared_hellinger":
-        return 0.5 * sum((math.sqrt(a) - math.sqrt(b)) ** 2 for a, b in zip(p, q))
+        return 0.5 * sum((math.sqrt(a) - math.sqrt(b)) ** 2 for a, b in zip(p, q, strict=True))
     if name == "kl":  # KL(variant || original)
-        return sum(b * math.log(b / a) for a, b in zip(p, q))
-    return -math.log(sum(math.sqrt(a * b) for a, b in zip(p, q)))
+        return sum(b * math.log(b / a) for a, b in zip(p, q, strict=True))
+    return -math.log(sum(math.sqrt(a * b) for a, b in zip(p, q, strict=True)))
 
 
 @pytest.mark.parametrize("name", sorted(DISTANCES))
@@ -96,8 +96,12 @@ def test_fill_rule_for_logits_negative_minimum_and_logprobs() -> None:
 
 @pytest.mark.parametrize(
     ("values", "kind"),
-    [([5.0, 3.0, 0.5], "logits"), ([0.4, -1.0, -7.5], "logits"), ([-0.01, -2.0, -9.0], "logprobs"),
-     ([0.0, 0.0, 0.0], "logits")],
+    [
+        ([5.0, 3.0, 0.5], "logits"),
+        ([0.4, -1.0, -7.5], "logits"),
+        ([-0.01, -2.0, -9.0], "logprobs"),
+        ([0.0, 0.0, 0.0], "logits"),
+    ],
 )
 def test_missing_tokens_stay_below_every_kept_token(values: list[float], kind: str) -> None:
     array = np.array(values)

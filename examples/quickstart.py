@@ -1,0 +1,65 @@
+"""Quickstart: ESIGuard over the embedded default model (SmolLM2-135M-Instruct, on CPU).
+
+    make demo        # or: .venv/bin/python examples/quickstart.py
+
+For each question the guard generates the greedy answer, teacher-forces it after ten
+Skip-One-Char variants of the question in one batched pass, and flags the answer when
+its ESI score is above the threshold. The threshold here is a placeholder picked from
+the score range of this model on SciQ; calibrate your own on labelled data.
+"""
+
+from __future__ import annotations
+
+import time
+
+from langchain_core.prompts import ChatPromptTemplate
+
+from esi_guard import ESIGuard, HFBackend
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who wrote the play Romeo and Juliet?",
+    "What is the chemical symbol for gold?",
+    "Which planet is known as the Red Planet?",
+    "Who proposed the theory of evolution by natural selection?",
+    "In which year did the Byzantine emperor Basil II die?",
+    "What is the name of the third moon of Uranus discovered by William Lassell?",
+]
+
+
+def main() -> None:
+    start = time.perf_counter()
+    backend = HFBackend.default()
+    print(f"loaded {backend.model_id} on {backend.device} in {time.perf_counter() - start:.1f}s\n")
+
+    prompt = ChatPromptTemplate.from_messages(
+        [
+            ("system", "Please directly answer the following question with one or few words."),
+            ("human", "{question}"),
+        ]
+    )
+    guard = ESIGuard(backend=backend, threshold=0.35, action="flag", max_new_tokens=24)
+    chain = prompt | guard
+
+    start = time.perf_counter()
+    messages = chain.batch([{"question": q} for q in QUESTIONS])
+    elapsed = time.perf_counter() - start
+
+    for question, message in zip(QUESTIONS, messages, strict=True):
+        esi = message.response_metadata["esi"]
+        score = "unscored" if esi["score"] is None else f"{esi['score']:.3f}"
+        print(f"Q: {question}")
+        print(f"A: {message.content}")
+        print(
+            f"   ESI={score}  threshold={esi['threshold']}  decision={esi['decision']}"
+            + (f"  ({esi['reason']})" if esi["reason"] else "")
+        )
+        print(f"   e.g. variant: {esi['variants'][0]!r}\n")
+    print(
+        f"{len(QUESTIONS)} questions guarded in {elapsed:.1f}s "
+        f"({elapsed / len(QUESTIONS):.2f}s per question, batched)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Shared fixtures: the real embedded model (loaded once) and real questions from ../shared/data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from esi_guard import HFBackend
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def sciq_questions() -> list[str]:
+    """Questions from the shared SciQ set (read in place, never copied)."""
+    path = SHARED_DATA / "sciq" / "test.jsonl"
+    if not path.exists():
+        pytest.fail(f"shared data missing: {path} (the checkout needs ../shared beside it)")
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line)["query"] for line in handle if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def hf_backend() -> HFBackend:
+    """The embedded default model, SmolLM2-135M-Instruct, loaded once per session on CPU."""
+    from esi_guard import HFBackend
+
+    return HFBackend.default(device="cpu")

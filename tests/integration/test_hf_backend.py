@@ -1,0 +1,61 @@
+"""The guard on the real embedded model: answers, reproducibility, batching, and the math."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from esi_guard import ESIGuard, HFBackend
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SYSTEM = "Please directly answer the following question with one or few words."
+
+
+def prompt(question: str) -> list[tuple[str, str]]:
+    return [("system", SYSTEM), ("human", question)]
+
+
+@pytest.fixture(scope="module")
+def guard(hf_backend: HFBackend) -> ESIGuard:
+    return ESIGuard(backend=hf_backend, threshold=0.5, max_new_tokens=24)
+
+
+def test_capital_of_france_is_paris(hf_backend: HFBackend) -> None:
+    message = ESIGuard(backend=hf_backend, threshold=0.5).invoke("What is the capital of France?")
+    assert "Paris" in message.content
+    esi = message.response_metadata["esi"]
+    assert esi["scored"] and math.isfinite(esi["score"]) and esi["score"] >= 0.0
+    assert (
+        esi["answer_token_ids"] and hf_backend.tokenizer.eos_token_id not in esi["answer_token_ids"]
+    )
+
+
+def test_scores_are_finite_and_reproducible(guard: ESIGuard, sciq_questions: list[str]) -> None:
+    inputs = [prompt(q) for q in sciq_questions[:3]]
+    first = [m.response_metadata["esi"] for m in guard.batch(inputs)]
+    again = [m.response_metadata["esi"] for m in guard.batch(inputs)]
+    for a, b in zip(first, again, strict=True):
+        assert a["scored"] and math.isfinite(a["score"])
+        assert a["variants"] == b["variants"]
+        assert a["answer_token_ids"] == b["answer_token_ids"]
+        assert a["score"] == pytest.approx(b["score"], abs=1e-6)
+
+
+def test_batched_and_one_by_one_scores_agree(guard: ESIGuard, sciq_questions: list[str]) -> None:
+    inputs = [prompt(q) for q in sciq_questions[3:7]]
+    batched = [m.response_metadata["esi"] for m in guard.batch(inputs)]
+    single = [guard.invoke(x).response_metadata["esi"] for x in inputs]
+    for b, s in zip(batched, single, strict=True):
+        assert b["answer_token_ids"] == s["answer_token_ids"]
+        assert b["score"] == pytest.approx(s["score"], abs=1e-4)
+
+
+def test_existing_answer_scores_like_the_generated_one(guard: ESIGuard) -> None:
+    message = guard.invoke(prompt("What gas do plants absorb from the air?"))
+    esi = message.response_metadata["esi"]
+    result = guard.score(prompt("What gas do plants absorb from the air?"), esi["answer"])
+    assert result.answer_token_ids == esi["answer_token_ids"]
+    assert result.variants == esi["variants"]
+    assert result.score == pytest.approx(esi["score"], abs=1e-4)
