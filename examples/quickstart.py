@@ -38,7 +38,7 @@ def main() -> None:
             ("human", "{question}"),
         ]
     )
-    guard = ESIGuard(backend=backend, threshold=0.35, action="flag", max_new_tokens=24)
+    guard = ESIGuard(backend=backend, threshold=0.25, action="flag", max_new_tokens=24)
     chain = prompt | guard
 
     start = time.perf_counter()

@@ -69,7 +69,7 @@ def main() -> None:
     )
     guard = ESIGuard(
         backend=HFBackend.default(),
-        threshold=0.35,
+        threshold=0.25,
         action="abstain",
         abstain_message="I can't answer that reliably from the documents.",
         max_new_tokens=24,

@@ -15,11 +15,17 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
-def sciq_questions() -> list[str]:
-    """Questions from the shared SciQ set (read in place, never copied)."""
-    path = SHARED_DATA / "sciq" / "test.jsonl"
-    if not path.exists():
-        pytest.fail(f"shared data missing: {path} (the checkout needs ../shared beside it)")
+def shared_data() -> Path:
+    """The shared QA sets beside the checkout (read in place, never copied)."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"shared data missing: {SHARED_DATA} (the checkout needs ../shared beside it)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def sciq_questions(shared_data: Path) -> list[str]:
+    """Questions from the shared SciQ set."""
+    path = shared_data / "sciq" / "test.jsonl"
     with path.open(encoding="utf-8") as handle:
         return [json.loads(line)["query"] for line in handle if line.strip()]
 

@@ -144,11 +144,8 @@ def test_fixed_variants_lookup_sampling_and_fill(tmp_path: Path) -> None:
         FixedVariants({}, strict=True).variants("Unknown question here?", 2)
 
 
-def test_fixed_variants_reads_the_shared_sciq_paraphrases() -> None:
-    path = Path(__file__).parents[2] / ".." / "shared" / "data" / "sciq" / "paraphrase.jsonl"
-    if not path.exists():
-        pytest.skip("shared data not beside this checkout")
-    fixed = FixedVariants.from_jsonl(path)
+def test_fixed_variants_reads_the_shared_sciq_paraphrases(shared_data: Path) -> None:
+    fixed = FixedVariants.from_jsonl(shared_data / "sciq" / "paraphrase.jsonl")
     question = next(iter(fixed.paraphrases))
     variants = fixed.variants(question, 5)
     assert len(variants) == 5 and question not in variants
