@@ -215,8 +215,9 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         ids = self.backend.encode_answer(parsed.messages, answer)
         variants = self.intervention.variants(parsed.question, self.n_variants, seed=self.seed)
         request, early = self._request(parsed, ids, variants, include_original=True, answer=answer)
-        if early is not None or request is None:
-            return early  # type: ignore[return-value]
+        if request is None:
+            assert early is not None
+            return early
         forced = self.backend.teacher_force([request], top_k=self.top_k)[0]
         return self._assess(parsed, answer, ids, variants, None, forced, None)
 
@@ -241,42 +242,19 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         run_manager: list[CallbackManagerForChainRun],
         config: list[RunnableConfig],
     ) -> list[Any]:
-        run_managers, configs = run_manager, config
         parsed, ok = _parse_all(inputs)
-        managers = [run_managers[i] for i in ok]
-        prompts = [parsed[i] for i in ok]
-        gens = _traced(
-            managers,
-            "generate",
-            prompts,
-            lambda: self.backend.generate(
-                [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k
-            ),
-        )
-        variants = _traced(
-            managers,
-            "intervene",
-            prompts,
-            lambda: self.intervention.batch_variants(
-                [p.question for p in prompts], self.n_variants, seed=self.seed
-            ),
-        )
+        managers = [run_manager[i] for i in ok]
+        prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
+        gens = _traced(managers, "generate", prompts, lambda: self._generate(prompts))
+        variants = _traced(managers, "intervene", prompts, lambda: self._intervene(prompts))
         results = _traced(
             managers, "score", prompts, lambda: self._score_generated(prompts, gens, variants)
         )
-        routed = [i for i, r in enumerate(results) if r.decision == "route"]
-        fallback_out = []
-        if routed and self.fallback is not None:
-            fallback_out = self.fallback.batch(
-                [inputs[ok[i]] for i in routed],
-                [
-                    _child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback")
-                    for i in routed
-                ],
-            )
-        return _assemble(
-            parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message
+        routed, fallback_inputs, fallback_configs = self._routing(
+            inputs, ok, results, run_manager, config
         )
+        answers = self._fallback().batch(fallback_inputs, fallback_configs) if routed else []
+        return _assemble(parsed, ok, results, dict(zip(routed, answers, strict=True)), self)
 
     async def _abatch(
         self,
@@ -284,42 +262,60 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         run_manager: list[AsyncCallbackManagerForChainRun],
         config: list[RunnableConfig],
     ) -> list[Any]:
-        run_managers, configs = run_manager, config
         parsed, ok = _parse_all(inputs)
-        managers = [run_managers[i] for i in ok]
-        prompts = [parsed[i] for i in ok]
-        gens = await _atraced(
-            managers,
-            "generate",
-            prompts,
-            lambda: self.backend.agenerate(
-                [p.messages for p in prompts], max_new_tokens=self.max_new_tokens, top_k=self.top_k
-            ),
-        )
-        variants = await _atraced(
-            managers,
-            "intervene",
-            prompts,
-            lambda: self.intervention.abatch_variants(
-                [p.question for p in prompts], self.n_variants, seed=self.seed
-            ),
-        )
+        managers = [run_manager[i] for i in ok]
+        prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
+        gens = await _atraced(managers, "generate", prompts, lambda: self._agenerate(prompts))
+        variants = await _atraced(managers, "intervene", prompts, lambda: self._aintervene(prompts))
         results = await _atraced(
             managers, "score", prompts, lambda: self._ascore_generated(prompts, gens, variants)
         )
-        routed = [i for i, r in enumerate(results) if r.decision == "route"]
-        fallback_out = []
-        if routed and self.fallback is not None:
-            fallback_out = await self.fallback.abatch(
-                [inputs[ok[i]] for i in routed],
-                [
-                    _child_config(configs[ok[i]], run_managers[ok[i]], "esi:fallback")
-                    for i in routed
-                ],
-            )
-        return _assemble(
-            parsed, ok, results, dict(zip(routed, fallback_out, strict=True)), self.abstain_message
+        routed, fallback_inputs, fallback_configs = self._routing(
+            inputs, ok, results, run_manager, config
         )
+        answers = await self._fallback().abatch(fallback_inputs, fallback_configs) if routed else []
+        return _assemble(parsed, ok, results, dict(zip(routed, answers, strict=True)), self)
+
+    def _generate(self, prompts: list[GuardedPrompt]) -> list[Generation]:
+        messages = [p.messages for p in prompts]
+        return self.backend.generate(messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k)
+
+    async def _agenerate(self, prompts: list[GuardedPrompt]) -> list[Generation]:
+        messages = [p.messages for p in prompts]
+        return await self.backend.agenerate(
+            messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
+        )
+
+    def _intervene(self, prompts: list[GuardedPrompt]) -> list[list[str]]:
+        questions = [p.question for p in prompts]
+        return self.intervention.batch_variants(questions, self.n_variants, seed=self.seed)
+
+    async def _aintervene(self, prompts: list[GuardedPrompt]) -> list[list[str]]:
+        questions = [p.question for p in prompts]
+        return await self.intervention.abatch_variants(questions, self.n_variants, seed=self.seed)
+
+    def _fallback(self) -> Runnable[Any, Any]:
+        if self.fallback is None:  # the validator makes this unreachable for action="route"
+            msg = "action='route' needs a fallback runnable"
+            raise ConfigurationError(msg)
+        return self.fallback
+
+    @staticmethod
+    def _routing(
+        inputs: list[GuardInput],
+        ok: list[int],
+        results: list[ESIResult],
+        run_managers: Sequence[Any],
+        configs: list[RunnableConfig],
+    ) -> tuple[list[int], list[GuardInput], list[RunnableConfig]]:
+        """Which results go to the fallback, with their original inputs and child configs."""
+        routed = [i for i, result in enumerate(results) if result.decision == "route"]
+        originals = [ok[i] for i in routed]
+        child_configs = [
+            patch_config(configs[i], callbacks=run_managers[i].get_child("esi:fallback"))
+            for i in originals
+        ]
+        return routed, [inputs[i] for i in originals], child_configs
 
     def _plan(
         self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
@@ -489,10 +485,6 @@ def _single(results: list[Any]) -> AIMessage:
     return first
 
 
-def _child_config(config: RunnableConfig, run_manager: Any, tag: str) -> RunnableConfig:
-    return patch_config(config, callbacks=run_manager.get_child(tag))
-
-
 def _traced(
     managers: list[CallbackManagerForChainRun],
     step: str,
@@ -559,12 +551,12 @@ def _assemble(
     ok: list[int],
     results: list[ESIResult],
     fallback_out: dict[int, Any],
-    abstain_message: str,
+    guard: ESIGuard,
 ) -> list[Any]:
     """One AIMessage per input (or its InputError), in input order."""
     out: list[Any] = list(parsed)
     for position, (index, result) in enumerate(zip(ok, results, strict=True)):
-        out[index] = _message(result, fallback_out.get(position), abstain_message)
+        out[index] = _message(result, fallback_out.get(position), guard.abstain_message)
     return out
 
 
