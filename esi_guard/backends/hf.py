@@ -142,11 +142,11 @@ class HFBackend(Backend):
         max_batch_rows: int = 32,
         **model_kwargs: Any,
     ) -> HFBackend:
-        """Load a causal LM by hub id, local path, or GGUF file in a folder.
+        """Load a causal LM by hub id, local path, or GGUF file.
 
         Args:
-            name_or_path: Model id or folder (for GGUF: the folder holding the file).
-            gguf_file: GGUF file name inside ``name_or_path`` (needs ``gguf``).
+            name_or_path: Model id, folder, or path to a ``.gguf`` file.
+            gguf_file: GGUF file name inside the folder ``name_or_path`` (needs ``gguf``).
             device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
             dtype: ``"auto"``, a torch dtype, or its name (``"bfloat16"``).
             chat_template: Override the tokenizer's chat template.
@@ -157,6 +157,8 @@ class HFBackend(Backend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         where = str(name_or_path)
+        if gguf_file is None and where.endswith(".gguf") and Path(where).is_file():
+            where, gguf_file = str(Path(where).parent), Path(where).name
         extra = {"gguf_file": gguf_file} if gguf_file else {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(where, **extra)

@@ -1,0 +1,117 @@
+"""HFBackend's padding, alignment and batching on a tiny random Llama the test builds.
+
+The real embedded model is exercised in tests/integration; here a 2-layer model with
+random weights checks the mechanics fast: every batched number must equal the one from
+a plain, unpadded, one-sequence forward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from esi_guard import HFBackend
+from esi_guard.backends.base import ChatMessage, ForcingRequest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+EOS, PAD = 1, 0
+
+
+class StubTokenizer:
+    """Character-level tokenizer with a trivial chat template."""
+
+    chat_template = "role:content|"
+    eos_token_id = EOS
+    pad_token_id = PAD
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        assert kwargs["add_generation_prompt"] and not kwargs["tokenize"]
+        return "".join(f"{m['role']}:{m['content']}|" for m in messages) + "assistant:"
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [2 + ord(c) % 60 for c in text]}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module")
+def backend() -> HFBackend:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=2,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = EOS
+    return HFBackend(model, StubTokenizer(), model_id="tiny-llama", max_batch_rows=64)  # type: ignore[arg-type]
+
+
+def user(text: str) -> list[ChatMessage]:
+    return [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content=text)]
+
+
+def lone_logits(backend: HFBackend, prompt: list[ChatMessage], answer: list[int]) -> Any:
+    """Logits for each answer token from one unpadded full forward pass."""
+    ids = backend.render(prompt)
+    with torch.inference_mode():
+        logits = backend.model(input_ids=torch.tensor([ids + answer])).logits[0]
+    return logits[len(ids) - 1 : len(ids) - 1 + len(answer)]
+
+
+def test_teacher_forcing_is_aligned_across_padded_rows(backend: HFBackend) -> None:
+    answer = [5, 9, 11, 7]
+    request = ForcingRequest(
+        prompt=user("What is the capital of France?"),
+        variants=[
+            user("What is the capita of France?"),
+            user("Wht?"),
+            user("A much longer variant?"),
+        ],
+        answer_ids=answer,
+        include_original=True,
+    )
+    (forced,) = backend.teacher_force([request], top_k=8)
+    assert forced.original is not None
+    for prompt, topk in zip(
+        [request.prompt, *request.variants], [forced.original, *forced.variants], strict=True
+    ):
+        values, ids = lone_logits(backend, list(prompt), answer).topk(8)
+        assert topk.ids.tolist() == ids.tolist()
+        assert topk.values == pytest.approx(values.double().numpy(), abs=1e-5)
+
+
+def test_requests_are_never_split_and_results_do_not_depend_on_grouping(backend: HFBackend) -> None:
+    requests = [
+        ForcingRequest(prompt=user(f"Question number {i}?"), answer_ids=[3 + i, 4, 5][: i + 1],
+                       variants=[user(f"Queston number {i}?"), user(f"Question numbr {i}?")])
+        for i in range(3)
+    ]  # fmt: skip
+    assert [len(group) for group in HFBackend._groups(backend, requests)] == [3]
+    small = HFBackend(backend.model, backend.tokenizer, max_batch_rows=3)
+    assert [len(group) for group in small._groups(requests)] == [1, 1, 1]
+    together = backend.teacher_force(requests, top_k=5)
+    apart = small.teacher_force(requests, top_k=5)
+    for a, b in zip(together, apart, strict=True):
+        for x, y in zip(a.variants, b.variants, strict=True):
+            assert x.ids.tolist() == y.ids.tolist()
+            assert x.values == pytest.approx(y.values, abs=1e-5)
+
+
+def test_generation_keeps_raw_logits_and_is_greedy(backend: HFBackend) -> None:
+    prompts = [user("Short?"), user("A somewhat longer question to pad against?")]
+    batched = backend.generate(prompts, max_new_tokens=6, top_k=10)
+    for prompt, gen in zip(prompts, batched, strict=True):
+        assert len(gen.token_ids) == gen.topk.n_positions > 0
+        assert EOS not in gen.token_ids
+        # Greedy: each answer token is the top-1 of its position's raw logits.
+        assert gen.topk.ids[:, 0].tolist() == list(gen.token_ids)
+        values, ids = lone_logits(backend, prompt, list(gen.token_ids)).topk(10)
+        assert gen.topk.ids.tolist() == ids.tolist()
+        assert gen.topk.values == pytest.approx(values.double().numpy(), abs=1e-4)
+        (alone,) = backend.generate([prompt], max_new_tokens=6, top_k=10)
+        assert alone.token_ids == gen.token_ids
