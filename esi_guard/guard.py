@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from esi_guard._inputs import GuardedPrompt, message_text, parse_input
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
-from esi_guard.exceptions import ConfigurationError, ScoringError
+from esi_guard.exceptions import ConfigurationError, InputError, ScoringError
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.scoring import Distance, TopK, esi_score
 
@@ -219,7 +219,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             assert early is not None
             return early
         forced = self.backend.teacher_force([request], top_k=self.top_k)[0]
-        return self._assess(parsed, answer, ids, variants, None, forced, None)
+        return self._assess(answer, ids, variants, None, forced, None)
 
     # -- the work -------------------------------------------------------------------------
 
@@ -341,18 +341,17 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     ) -> list[ESIResult]:
         requests, early = self._plan(prompts, gens, variants)
         forced = self.backend.teacher_force(requests, top_k=self.top_k) if requests else []
-        return self._collect(prompts, gens, variants, early, forced)
+        return self._collect(gens, variants, early, forced)
 
     async def _ascore_generated(
         self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
     ) -> list[ESIResult]:
         requests, early = self._plan(prompts, gens, variants)
         forced = await self.backend.ateacher_force(requests, top_k=self.top_k) if requests else []
-        return self._collect(prompts, gens, variants, early, forced)
+        return self._collect(gens, variants, early, forced)
 
     def _collect(
         self,
-        prompts: list[GuardedPrompt],
         gens: list[Generation],
         variants: list[list[str]],
         early: list[ESIResult | None],
@@ -362,9 +361,9 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         return [
             result
             or self._assess(
-                prompt, gen.text, gen.token_ids, texts, gen.topk, next(pending), gen.finish_reason
+                gen.text, gen.token_ids, texts, gen.topk, next(pending), gen.finish_reason
             )
-            for prompt, gen, texts, result in zip(prompts, gens, variants, early, strict=True)
+            for gen, texts, result in zip(gens, variants, early, strict=True)
         ]
 
     def _request(
@@ -398,7 +397,6 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
 
     def _assess(
         self,
-        prompt: GuardedPrompt,
         answer: str,
         answer_ids: Sequence[int],
         variants: list[str],
@@ -472,7 +470,7 @@ def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[int]]:
     for value in inputs:
         try:
             parsed.append(parse_input(value))
-        except ValueError as exc:
+        except InputError as exc:
             parsed.append(exc)
     return parsed, [i for i, p in enumerate(parsed) if isinstance(p, GuardedPrompt)]
 
