@@ -43,8 +43,12 @@ class GuardedPrompt:
         return messages
 
 
-def message_text(message: BaseMessage | Any) -> str:
-    """Plain text of a message's content (string or text content blocks)."""
+def message_text(message: BaseMessage | Any, *, skip_other_blocks: bool = False) -> str:
+    """Plain text of a message's content (a string or text content blocks).
+
+    A non-text block (image, reasoning...) is an :class:`InputError`, or is left out
+    with ``skip_other_blocks=True`` (for model outputs, whose text is all we read).
+    """
     content = getattr(message, "content", message)
     if isinstance(content, str):
         return content
@@ -55,7 +59,7 @@ def message_text(message: BaseMessage | Any) -> str:
                 parts.append(block)
             elif isinstance(block, dict) and block.get("type") == "text":
                 parts.append(str(block.get("text", "")))
-            else:
+            elif not skip_other_blocks:
                 kind = block.get("type") if isinstance(block, dict) else type(block).__name__
                 msg = f"cannot guard a message holding a {kind!r} content block; only text"
                 raise InputError(msg)

@@ -73,10 +73,6 @@ class ESIResult:
         return asdict(self)
 
 
-def _result_summary(result: ESIResult) -> dict[str, Any]:
-    return {"score": result.score, "scored": result.scored, "reason": result.reason}
-
-
 class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     """Guard a model's answers with the ESI uncertainty score.
 
@@ -540,7 +536,7 @@ def _summary(output: Any) -> dict[str, Any]:
     if isinstance(output, Generation):
         return {"answer": output.text, "n_tokens": len(output.token_ids)}
     if isinstance(output, ESIResult):
-        return _result_summary(output)
+        return {"score": output.score, "scored": output.scored, "reason": output.reason}
     return {"variants": output}
 
 

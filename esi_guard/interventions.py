@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from esi_guard._inputs import message_text
 from esi_guard.exceptions import ConfigurationError, InputError
 
 __all__ = [
@@ -220,21 +221,6 @@ Question: {query}"""
 """The paper's paraphrase prompt (appendix "Prompt Templates")."""
 
 
-def _text_of(output: Any) -> str:
-    """Text of a chat model / runnable output: a message, a string or content blocks."""
-    content = getattr(output, "content", output)
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            block if isinstance(block, str) else str(block.get("text", ""))
-            for block in content
-            if isinstance(block, str | dict)
-        )
-    msg = f"paraphrase model returned {type(output).__name__}; expected a message or a string"
-    raise InputError(msg)
-
-
 def parse_rephrasings(text: str) -> list[str]:
     """The questions on ``Rephrase i:`` lines, in order."""
     return [match.group(1) for match in _REPHRASE.finditer(text)]
@@ -293,7 +279,8 @@ class Paraphrase(Intervention):
         for index, output in zip(pending, outputs, strict=True):
             before = len(found[index])
             found[index] = _distinct(
-                found[index] + parse_rephrasings(_text_of(output)), questions[index]
+                found[index] + parse_rephrasings(message_text(output, skip_other_blocks=True)),
+                questions[index],
             )
             if before < len(found[index]) < n:
                 still.append(index)

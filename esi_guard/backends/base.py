@@ -122,7 +122,3 @@ class Backend(ABC):
     ) -> list[Forced]:
         """Async :meth:`teacher_force`; a worker thread by default."""
         return await asyncio.to_thread(self.teacher_force, requests, top_k=top_k)
-
-    async def aencode_answer(self, prompt: Messages, answer: str) -> list[int]:
-        """Async :meth:`encode_answer`; a worker thread by default."""
-        return await asyncio.to_thread(self.encode_answer, prompt, answer)

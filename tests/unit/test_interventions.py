@@ -149,3 +149,15 @@ def test_fixed_variants_reads_the_shared_sciq_paraphrases(shared_data: Path) -> 
     question = next(iter(fixed.paraphrases))
     variants = fixed.variants(question, 5)
     assert len(variants) == 5 and question not in variants
+
+
+def test_paraphrase_reads_text_blocks_and_skips_reasoning_blocks() -> None:
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import RunnableLambda
+
+    reply = AIMessage(
+        content=[{"type": "reasoning", "reasoning": "Rephrase 9: not this one?"},
+                 {"type": "text", "text": "Rephrase 1: Which team did Babe Ruth last homer for?"}]
+    )  # fmt: skip
+    variants = Paraphrase(llm=RunnableLambda(lambda _: reply), max_calls=1).variants(QUESTION, 1)
+    assert variants == ["Which team did Babe Ruth last homer for?"]
