@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from esi_guard._inputs import GuardedPrompt, message_text, parse_input
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
-from esi_guard.exceptions import ConfigurationError, InputError, ScoringError
+from esi_guard.exceptions import BackendError, ConfigurationError, InputError, ScoringError
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.scoring import Distance, TopK, esi_score
 
@@ -87,6 +87,11 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
 
     The output is an ``AIMessage`` whose ``response_metadata["esi"]`` holds the score,
     decision, variants, token scores and configuration (see :class:`ESIResult`).
+
+    A backend failure that concerns one prompt (an API request that failed after its
+    retries) is that prompt's error: ``invoke`` raises it, ``batch(...,
+    return_exceptions=True)`` returns it in place while the other prompts keep their
+    answers.
 
     ``batch``/``abatch`` send all prompts through the backend together. ``stream`` and
     ``astream`` yield one chunk: the answer is held until it has been scored, since a
@@ -215,6 +220,8 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             assert early is not None
             return early
         forced = self.backend.teacher_force([request], top_k=self.top_k)[0]
+        if isinstance(forced, BackendError):
+            raise forced
         return self._assess(answer, ids, variants, None, forced, None)
 
     # -- the work -------------------------------------------------------------------------
@@ -242,10 +249,17 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         managers = [run_manager[i] for i in ok]
         prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
         gens = _traced(managers, "generate", prompts, lambda: self._generate(prompts))
-        variants = _traced(managers, "intervene", prompts, lambda: self._intervene(prompts))
-        results = _traced(
-            managers, "score", prompts, lambda: self._score_generated(prompts, gens, variants)
+        live, live_managers, live_prompts, live_gens = _live(managers, prompts, gens)
+        variants = _traced(
+            live_managers, "intervene", live_prompts, lambda: self._intervene(live_prompts)
         )
+        scored = _traced(
+            live_managers,
+            "score",
+            live_prompts,
+            lambda: self._score_generated(live_prompts, live_gens, variants),
+        )
+        results = _merge(gens, live, scored)
         routed, fallback_inputs, fallback_configs = self._routing(
             inputs, ok, results, run_manager, config
         )
@@ -262,24 +276,35 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         managers = [run_manager[i] for i in ok]
         prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
         gens = await _atraced(managers, "generate", prompts, lambda: self._agenerate(prompts))
-        variants = await _atraced(managers, "intervene", prompts, lambda: self._aintervene(prompts))
-        results = await _atraced(
-            managers, "score", prompts, lambda: self._ascore_generated(prompts, gens, variants)
+        live, live_managers, live_prompts, live_gens = _live(managers, prompts, gens)
+        variants = await _atraced(
+            live_managers, "intervene", live_prompts, lambda: self._aintervene(live_prompts)
         )
+        scored = await _atraced(
+            live_managers,
+            "score",
+            live_prompts,
+            lambda: self._ascore_generated(live_prompts, live_gens, variants),
+        )
+        results = _merge(gens, live, scored)
         routed, fallback_inputs, fallback_configs = self._routing(
             inputs, ok, results, run_manager, config
         )
         answers = await self._fallback().abatch(fallback_inputs, fallback_configs) if routed else []
         return _assemble(parsed, ok, results, dict(zip(routed, answers, strict=True)), self)
 
-    def _generate(self, prompts: list[GuardedPrompt]) -> list[Generation]:
+    def _generate(self, prompts: list[GuardedPrompt]) -> list[Generation | BackendError]:
         messages = [p.messages for p in prompts]
-        return self.backend.generate(messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k)
+        return list(
+            self.backend.generate(messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k)
+        )
 
-    async def _agenerate(self, prompts: list[GuardedPrompt]) -> list[Generation]:
+    async def _agenerate(self, prompts: list[GuardedPrompt]) -> list[Generation | BackendError]:
         messages = [p.messages for p in prompts]
-        return await self.backend.agenerate(
-            messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
+        return list(
+            await self.backend.agenerate(
+                messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
+            )
         )
 
     def _intervene(self, prompts: list[GuardedPrompt]) -> list[list[str]]:
@@ -300,12 +325,16 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     def _routing(
         inputs: list[GuardInput],
         ok: list[int],
-        results: list[ESIResult],
+        results: list[ESIResult | BackendError],
         run_managers: Sequence[Any],
         configs: list[RunnableConfig],
     ) -> tuple[list[int], list[GuardInput], list[RunnableConfig]]:
         """Which results go to the fallback, with their original inputs and child configs."""
-        routed = [i for i, result in enumerate(results) if result.decision == "route"]
+        routed = [
+            i
+            for i, result in enumerate(results)
+            if isinstance(result, ESIResult) and result.decision == "route"
+        ]
         originals = [ok[i] for i in routed]
         child_configs = [
             patch_config(configs[i], callbacks=run_managers[i].get_child("esi:fallback"))
@@ -334,14 +363,14 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
 
     def _score_generated(
         self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
-    ) -> list[ESIResult]:
+    ) -> list[ESIResult | BackendError]:
         requests, early = self._plan(prompts, gens, variants)
         forced = self.backend.teacher_force(requests, top_k=self.top_k) if requests else []
         return self._collect(gens, variants, early, forced)
 
     async def _ascore_generated(
         self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
-    ) -> list[ESIResult]:
+    ) -> list[ESIResult | BackendError]:
         requests, early = self._plan(prompts, gens, variants)
         forced = await self.backend.ateacher_force(requests, top_k=self.top_k) if requests else []
         return self._collect(gens, variants, early, forced)
@@ -351,16 +380,22 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         gens: list[Generation],
         variants: list[list[str]],
         early: list[ESIResult | None],
-        forced: list[Forced],
-    ) -> list[ESIResult]:
+        forced: Sequence[Forced | BackendError],
+    ) -> list[ESIResult | BackendError]:
         pending = iter(forced)
-        return [
-            result
-            or self._assess(
-                gen.text, gen.token_ids, texts, gen.topk, next(pending), gen.finish_reason
+        out: list[ESIResult | BackendError] = []
+        for gen, texts, result in zip(gens, variants, early, strict=True):
+            if result is not None:
+                out.append(result)
+                continue
+            item = next(pending)
+            if isinstance(item, BackendError):
+                out.append(item)
+                continue
+            out.append(
+                self._assess(gen.text, gen.token_ids, texts, gen.topk, item, gen.finish_reason)
             )
-            for gen, texts, result in zip(gens, variants, early, strict=True)
-        ]
+        return out
 
     def _request(
         self,
@@ -387,6 +422,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             prompt=prompt.messages,
             variants=[prompt.with_question(text) for text in variants],
             answer_ids=list(answer_ids),
+            answer=answer,
             include_original=include_original,
         )
         return request, None
@@ -406,7 +442,11 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
                 msg = "the backend returned no original distributions"
                 raise ScoringError(msg)
             esi = esi_score(
-                base, forced.variants, distance=self.distance, kind=self.backend.values_kind
+                base,
+                forced.variants,
+                distance=self.distance,
+                kind=self.backend.values_kind,
+                observed=forced.observed,
             )
         except ScoringError as exc:
             return self._result(
@@ -501,7 +541,10 @@ def _traced(
             child.on_chain_error(exc)
         raise
     for child, output in zip(children, outputs, strict=True):
-        child.on_chain_end(_summary(output))
+        if isinstance(output, BaseException):
+            child.on_chain_error(output)
+        else:
+            child.on_chain_end(_summary(output))
     return outputs
 
 
@@ -527,7 +570,10 @@ async def _atraced(
             await child.on_chain_error(exc)
         raise
     for child, output in zip(children, outputs, strict=True):
-        await child.on_chain_end(_summary(output))
+        if isinstance(output, BaseException):
+            await child.on_chain_error(output)
+        else:
+            await child.on_chain_end(_summary(output))
     return list(outputs)
 
 
@@ -540,17 +586,39 @@ def _summary(output: Any) -> dict[str, Any]:
     return {"variants": output}
 
 
+def _live(
+    managers: list[Any], prompts: list[GuardedPrompt], gens: list[Generation | BackendError]
+) -> tuple[list[int], list[Any], list[GuardedPrompt], list[Generation]]:
+    """The prompts whose generation succeeded: indices, run managers, prompts, generations."""
+    live = [i for i, gen in enumerate(gens) if isinstance(gen, Generation)]
+    kept = [gen for gen in gens if isinstance(gen, Generation)]
+    return live, [managers[i] for i in live], [prompts[i] for i in live], kept
+
+
+def _merge(
+    gens: list[Generation | BackendError],
+    live: list[int],
+    scored: list[ESIResult | BackendError],
+) -> list[ESIResult | BackendError]:
+    """Per prompt: its result, or the backend error of whichever step failed for it."""
+    by_index = dict(zip(live, scored, strict=True))
+    return [gen if isinstance(gen, BackendError) else by_index[i] for i, gen in enumerate(gens)]
+
+
 def _assemble(
     parsed: list[Any],
     ok: list[int],
-    results: list[ESIResult],
+    results: list[ESIResult | BackendError],
     fallback_out: dict[int, Any],
     guard: ESIGuard,
 ) -> list[Any]:
-    """One AIMessage per input (or its InputError), in input order."""
+    """One AIMessage per input (or its InputError / BackendError), in input order."""
     out: list[Any] = list(parsed)
     for position, (index, result) in enumerate(zip(ok, results, strict=True)):
-        out[index] = _message(result, fallback_out.get(position), guard.abstain_message)
+        if isinstance(result, BackendError):
+            out[index] = result
+        else:
+            out[index] = _message(result, fallback_out.get(position), guard.abstain_message)
     return out
 
 

@@ -34,6 +34,7 @@ from esi_guard.exceptions import ScoringError
 
 __all__ = [
     "DISTANCES",
+    "DISTANCE_BOUNDS",
     "Distance",
     "ESIScore",
     "TopK",
@@ -228,19 +229,23 @@ DISTANCES: dict[str, Callable[[FloatArray, FloatArray], FloatArray]] = {
 symmetric), ``kl`` (KL(variant || original), >= 0), ``bhattacharyya`` (>= 0, symmetric).
 """
 
+DISTANCE_BOUNDS: dict[str, float] = {"hellinger": 1.0, "squared_hellinger": 1.0}
+"""Largest value of the bounded distances: what an unobserved position scores (see
+``observed`` in :func:`esi_score`)."""
 
-def _check(topk: TopK, name: str, n_positions: int) -> None:
+
+def _check(topk: TopK, name: str, n_positions: int, n_observed: int | None = None) -> None:
     if topk.n_positions != n_positions:
         msg = (
             f"{name} covers {topk.n_positions} answer positions, expected {n_positions} "
             "(one per answer token)"
         )
         raise ScoringError(msg)
-    valid = topk.ids >= 0
+    valid = topk.ids[:n_observed] >= 0
     if not valid.any(axis=-1).all():
         msg = f"{name} has an answer position with no kept token"
         raise ScoringError(msg)
-    if not np.isfinite(topk.values[valid]).all():
+    if not np.isfinite(topk.values[:n_observed][valid]).all():
         msg = f"{name} holds NaN or infinite values among its kept tokens"
         raise ScoringError(msg)
 
@@ -260,6 +265,7 @@ def esi_score(
     *,
     distance: Distance = "hellinger",
     kind: ValueKind = "logits",
+    observed: Sequence[int] | None = None,
 ) -> ESIScore:
     """Compute the ESI score of one answer.
 
@@ -269,6 +275,11 @@ def esi_score(
             positions under teacher forcing of the same answer.
         distance: Name of the distance function, one of :data:`DISTANCES`.
         kind: Whether values are raw logits or logprobs (decides the fill rule).
+        observed: For approximate backends, how many leading positions of each variant
+            were observed exactly (``None``: all of them). Each later position scores
+            the distance's upper bound (:data:`DISTANCE_BOUNDS`): the variant's answer
+            left the original's there, the most a distribution can move. Their rows in
+            ``variants`` are ignored. Needs a bounded distance.
 
     Returns:
         The score, the per-token contributions, the weights and the raw distances.
@@ -291,17 +302,24 @@ def esi_score(
         msg = "ESI needs at least one variant"
         raise ScoringError(msg)
     _check(original, "original top-k", n_positions)
+    limits = _observed(observed, len(variants), n_positions, distance)
     for index, variant in enumerate(variants):
-        _check(variant, f"variant {index} top-k", n_positions)
+        _check(variant, f"variant {index} top-k", n_positions, limits[index])
 
     k = max(original.ids.shape[1], *(v.ids.shape[1] for v in variants))
     p_ids, p_values = _pad_to(original, k)
     padded = [_pad_to(v, k) for v in variants]
     q_ids = np.stack([ids for ids, _ in padded])
     q_values = np.stack([values for _, values in padded])
+    for index, limit in enumerate(limits):
+        if limit is not None:  # unobserved rows: anything, replaced before the math
+            q_ids[index, limit:], q_values[index, limit:] = p_ids[limit:], p_values[limit:]
 
     log_p, log_q = union_distributions(p_ids[None], p_values[None], q_ids, q_values, kind)
     distances = DISTANCES[distance](log_p, log_q)
+    for index, limit in enumerate(limits):
+        if limit is not None:
+            distances[index, limit:] = DISTANCE_BOUNDS[distance]
     alphas = truncated_entropy(original)
     weighted = alphas[None, :] * distances
     token_scores = weighted.mean(axis=0)
@@ -311,3 +329,25 @@ def esi_score(
         alphas=alphas,
         distances=distances,
     )
+
+
+def _observed(
+    observed: Sequence[int] | None, n_variants: int, n_positions: int, distance: str
+) -> list[int | None]:
+    """Per variant, the first unobserved position, or ``None`` when all are observed."""
+    if observed is None:
+        return [None] * n_variants
+    if len(observed) != n_variants:
+        msg = f"observed has {len(observed)} entries for {n_variants} variants"
+        raise ScoringError(msg)
+    if any(not 0 <= count <= n_positions for count in observed):
+        msg = f"observed counts must lie in [0, {n_positions}], got {list(observed)}"
+        raise ScoringError(msg)
+    limits = [int(count) if count < n_positions else None for count in observed]
+    if any(limit is not None for limit in limits) and distance not in DISTANCE_BOUNDS:
+        msg = (
+            f"unobserved positions score the distance's upper bound, and {distance!r} has "
+            f"none; use one of {sorted(DISTANCE_BOUNDS)} with an approximate backend"
+        )
+        raise ScoringError(msg)
+    return limits

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, TypedDict
 
+from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK, ValueKind
 
 __all__ = [
@@ -68,6 +69,8 @@ class ForcingRequest:
     """The intervened prompts, same messages but the question."""
     answer_ids: Sequence[int]
     """The answer tokens to force."""
+    answer: str = ""
+    """The answer's text, for backends that send text (the API backend)."""
     include_original: bool = False
     """Also force the answer after the original prompt (to score an existing answer)."""
 
@@ -80,6 +83,9 @@ class Forced:
     """One per variant, in request order."""
     original: TopK | None = None
     """Under the original prompt, when the request asked for it."""
+    observed: list[int] | None = None
+    """Approximate backends: per variant, how many leading positions are exact (the rest
+    score the distance's upper bound, see :func:`~esi_guard.esi_score`). ``None``: all."""
 
 
 class Backend(ABC):
@@ -87,8 +93,11 @@ class Backend(ABC):
 
     values_kind: ClassVar[ValueKind] = "logits"
     """What top-k values are: ``logits`` (white-box) or ``logprobs`` (black-box)."""
-    approximate: ClassVar[bool] = False
-    """True when the variants' distributions are not exact teacher forcing."""
+
+    @property
+    def approximate(self) -> bool:
+        """True when the variants' distributions are not exact teacher forcing."""
+        return False
 
     @property
     @abstractmethod
@@ -98,12 +107,22 @@ class Backend(ABC):
     @abstractmethod
     def generate(
         self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
-    ) -> list[Generation]:
-        """Greedy answers with the original top-k at each answer position."""
+    ) -> Sequence[Generation | BackendError]:
+        """Greedy answers with the original top-k at each answer position.
+
+        An item may be a :class:`BackendError` instead: that prompt failed (e.g. an API
+        request after its retries) and the others keep their results. A failure of the
+        whole call (a forward pass) is raised.
+        """
 
     @abstractmethod
-    def teacher_force(self, requests: Sequence[ForcingRequest], *, top_k: int) -> list[Forced]:
-        """Top-k at each answer position of each request, under each of its variants."""
+    def teacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> Sequence[Forced | BackendError]:
+        """Top-k at each answer position of each request, under each of its variants.
+
+        Per-item failures are returned in place, as in :meth:`generate`.
+        """
 
     @abstractmethod
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
@@ -111,7 +130,7 @@ class Backend(ABC):
 
     async def agenerate(
         self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
-    ) -> list[Generation]:
+    ) -> Sequence[Generation | BackendError]:
         """Async :meth:`generate`; a worker thread by default."""
         return await asyncio.to_thread(
             self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k
@@ -119,6 +138,6 @@ class Backend(ABC):
 
     async def ateacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
-    ) -> list[Forced]:
+    ) -> Sequence[Forced | BackendError]:
         """Async :meth:`teacher_force`; a worker thread by default."""
         return await asyncio.to_thread(self.teacher_force, requests, top_k=top_k)

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 
 __all__ = ["FakeBackend"]
@@ -46,6 +47,9 @@ class FakeBackend(Backend):
         default_sensitivity: Sensitivity of questions not in ``sensitivity``.
         vocab_size: Size of the fake vocabulary (grows to fit the answers' words).
         error: If set, every call raises it (to test failure handling).
+        failures: Question text -> ``"generate"`` or ``"teacher_force"``: that step
+            returns a :class:`BackendError` for that question alone (a per-item failure,
+            as an API backend reports one request that failed after its retries).
 
     ``calls`` records ``(method, batch size)`` for each call, so tests can check batching.
     """
@@ -59,6 +63,7 @@ class FakeBackend(Backend):
         default_sensitivity: float = 0.0,
         vocab_size: int = 128,
         error: Exception | None = None,
+        failures: Mapping[str, Literal["generate", "teacher_force"]] | None = None,
     ) -> None:
         self.answers = dict(answers or {})
         self.default_answer = default_answer
@@ -66,6 +71,7 @@ class FakeBackend(Backend):
         self.default_sensitivity = default_sensitivity
         self.vocab_size = vocab_size
         self.error = error
+        self.failures = dict(failures or {})
         self.calls: list[tuple[str, int]] = []
         self._words: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -105,12 +111,15 @@ class FakeBackend(Backend):
 
     def generate(
         self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
-    ) -> list[Generation]:
+    ) -> list[Generation | BackendError]:
         """Scripted answers, cut at ``max_new_tokens`` words."""
         self._record("generate", len(prompts))
-        results = []
+        results: list[Generation | BackendError] = []
         for prompt in prompts:
             question = _question(prompt)
+            if self.failures.get(question) == "generate":
+                results.append(BackendError(f"scripted generate failure for {question!r}"))
+                continue
             ids = self._ids(self.answers.get(question, self.default_answer))
             finish: Literal["stop", "length"] = "length" if len(ids) > max_new_tokens else "stop"
             ids = ids[:max_new_tokens]
@@ -124,12 +133,17 @@ class FakeBackend(Backend):
             )
         return results
 
-    def teacher_force(self, requests: Sequence[ForcingRequest], *, top_k: int) -> list[Forced]:
+    def teacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> list[Forced | BackendError]:
         """Distributions that move with the question's sensitivity."""
         self._record("teacher_force", len(requests))
-        results = []
+        results: list[Forced | BackendError] = []
         for request in requests:
             question = _question(request.prompt)
+            if self.failures.get(question) == "teacher_force":
+                results.append(BackendError(f"scripted teacher_force failure for {question!r}"))
+                continue
             level = self.sensitivity.get(question, self.default_sensitivity)
             answer = list(request.answer_ids)
             variants = []

@@ -13,6 +13,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
 
 from esi_guard import (
+    BackendError,
     ConfigurationError,
     ESIGuard,
     FakeBackend,
@@ -199,6 +200,22 @@ def test_backend_errors_propagate_instead_of_passing_the_answer() -> None:
     guard = ESIGuard(backend=FakeBackend(error=RuntimeError("engine down")), threshold=1.0)
     with pytest.raises(RuntimeError, match="engine down"):
         guard.invoke(SURE)
+
+
+@pytest.mark.parametrize("step", ["generate", "teacher_force"])
+async def test_a_per_item_backend_failure_is_that_items_error(step: str) -> None:
+    backend = FakeBackend(ANSWERS, sensitivity={UNSURE: 2.0}, failures={UNSURE: step})
+    guard = ESIGuard(backend=backend, threshold=0.05, action="route", fallback=FALLBACK)
+    for results in (
+        guard.batch([SURE, UNSURE], return_exceptions=True),
+        await guard.abatch([SURE, UNSURE], return_exceptions=True),
+    ):
+        assert results[0].response_metadata["esi"]["decision"] == "accept"
+        assert isinstance(results[1], BackendError) and step in str(results[1])
+    with pytest.raises(BackendError, match=step):
+        guard.invoke(UNSURE)
+    with pytest.raises(BackendError, match=step):
+        await guard.abatch([SURE, UNSURE])
 
 
 def test_score_an_existing_answer_without_generating() -> None:

@@ -213,3 +213,30 @@ def test_identical_distributions_score_zero(pair: tuple[np.ndarray, ...]) -> Non
     assert result.score == pytest.approx(0.0, abs=1e-7)
     for name in DISTANCES:
         assert esi_score(original, [original], distance=name).score == pytest.approx(0.0, abs=1e-7)  # type: ignore[arg-type]
+
+
+def test_unobserved_positions_score_the_bound_and_their_rows_are_ignored() -> None:
+    original = topk([[1, 2], [3, 4], [5, 6]], [[2.0, 1.0], [1.5, 0.5], [3.0, 0.1]])
+    moved = topk([[1, 2], [4, 3], [-1, -1]], [[1.0, 2.0], [2.0, 0.5], [0.0, 0.0]])
+    full = esi_score(original, [moved, original], kind="logprobs", observed=[2, 3])
+    assert full.distances[0, 2] == 1.0  # past the divergence: the Hellinger bound
+    assert 0 < full.distances[0, 1] < 1  # measured
+    assert np.allclose(full.distances[1], 0.0)
+    whole = topk([[1, 2], [4, 3], [7, 8]], [[1.0, 2.0], [2.0, 0.5], [1.0, 0.0]])
+    exact = esi_score(original, [whole, original], kind="logprobs", observed=[3, 3])
+    np.testing.assert_allclose(exact.distances[:, :2], full.distances[:, :2])
+    none = esi_score(original, [moved], kind="logprobs", observed=[0])
+    assert np.all(none.distances == 1.0)
+    assert none.score == pytest.approx(float(truncated_entropy(original).mean()))
+
+
+def test_unobserved_positions_need_a_bounded_distance_and_valid_counts() -> None:
+    original = topk([[1, 2]], [[2.0, 1.0]])
+    with pytest.raises(ScoringError, match="upper bound"):
+        esi_score(original, [original], distance="kl", observed=[0])
+    with pytest.raises(ScoringError, match="observed"):
+        esi_score(original, [original], observed=[0, 1])
+    with pytest.raises(ScoringError, match="observed"):
+        esi_score(original, [original], observed=[2])
+    # Fully observed: any distance works.
+    assert esi_score(original, [original], distance="kl", observed=[1]).score == 0.0
