@@ -5,8 +5,9 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from esi_guard.backends import Backend, FakeBackend, HFBackend
+from esi_guard.backends import Backend, FakeBackend, HFBackend, OpenAIBackend
 from esi_guard.exceptions import (
+    APIError,
     BackendError,
     ConfigurationError,
     ESIGuardError,
@@ -24,6 +25,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "APIError",
     "Backend",
     "BackendError",
     "ConfigurationError",
@@ -37,6 +39,7 @@ __all__ = [
     "InputError",
     "Intervention",
     "ModelLoadError",
+    "OpenAIBackend",
     "Paraphrase",
     "ScoringError",
     "SkipOneChar",

@@ -1,7 +1,7 @@
 """Backends: the engines that give ESI its token distributions.
 
-``HFBackend`` is imported from here without importing torch: its heavy imports happen
-when a model is loaded.
+``HFBackend`` and ``OpenAIBackend`` are imported from here without importing torch or
+the openai SDK: their heavy imports happen when a model is loaded or a request is sent.
 """
 
 from esi_guard.backends.base import (
@@ -14,6 +14,7 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
+from esi_guard.backends.openai_compat import OpenAIBackend, RequestStats
 
 __all__ = [
     "Backend",
@@ -24,4 +25,6 @@ __all__ = [
     "Generation",
     "HFBackend",
     "Messages",
+    "OpenAIBackend",
+    "RequestStats",
 ]

@@ -13,6 +13,7 @@ import esi_guard
 from esi_guard import ConfigurationError, HFBackend
 
 PUBLIC = {
+    "APIError", "OpenAIBackend",
     "Backend", "BackendError", "ConfigurationError", "ESIGuard", "ESIGuardError", "ESIResult",
     "ESIScore", "FakeBackend", "FixedVariants", "HFBackend", "InputError", "Intervention",
     "ModelLoadError", "Paraphrase", "ScoringError", "SkipOneChar", "TopK", "Typo",
@@ -30,10 +31,10 @@ def test_package_is_typed() -> None:
     assert (Path(esi_guard.__file__).parent / "py.typed").is_file()
 
 
-def test_import_does_not_load_torch_or_transformers() -> None:
+def test_import_does_not_load_torch_transformers_or_openai() -> None:
     code = (
-        "import sys, esi_guard; from esi_guard import HFBackend, ESIGuard; "
-        "heavy = {'torch', 'transformers'} & set(sys.modules); "
+        "import sys, esi_guard; from esi_guard import HFBackend, ESIGuard, OpenAIBackend; "
+        "heavy = {'torch', 'transformers', 'openai', 'tenacity'} & set(sys.modules); "
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
