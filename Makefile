@@ -21,7 +21,7 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(PIP) -e ".[hf,demo,dev]"
+	$(PIP) -e ".[hf,demo,api,dev]"
 	touch $@
 
 install-demo: $(VENV)/.demo-installed
@@ -41,8 +41,8 @@ test-fast: install-test
 
 ## ruff (lint + format check) and mypy --strict on the package.
 lint: install-test
-	$(BIN)/ruff check esi_guard tests examples benchmarks
-	$(BIN)/ruff format --check esi_guard tests examples benchmarks
+	$(BIN)/ruff check esi_guard tests examples benchmarks integrations
+	$(BIN)/ruff format --check esi_guard tests examples benchmarks integrations
 	$(BIN)/mypy
 
 clean:

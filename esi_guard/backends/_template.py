@@ -111,32 +111,42 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> ChatTemplate:
-        """Read the template (and BOS/EOS texts) from a GGUF file's metadata."""
-        try:
-            from gguf import GGUFReader
-        except ImportError as exc:  # pragma: no cover - gguf ships with the api extra
-            msg = "reading a GGUF chat template needs gguf: pip install 'esi-guard[api]'"
-            raise ConfigurationError(msg) from exc
-        try:
-            fields = GGUFReader(str(path)).fields
-        except Exception as exc:
-            msg = f"cannot read GGUF metadata from {path}: {exc}"
-            raise ConfigurationError(msg) from exc
-        if "tokenizer.chat_template" not in fields:
-            msg = f"{path} holds no tokenizer.chat_template"
-            raise ConfigurationError(msg)
-        tokens = fields["tokenizer.ggml.tokens"].contents()
+        """Read the template (and BOS/EOS texts) from a GGUF file's metadata.
 
-        def token(key: str) -> str:
-            field = fields.get(key)
-            return str(tokens[int(field.contents())]) if field is not None else ""
+        Reading the metadata takes seconds; it is cached per file (path, size, mtime).
+        """
+        stat = Path(path).stat()
+        source, bos, eos = _gguf_metadata(str(path), stat.st_size, stat.st_mtime_ns)
+        return cls(source, bos_token=bos, eos_token=eos, origin=str(path))
 
-        return cls(
-            str(fields["tokenizer.chat_template"].contents()),
-            bos_token=token("tokenizer.ggml.bos_token_id"),
-            eos_token=token("tokenizer.ggml.eos_token_id"),
-            origin=str(path),
-        )
+
+@lru_cache(maxsize=8)
+def _gguf_metadata(path: str, size: int, mtime_ns: int) -> tuple[str, str, str]:
+    """(chat template, BOS text, EOS text) of a GGUF file."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:  # pragma: no cover - gguf ships with the api extra
+        msg = "reading a GGUF chat template needs gguf: pip install 'esi-guard[api]'"
+        raise ConfigurationError(msg) from exc
+    try:
+        fields = GGUFReader(path).fields
+    except Exception as exc:
+        msg = f"cannot read GGUF metadata from {path}: {exc}"
+        raise ConfigurationError(msg) from exc
+    if "tokenizer.chat_template" not in fields:
+        msg = f"{path} holds no tokenizer.chat_template"
+        raise ConfigurationError(msg)
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+
+    def token(key: str) -> str:
+        field = fields.get(key)
+        return str(tokens[int(field.contents())]) if field is not None else ""
+
+    return (
+        str(fields["tokenizer.chat_template"].contents()),
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    )
 
 
 def resolve_template(

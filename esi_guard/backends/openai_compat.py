@@ -251,21 +251,29 @@ class OpenAIBackend(Backend):
         return self._resolve() == "chat"
 
     def _resolve(self) -> Literal["echo", "chat"]:
-        """Settle ``auto`` mode and alignment, probing the server once."""
-        if self._mode != "auto" and (self._mode == "chat" or self._alignment != "auto"):
+        """Settle ``auto`` mode and alignment, probing the server once.
+
+        In ``auto`` mode a server that answers the echo probe with a client error or without
+        logprobs gets chat mode; an unreachable or failing server (retryable errors) decides
+        nothing: the error is raised and the next call probes again.
+        """
+        if self._mode == "chat" or (self._mode == "echo" and self._alignment != "auto"):
             return self._mode
         with self._probe_lock:
             if self._mode == "auto" and self.template is None:
                 self._mode = "chat"
-            if self._mode != "chat" and self._alignment == "auto":
-                try:
-                    self._alignment = self._probe_alignment()
-                    self._mode = "echo"
-                except APIError:
-                    if self._mode == "echo":
-                        raise
-                    self._mode = "chat"
-            assert self._mode != "auto"
+            if self._mode == "chat" or (self._mode == "echo" and self._alignment != "auto"):
+                return self._mode
+            try:
+                detected = self._probe_alignment()
+            except APIError as exc:
+                if self._mode == "echo" or exc.retryable:
+                    raise
+                self._mode = "chat"
+                return self._mode
+            if self._alignment == "auto":
+                self._alignment = detected
+            self._mode = "echo"
             return self._mode
 
     def _probe_alignment(self) -> Alignment:
@@ -276,7 +284,7 @@ class OpenAIBackend(Backend):
         answer = _completion_choice(gen)
         tokens = _completion_tokens(answer)
         text = "".join(tokens)
-        if len(tokens) < 4:
+        if len(tokens) < 3:
             msg = "the alignment probe's continuation is too short to tell the layout"
             raise APIError(msg)
         echoed = _completion_choice(self._send(_Call("completions", _echo_args(prompt + text, 1))))

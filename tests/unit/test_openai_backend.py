@@ -24,7 +24,7 @@ KEY = "sk-test-SECRET-4242"
 
 
 def _tokens(text: str) -> list[str]:
-    return re.findall(r"\s*[^\s<>]+|\s+|<[a-z]+>", text)
+    return re.findall(r"<[a-z]+>|\s*[A-Za-z]+|\s*\d+|\s*[^\sA-Za-z\d<>]|\s+", text)
 
 
 def _row(prefix: str, token: str, k: int) -> dict[str, float]:
@@ -293,3 +293,37 @@ def test_echo_without_a_template_is_a_configuration_error() -> None:
     # auto mode falls back to chat without probing.
     b = OpenAIBackend("some-remote-model", base_url="http://mock/v1", mode="auto")
     assert b.approximate and b.mode == "chat"
+
+
+@pytest.mark.parametrize("layout", ["same", "next"])
+def test_auto_mode_probes_once_and_detects_the_layout(layout: str) -> None:
+    server = Server(layout)
+    b = make(server, mode="auto", echo_alignment="auto")
+    assert b.mode == "auto" and b.echo_alignment == "auto"
+    gen = b.generate([PROMPT], max_new_tokens=8, top_k=3)[0]
+    assert isinstance(gen, Generation)
+    assert (b.mode, b.echo_alignment) == ("echo", layout)
+    probes = len(server.requests) - 1
+    assert probes == 2  # a greedy continuation and its echo
+    b.generate([PROMPT], max_new_tokens=8, top_k=3)
+    assert len(server.requests) == probes + 2  # remembered: no second probe
+
+
+def test_auto_mode_takes_chat_when_the_server_refuses_echo() -> None:
+    server = Server()
+    server.statuses = [404]  # no completions endpoint
+    b = make(server, mode="auto", echo_alignment="auto")
+    gen = b.generate([PROMPT], max_new_tokens=8, top_k=3)[0]
+    assert isinstance(gen, Generation) and b.mode == "chat" and b.approximate
+    assert server.requests[-1]["path"].endswith("/chat/completions")
+
+
+def test_auto_mode_decides_nothing_while_the_server_is_down() -> None:
+    server = Server()
+    server.statuses = [503]
+    b = make(server, mode="auto", echo_alignment="auto", max_retries=0)
+    with pytest.raises(APIError, match="503"):
+        b.generate([PROMPT], max_new_tokens=8, top_k=3)
+    assert b.mode == "auto"
+    assert isinstance(b.generate([PROMPT], max_new_tokens=8, top_k=3)[0], Generation)
+    assert b.mode == "echo"
