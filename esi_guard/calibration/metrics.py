@@ -1,0 +1,159 @@
+"""How well a score separates wrong answers from right ones, with bootstrap intervals.
+
+AUROC, AURC, PRR and selective accuracy at fixed coverages.
+
+Conventions: ``scores`` are uncertainty scores (higher = less trusted, as ESI);
+``wrong`` is 1 where the answer was wrong. Selective prediction keeps the answers with
+the lowest scores; at coverage ``c`` it keeps the ``ceil(c * n)`` lowest (ties broken by
+input order, stable).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = [
+    "COVERAGES",
+    "Estimate",
+    "aurc",
+    "auroc",
+    "bootstrap",
+    "prr",
+    "risk_coverage",
+    "selective_accuracy",
+    "summarise",
+]
+
+COVERAGES = (0.9, 0.8, 0.7)
+"""Coverages at which selective accuracy is reported."""
+
+Metric = Callable[[NDArray[np.float64], NDArray[np.int_]], float]
+
+
+def _arrays(scores: ArrayLike, wrong: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.int_]]:
+    s = np.asarray(scores, dtype=np.float64)
+    w = np.asarray(wrong).astype(np.int_)
+    if s.ndim != 1 or s.shape != w.shape or s.size == 0:
+        msg = f"need two non-empty 1-D arrays of the same length, got {s.shape} and {w.shape}"
+        raise ValueError(msg)
+    if not np.isfinite(s).all():
+        msg = "scores hold NaN or infinite values"
+        raise ValueError(msg)
+    return s, w
+
+
+def auroc(scores: ArrayLike, wrong: ArrayLike) -> float:
+    """Area under the ROC curve for detecting wrong answers by their score (scikit-learn)."""
+    from sklearn.metrics import roc_auc_score
+
+    s, w = _arrays(scores, wrong)
+    if w.min() == w.max():
+        return math.nan  # undefined with one class
+    return float(roc_auc_score(w, s))
+
+
+def risk_coverage(scores: ArrayLike, wrong: ArrayLike) -> tuple[NDArray[np.float64], ...]:
+    """Coverage ``i/n`` and selective risk of the ``i`` lowest-scored answers, i = 1..n."""
+    s, w = _arrays(scores, wrong)
+    order = np.argsort(s, kind="stable")
+    errors = np.cumsum(w[order])
+    kept = np.arange(1, s.size + 1)
+    return kept / s.size, errors / kept
+
+
+def aurc(scores: ArrayLike, wrong: ArrayLike) -> float:
+    """Area under the risk-coverage curve: mean selective risk over coverages 1/n..1."""
+    _, risk = risk_coverage(scores, wrong)
+    return float(risk.mean())
+
+
+def prr(scores: ArrayLike, wrong: ArrayLike) -> float:
+    """Prediction rejection ratio: the share of the oracle's AURC gain over random.
+
+    ``(AURC_random - AURC) / (AURC_random - AURC_oracle)``: 1 is perfect, 0 random.
+    """
+    s, w = _arrays(scores, wrong)
+    random = float(w.mean())
+    oracle = aurc(w.astype(np.float64), w)
+    if random - oracle <= 0:
+        return math.nan  # no wrong answers (or all wrong): nothing to reject
+    return (random - aurc(s, w)) / (random - oracle)
+
+
+def selective_accuracy(scores: ArrayLike, wrong: ArrayLike, coverage: float) -> float:
+    """Accuracy of the ``ceil(coverage * n)`` lowest-scored answers."""
+    if not 0 < coverage <= 1:
+        msg = f"coverage must be in (0, 1], got {coverage}"
+        raise ValueError(msg)
+    s, w = _arrays(scores, wrong)
+    keep = max(1, math.ceil(coverage * s.size - 1e-9))
+    order = np.argsort(s, kind="stable")[:keep]
+    return float(1.0 - w[order].mean())
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A metric's value and its bootstrap confidence interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def bootstrap(
+    metric: Metric,
+    scores: ArrayLike,
+    wrong: ArrayLike,
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """The metric on the data, and a percentile bootstrap interval (resampling examples).
+
+    Resamples where the metric is undefined (NaN, e.g. one class only) are skipped.
+    """
+    s, w = _arrays(scores, wrong)
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_resamples):
+        pick = rng.integers(0, s.size, s.size)
+        value = metric(s[pick], w[pick])
+        if not math.isnan(value):
+            values.append(value)
+    point = metric(s, w)
+    if not values:
+        return Estimate(point, math.nan, math.nan)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return Estimate(point, float(low), float(high))
+
+
+def _at_coverage(scores: NDArray[np.float64], wrong: NDArray[np.int_], *, coverage: float) -> float:
+    return selective_accuracy(scores, wrong, coverage)
+
+
+def summarise(
+    scores: Sequence[float] | ArrayLike,
+    wrong: Sequence[int] | ArrayLike,
+    *,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Estimate]:
+    """Every reported metric with its 95% bootstrap interval, by name."""
+    metrics: dict[str, Metric] = {"auroc": auroc, "aurc": aurc, "prr": prr}
+    for coverage in COVERAGES:
+        metrics[f"selective_accuracy@{coverage:.0%}"] = partial(_at_coverage, coverage=coverage)
+    return {
+        name: bootstrap(metric, scores, wrong, n_resamples=n_resamples, seed=seed)
+        for name, metric in metrics.items()
+    }

