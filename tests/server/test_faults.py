@@ -14,7 +14,7 @@ from esi_guard import APIError, ESIGuard, OpenAIBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
 
-TIMEOUT = 10.0
+TIMEOUT = 20.0
 
 
 @pytest.fixture
