@@ -318,7 +318,11 @@ def calibrate(
         from esi_guard.calibration.plot import plot_calibration
 
         plot_calibration(
-            plot, scores, wrong, threshold=choice.threshold, title=f"ESI on {data.name}"
+            plot,
+            scores,
+            wrong,
+            threshold=choice.threshold,
+            title=f"ESI on {data.parent.name}/{data.name}",
         )
         console.print(f"wrote {plot}")
 
