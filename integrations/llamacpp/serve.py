@@ -1,4 +1,4 @@
-"""Start llama-cpp-python's OpenAI-compatible server on loopback with the embedded GGUF.
+"""Run llama-cpp-python's OpenAI-compatible server on loopback with the embedded GGUF.
 
     .venv/bin/python integrations/llamacpp/serve.py            # http://127.0.0.1:8000/v1
     .venv/bin/python integrations/llamacpp/serve.py --port 0   # a free port, printed first
@@ -10,29 +10,19 @@ template from the file:
 
     OpenAIBackend(model=<model>, base_url=<base_url>, mode="echo")
 
-``--logits_all true`` is what makes echo logprobs possible. Needs the project's test set-up
-(``llama-cpp-python[server]``) or ``pip install 'llama-cpp-python[server]'``.
+From Python, ``esi_guard.llamacpp.LlamaServer.start()`` starts the same server in the
+background and waits until it answers. Needs ``pip install 'llama-cpp-python[server]'``
+(part of the project's test set-up).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def embedded_gguf() -> Path:
-    from esi_guard.backends.hf import DEFAULT_GGUF, default_model_dir
-
-    return default_model_dir() / DEFAULT_GGUF
+from esi_guard.llamacpp import embedded_gguf, free_port, server_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,17 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     model = (args.model or embedded_gguf()).resolve()
-    port = args.port or free_port()
-    command = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(model),
-        "--host", args.host,
-        "--port", str(port),
-        "--n_ctx", str(args.n_ctx),
-        "--logits_all", "true",
-    ]  # fmt: skip
-    if args.n_threads:
-        command += ["--n_threads", str(args.n_threads)]
+    port = args.port or free_port(args.host)
+    command = server_command(
+        model, host=args.host, port=port, n_ctx=args.n_ctx, n_threads=args.n_threads
+    )
     print(f"ESI_GUARD_SERVER_URL=http://{args.host}:{port}/v1 MODEL={model}", flush=True)
     os.execv(sys.executable, command)
 

@@ -62,8 +62,8 @@ def test_each_fault_is_retried_or_mapped(
     assert proxy.count("/chat/completions") == 1  # no retry, no variants
 
 
-def test_a_server_killed_mid_batch_ends_every_request(proxy: FaultProxy) -> None:
-    server = LlamaServer.start()
+def test_a_server_killed_mid_batch_ends_every_request(fresh_server: LlamaServer) -> None:
+    server = fresh_server
     killer = FaultProxy(server.base_url).start()
     try:
         guard, backend = guard_through(killer, server.model, max_retries=2, max_concurrency=2)
@@ -74,7 +74,6 @@ def test_a_server_killed_mid_batch_ends_every_request(proxy: FaultProxy) -> None
         results = guard.batch(prompts, return_exceptions=True)
     finally:
         killer.stop()
-        server.stop()
     assert len(results) == len(prompts)  # none lost
     scored = [r for r in results if isinstance(r, AIMessage)]
     failed = [r for r in results if isinstance(r, APIError)]
