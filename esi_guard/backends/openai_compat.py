@@ -281,13 +281,14 @@ class OpenAIBackend(Backend):
         assert self.template is not None
         prompt = self.template.render(_PROBE_MESSAGES) + _PROBE_PREFIX  # type: ignore[arg-type]
         gen = self._send(_Call("completions", _completion_args(prompt, 12, 1)))
-        answer = _completion_choice(gen)
+        answer = _first_choice(gen, chat=False)
         tokens = _completion_tokens(answer)
         text = "".join(tokens)
         if len(tokens) < 3:
             msg = "the alignment probe's continuation is too short to tell the layout"
             raise APIError(msg)
-        echoed = _completion_choice(self._send(_Call("completions", _echo_args(prompt + text, 1))))
+        probe = self._send(_Call("completions", _echo_args(prompt + text, 1)))
+        echoed = _first_choice(probe, chat=False)
         entries = _echo_entries(echoed)
         start, end = _locate(entries.tokens, _tail_text(echoed, prompt + text), pieces=tokens)
         votes = {"same": 0, "next": 0}
@@ -350,7 +351,7 @@ class OpenAIBackend(Backend):
         self._require_echo("scoring an answer it did not generate")
         text = self._render(prompt)
         response = self._send(_Call("completions", _echo_args(text + answer, 1)))
-        choice = _completion_choice(response)
+        choice = _first_choice(response, chat=False)
         entries = _echo_entries(choice)
         start, end = _locate(entries.tokens, _tail_text(choice, text + answer), text=answer)
         return self._vocab.ids(entries.tokens[start:end])
@@ -418,12 +419,12 @@ class OpenAIBackend(Backend):
 
     def _parse_generation(self, response: Any) -> Generation:
         if self._mode == "echo":
-            choice = _completion_choice(response)
+            choice = _first_choice(response, chat=False)
             tokens = _completion_tokens(choice)
             rows = _completion_top(choice, len(tokens))
             text = str(choice.text or "")
         else:
-            choice = _chat_choice(response)
+            choice = _first_choice(response, chat=True)
             tokens, rows = _chat_logprobs(choice)
             text = str(choice.message.content or "")
         finish: Literal["stop", "length"] = "length" if choice.finish_reason == "length" else "stop"
@@ -470,7 +471,7 @@ class OpenAIBackend(Backend):
         variants, observed = [], []
         answer_ids = list(request.answer_ids)
         for response in group:
-            tokens, rows = _chat_logprobs(_chat_choice(response))
+            tokens, rows = _chat_logprobs(_first_choice(response, chat=True))
             ids = self._vocab.ids(tokens)
             agree = next((t for t in range(min(n, len(ids))) if ids[t] != answer_ids[t]), None)
             seen = min(n, len(ids)) if agree is None else agree + 1
@@ -479,7 +480,7 @@ class OpenAIBackend(Backend):
         return Forced(variants=variants, observed=observed)
 
     def _echo_answer_rows(self, response: Any, prompt: str, pieces: list[str]) -> TopK:
-        choice = _completion_choice(response)
+        choice = _first_choice(response, chat=False)
         entries = _echo_entries(choice)
         start, end = _locate(entries.tokens, _tail_text(choice, prompt), pieces=pieces)
         shift = 1 if self._alignment == "next" else 0
@@ -678,27 +679,17 @@ def _malformed(what: str) -> APIError:
     return APIError(f"malformed response: {what}")
 
 
-def _completion_choice(response: Any) -> Any:
-    choices = getattr(response, "choices", None)
-    if not choices:
-        msg = "no choices"
-        raise _malformed(msg)
-    choice = choices[0]
-    if getattr(choice, "logprobs", None) is None:
-        msg = "the server returned no logprobs (does it support logprobs on this endpoint?)"
-        raise APIError(msg)
-    return choice
-
-
-def _chat_choice(response: Any) -> Any:
+def _first_choice(response: Any, *, chat: bool) -> Any:
+    """The response's first choice, which must carry logprobs (``.content`` for chat)."""
     choices = getattr(response, "choices", None)
     if not choices:
         msg = "no choices"
         raise _malformed(msg)
     choice = choices[0]
     logprobs = getattr(choice, "logprobs", None)
-    if logprobs is None or getattr(logprobs, "content", None) is None:
-        msg = "the server returned no logprobs (does it support top_logprobs in chat?)"
+    if logprobs is None or (chat and getattr(logprobs, "content", None) is None):
+        where = "top_logprobs in chat" if chat else "logprobs on this endpoint"
+        msg = f"the server returned no logprobs (does it support {where}?)"
         raise APIError(msg)
     return choice
 
