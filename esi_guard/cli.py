@@ -15,10 +15,11 @@ import importlib
 import json
 import math
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Console
@@ -81,6 +82,10 @@ class InterventionName(str, Enum):
 Data = Annotated[Path, typer.Option("--data", help="QA file (JSONL/CSV; shared formats known).")]
 QuestionField = Annotated[str | None, typer.Option(help="Question field of other formats.")]
 AnswersField = Annotated[str | None, typer.Option(help="Gold answers field of other formats.")]
+IncorrectField = Annotated[
+    str | None,
+    typer.Option(help="Known wrong answers field, used by semantic/judge labels (optional)."),
+]
 Limit = Annotated[int | None, typer.Option(help="Use the first N examples (after --seed).")]
 Seed = Annotated[int | None, typer.Option(help="Shuffle the examples with this seed first.")]
 Model = Annotated[
@@ -133,15 +138,6 @@ def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -
     return label_methods.LLMJudge(getattr(importlib.import_module(module), attribute))
 
 
-def _examples(
-    data: Path, question_field: str | None, answers_field: str | None, limit: int | None,
-    seed: int | None,
-) -> list[Example]:  # fmt: skip
-    return load_examples(
-        data, question_field=question_field, answers_field=answers_field, limit=limit, seed=seed
-    )
-
-
 def _score(
     guard: ESIGuard,
     examples: list[Example],
@@ -181,17 +177,75 @@ def _score(
     return records
 
 
-def _label(records: list[dict[str, Any]], labeller: Any) -> tuple[list[float], list[int], int]:
-    usable = [r for r in records if r["scored"]]
+def _label(
+    records: list[dict[str, Any]], examples: list[Example], labeller: Any
+) -> tuple[list[float], list[int], int]:
+    """Scores and wrong-answer labels of the scored examples, and how many were unscored."""
+    usable = [(r, e) for r, e in zip(records, examples, strict=True) if r["scored"]]
     right = labeller.label(
-        [r["question"] for r in usable], [r["prediction"] for r in usable],
-        [r["answers"] for r in usable],
+        [e.question for _, e in usable], [r["prediction"] for r, _ in usable],
+        [e.answers for _, e in usable], [e.incorrect for _, e in usable],
     )  # fmt: skip
     return (
-        [float(r["score"]) for r in usable],
+        [float(r["score"]) for r, _ in usable],
         [int(not ok) for ok in right],
         len(records) - len(usable),
     )
+
+
+class _Run(NamedTuple):
+    examples: list[Example]
+    digest: str
+    labeller: Any
+    scores: list[float]
+    wrong: list[int]
+    unscored: int
+
+
+def _run(
+    guard: Callable[[], ESIGuard],
+    data: Path,
+    fields: tuple[str | None, str | None, str | None],
+    *,
+    limit: int | None,
+    seed: int | None,
+    labeller: Callable[[], Any],
+    cache: Path | None,
+    system: str | None,
+    batch_size: int,
+) -> tuple[ESIGuard, _Run]:
+    """Load, score (resumably) and label; any esi_guard error ends the command with code 2."""
+    try:
+        question_field, answers_field, incorrect_field = fields
+        examples = load_examples(
+            data, question_field=question_field, answers_field=answers_field,
+            incorrect_field=incorrect_field, limit=limit, seed=seed,
+        )  # fmt: skip
+        digest = dataset_hash(examples)
+        the_guard, the_labeller = guard(), labeller()
+        records = _score(the_guard, examples, cache=cache, system=system,
+                         batch_size=batch_size, digest=digest, data=data)  # fmt: skip
+        scores, wrong, unscored = _label(records, examples, the_labeller)
+    except ESIGuardError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if not scores:
+        console.print("[red]error:[/red] no example could be scored")
+        raise typer.Exit(2)
+    return the_guard, _Run(examples, digest, the_labeller, scores, wrong, unscored)
+
+
+def _report(run: _Run, data: Path, resamples: int) -> dict[str, Estimate]:
+    """Print the metrics table (and how many examples were unscored); return the metrics."""
+    metrics = summarise(run.scores, run.wrong, n_resamples=resamples)
+    accuracy = 1 - sum(run.wrong) / len(run.wrong)
+    console.print(_metrics_table(metrics, f"ESI on {data.name}: n={len(run.scores)}, accuracy "
+                                 f"{accuracy:.3f}, labels {run.labeller.name}"))  # fmt: skip
+    if run.unscored:
+        console.print(
+            f"[yellow]{run.unscored} example(s) could not be scored and are left out[/yellow]"
+        )
+    return metrics
 
 
 def _metrics_table(metrics: dict[str, Estimate], title: str) -> Table:
@@ -234,6 +288,7 @@ def calibrate(
     out: Annotated[Path, typer.Option(help="Where to write the threshold file (JSON).")],
     question_field: QuestionField = None,
     answers_field: AnswersField = None,
+    incorrect_field: IncorrectField = None,
     limit: Limit = None,
     seed: Seed = None,
     model: Model = "default",
@@ -263,26 +318,17 @@ def calibrate(
     resamples: Resamples = 1000,
 ) -> None:
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
-    try:
-        examples = _examples(data, question_field, answers_field, limit, seed)
-        digest = dataset_hash(examples)
-        guard = _guard(model, api_base, api_mode, device, intervention.value, n_variants, top_k,
-                       distance, max_new_tokens, 0)  # fmt: skip
-        labeller = _labeller(labels, label_threshold, judge)
-        records = _score(guard, examples, cache=cache, system=system or None,
-                         batch_size=batch_size, digest=digest, data=data)  # fmt: skip
-        scores, wrong, unscored = _label(records, labeller)
-    except ESIGuardError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    metrics = summarise(scores, wrong, n_resamples=resamples)
-    accuracy = 1 - sum(wrong) / len(wrong)
-    title = f"ESI on {data.name}: n={len(scores)}, accuracy {accuracy:.3f}, labels {labeller.name}"
-    console.print(_metrics_table(metrics, title))
-    if unscored:
-        console.print(
-            f"[yellow]{unscored} example(s) could not be scored and are left out[/yellow]"
-        )
+    guard, run = _run(
+        lambda: _guard(model, api_base, api_mode, device, intervention.value, n_variants,
+                       top_k, distance, max_new_tokens, 0),
+        data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
+        labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
+        system=system or None, batch_size=batch_size,
+    )  # fmt: skip
+    examples, digest, labeller, scores, wrong = (
+        run.examples, run.digest, run.labeller, run.scores, run.wrong
+    )  # fmt: skip
+    metrics = _report(run, data, resamples)
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
     if choice is None:
         console.print(
@@ -346,6 +392,7 @@ def evaluate(
     data: Data,
     question_field: QuestionField = None,
     answers_field: AnswersField = None,
+    incorrect_field: IncorrectField = None,
     limit: Limit = None,
     seed: Seed = None,
     model: Model = "default",
@@ -362,28 +409,25 @@ def evaluate(
     """Metrics, realised coverage and selective risk of a threshold file on another set."""
     try:
         calibrated = ThresholdFile.read(threshold)
-        guard = ESIGuard.from_calibration(
-            threshold, backend=_backend(model, api_base, api_mode, device)
-        )
-        examples = _examples(data, question_field, answers_field, limit, seed)
-        digest = dataset_hash(examples)
-        labeller = _labeller(labels, label_threshold, judge)
-        records = _score(guard, examples, cache=cache, system=calibrated.scoring.system_prompt,
-                         batch_size=batch_size, digest=digest, data=data)  # fmt: skip
-        scores, wrong, unscored = _label(records, labeller)
     except ESIGuardError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    metrics = summarise(scores, wrong, n_resamples=resamples)
-    console.print(
-        _metrics_table(metrics, f"ESI on {data.name}: n={len(scores)}, labels {labeller.name}")
-    )
+    _, run = _run(
+        lambda: ESIGuard.from_calibration(
+            threshold, backend=_backend(model, api_base, api_mode, device)
+        ),
+        data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
+        labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
+        system=calibrated.scoring.system_prompt, batch_size=batch_size,
+    )  # fmt: skip
+    scores, wrong = run.scores, run.wrong
+    _report(run, data, resamples)
     accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
     realised_risk = sum(accepted) / len(accepted) if accepted else float("nan")
     console.print(
         f"threshold {calibrated.threshold:.4f} ({calibrated.method}): coverage "
         f"{len(accepted) / len(scores):.3f}, selective risk {realised_risk:.3f}"
-        + (f" (unscored, withheld: {unscored})" if unscored else "")
+        + (f" (unscored, withheld: {run.unscored})" if run.unscored else "")
     )
     if calibrated.guarantee:
         console.print(f"calibrated guarantee: {calibrated.guarantee['statement']}")

@@ -13,9 +13,12 @@ TruthfulQA (CSV)                  ``Question``                 ``Correct Answers
                                                                (``; ``-separated)
 ================================  ===========================  ===========================
 
-Any other JSONL or CSV works with ``question_field`` and ``answers_field`` (a list, or a
-string; in CSV a ``; ``-separated string). The examples' hash (questions and answers, in
-order) identifies the calibration set in the threshold file.
+The TruthfulQA CSV also carries ``Incorrect Answers``: they become ``Example.incorrect``,
+which the semantic and LLM-judge labels use (an answer closer to a known falsehood than to
+every gold answer is wrong). Any other JSONL or CSV works with ``question_field`` and
+``answers_field`` (and optionally ``incorrect_field``): a list, or a string; in CSV a
+``; ``-separated string. The examples' hash (questions and answers, in order) identifies
+the calibration set in the threshold file.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = ["Example", "dataset_hash", "load_examples"]
 
 _KNOWN = [("query", "truthful answer"), ("question", "answer"), ("context", "aliases"),
           ("Question", "Correct Answers")]  # fmt: skip
+_KNOWN_INCORRECT = "Incorrect Answers"  # TruthfulQA's CSV
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class Example:
     question: str
     answers: tuple[str, ...]
     """Gold answers; a prediction matching any of them is right."""
+    incorrect: tuple[str, ...] = ()
+    """Known wrong answers, where the data set has them (TruthfulQA)."""
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -106,6 +112,7 @@ def load_examples(
     *,
     question_field: str | None = None,
     answers_field: str | None = None,
+    incorrect_field: str | None = None,
     limit: int | None = None,
     seed: int | None = None,
 ) -> list[Example]:
@@ -128,12 +135,16 @@ def load_examples(
         if q_field not in record or a_field not in record:
             msg = f"{where}:{number}: missing field {q_field!r} or {a_field!r}"
             raise InputError(msg)
+        if incorrect_field and incorrect_field not in record:
+            msg = f"{where}:{number}: missing field {incorrect_field!r}"
+            raise InputError(msg)
         question = _question(record[q_field])
         answers = _answers(record[a_field], csv_file)
         if not question or not answers:
             msg = f"{where}:{number}: empty question or no gold answer"
             raise InputError(msg)
-        examples.append(Example(question, answers))
+        wrong = record.get(incorrect_field or _KNOWN_INCORRECT)
+        examples.append(Example(question, answers, _answers(wrong, csv_file)))
     if not examples:
         msg = f"{where}: no examples"
         raise InputError(msg)
@@ -143,8 +154,11 @@ def load_examples(
 
 
 def dataset_hash(examples: list[Example]) -> str:
-    """SHA-256 of the examples (questions and answers, in order)."""
+    """SHA-256 of the examples (questions, answers and known wrong answers, in order)."""
     digest = hashlib.sha256()
     for example in examples:
-        digest.update(json.dumps([example.question, list(example.answers)]).encode())
+        fields = [example.question, list(example.answers)]
+        if example.incorrect:
+            fields.append(list(example.incorrect))
+        digest.update(json.dumps(fields).encode())
     return digest.hexdigest()

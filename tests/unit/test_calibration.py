@@ -139,16 +139,24 @@ def test_loaders_read_every_shared_format(tmp_path: Path) -> None:
     )
     csv = tmp_path / "TruthfulQA.csv"
     csv.write_text(
-        "\ufeffType,Question,Best Answer,Correct Answers\n"
-        'Adversarial,Why?,Because,"Because; No reason"\n',
+        "\ufeffType,Question,Best Answer,Correct Answers,Incorrect Answers\n"
+        'Adversarial,Why?,Because,"Because; No reason",Magic; Fate\n',
         encoding="utf-8",
     )
-    custom = write_jsonl(tmp_path / "custom.jsonl", [{"prompt": "Q?", "gold": "x"}])
+    custom = write_jsonl(
+        tmp_path / "custom.jsonl", [{"prompt": "Q?", "gold": "x", "false": ["y", "z"]}]
+    )
     assert load_examples(sciq)[0].answers == ("a",)
     assert load_examples(nq)[0].answers == ("b", "c")
     assert load_examples(trivia)[0].question == "Who?"
     assert load_examples(csv)[0].answers == ("Because", "No reason")
-    assert load_examples(custom, question_field="prompt", answers_field="gold")[0].answers == ("x",)
+    assert load_examples(csv)[0].incorrect == ("Magic", "Fate")
+    assert load_examples(sciq)[0].incorrect == ()
+    named = {"question_field": "prompt", "answers_field": "gold"}
+    assert load_examples(custom, **named)[0].answers == ("x",)
+    assert load_examples(custom, **named, incorrect_field="false")[0].incorrect == ("y", "z")
+    with pytest.raises(InputError, match="missing field 'wrong'"):
+        load_examples(custom, **named, incorrect_field="wrong")
     with pytest.raises(InputError, match="--question-field"):
         load_examples(custom)
     broken = tmp_path / "broken.jsonl"
@@ -188,6 +196,11 @@ def test_llm_judge_uses_any_runnable() -> None:
     assert judge.label(["Who?", "Who?"], ["Darwin", "Lamarck"], [["Darwin"], ["Darwin"]]) == [
         True, False]  # fmt: skip
     assert judge.name == "llm_judge(RunnableLambda)"
+    seen: list[str] = []
+    recording = labels.LLMJudge(RunnableLambda(lambda p: seen.append(p) or "incorrect"))
+    recording.label(["Who?", "Who?"], ["Lamarck", "Darwin"], [["Darwin"]] * 2, [["Lamarck"], []])
+    assert "Known wrong answers: Lamarck" in seen[0]
+    assert "Known wrong answers" not in seen[1]
 
 
 def threshold_file(**changes: Any) -> ThresholdFile:
