@@ -82,6 +82,20 @@ def _resolve_dtype(dtype: Any) -> Any:
     return resolved
 
 
+_MIN_PREFIX = 8
+"""Shorter shared prefixes are not worth a separate forward pass."""
+
+
+def _common_prefix(rows: Sequence[Sequence[int]], *, limit: int) -> int:
+    """Length of the longest prefix all rows share, at most ``limit``."""
+    length = 0
+    for column in zip(*rows, strict=False):
+        if length >= limit or any(token != column[0] for token in column[1:]):
+            break
+        length += 1
+    return length
+
+
 class HFBackend(Backend):
     """ESI on any transformers causal LM, on CPU or GPU.
 
@@ -96,6 +110,10 @@ class HFBackend(Backend):
         chat_template: Jinja chat template overriding the tokenizer's.
         max_batch_rows: Most sequences in one forward pass; a request's variants are
             never split across passes.
+        reuse_prefix: Teacher forcing computes the prompt prefix every row of a pass
+            shares (chat template, system prompt, unchanged leading text) once, and
+            expands its KV cache over the rows, so the batched forward covers only what
+            differs. Off: every row runs in full (same results, to float tolerance).
     """
 
     values_kind = "logits"
@@ -108,6 +126,7 @@ class HFBackend(Backend):
         model_id: str | None = None,
         chat_template: str | None = None,
         max_batch_rows: int = 32,
+        reuse_prefix: bool = True,
     ) -> None:
         if max_batch_rows < 1:
             msg = f"max_batch_rows must be >= 1, got {max_batch_rows}"
@@ -123,6 +142,7 @@ class HFBackend(Backend):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
+        self.reuse_prefix = reuse_prefix
         self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "unknown")
         self._lock = threading.Lock()
         self._eos_ids = self._collect_eos_ids()
@@ -319,31 +339,46 @@ class HFBackend(Backend):
             for messages in [*extra, *request.variants]:
                 prompts.append(self.render(messages))
                 answers.append(list(request.answer_ids))
-        lengths = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
-        width = max(lengths)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, (row, answer) in enumerate(zip(prompts, answers, strict=True)):
-            input_ids[i, : lengths[i]] = torch.tensor(row + answer)
-            attention[i, : lengths[i]] = 1
+        # A shared prefix is run once; each row keeps at least its last prompt token,
+        # whose logits predict the first answer token.
+        shared = _common_prefix(prompts, limit=min(len(p) for p in prompts) - 1)
+        if not self.reuse_prefix or len(prompts) < 2 or shared < _MIN_PREFIX:
+            shared = 0
+        rows = [(p + a)[shared:] for p, a in zip(prompts, answers, strict=True)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        attention[:, :shared] = 1
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = torch.tensor(row)
+            attention[i, shared : shared + len(row)] = 1
         # Only positions from the shortest prompt's last token on carry answer logits.
-        first = min(len(p) for p in prompts) - 1 if self._can_trim else 0
+        first = min(len(p) for p in prompts) - 1 - shared if self._can_trim else 0
         n_answer = max(len(a) for a in answers)
         index = torch.tensor(
-            [[min(len(p) - 1 + t, width - 1) - first for t in range(n_answer)] for p in prompts]
+            [
+                [min(len(p) - 1 + t - shared, width - 1) - first for t in range(n_answer)]
+                for p in prompts
+            ]
         )
-        positions = torch.arange(width).expand(len(prompts), width)
+        positions = torch.arange(shared, shared + width).expand(len(rows), width)
         trim = {"logits_to_keep": width - first} if self._can_trim else {}
+        device = self.device
         with torch.inference_mode():
+            cache = None
+            if shared:
+                prefix = torch.tensor([prompts[0][:shared]], device=device)
+                cache = self.model(input_ids=prefix, use_cache=True).past_key_values
+                cache.batch_repeat_interleave(len(rows))
             logits = self.model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention.to(self.device),
-                position_ids=positions.to(self.device),
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=positions.to(device),
+                past_key_values=cache,
+                use_cache=cache is not None,
                 **trim,
             ).logits
-            picked = logits.gather(
-                1, index.to(self.device)[..., None].expand(-1, -1, logits.shape[-1])
-            )
+            picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))
         ids, values = self._topk_to_numpy(picked, top_k)
         return self._split(group, ids, values)
 

@@ -115,3 +115,39 @@ def test_generation_keeps_raw_logits_and_is_greedy(backend: HFBackend) -> None:
         assert gen.topk.values == pytest.approx(values.double().numpy(), abs=1e-4)
         (alone,) = backend.generate([prompt], max_new_tokens=6, top_k=10)
         assert alone.token_ids == gen.token_ids
+
+
+def test_the_shared_prefix_runs_once_and_changes_nothing(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer = [5, 9, 11]
+    requests = [
+        ForcingRequest(prompt=user("Why is the sky blue?"), answer_ids=answer,
+                       variants=[user("Why is the sky blu?"), user("Why is the ky blue?")],
+                       include_original=True),
+        # A variant that is all prefix but its last token: the shortest row allowed.
+        ForcingRequest(prompt=user("Why?"), answer_ids=answer, variants=[user("Why")]),
+    ]  # fmt: skip
+    widths: list[int] = []
+    forward = backend.model.forward
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        widths.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(backend.model, "forward", recording)
+    reused = backend.teacher_force(requests, top_k=6)
+    shared = len("system:be brief|user:Why")  # every row's text up to where they differ
+    longest = max(len(backend.render(r.prompt)) for r in requests) + len(answer)
+    assert widths == [shared, longest - shared]  # the prefix once, then only the rest
+    widths.clear()
+    full = HFBackend(backend.model, backend.tokenizer, reuse_prefix=False)
+    plain = full.teacher_force(requests, top_k=6)
+    assert widths == [longest]  # one pass over whole rows
+    for a, b in zip(reused, plain, strict=True):
+        for x, y in zip([a.original, *a.variants], [b.original, *b.variants], strict=True):
+            if x is None or y is None:
+                assert x is y
+                continue
+            assert x.ids.tolist() == y.ids.tolist()
+            assert x.values == pytest.approx(y.values, abs=1e-5)
