@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from esi_guard.backends.base import Sample
 from esi_guard.exceptions import ConfigurationError, ScoringError
 
 __all__ = [
@@ -46,24 +46,6 @@ __all__ = [
 
 Similarity = Callable[[Sequence[str]], np.ndarray]
 """Texts -> their pairwise similarity matrix (n x n, 1 on the diagonal)."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sampled answer: its text and the log-probability of each of its tokens."""
-
-    text: str
-    token_logprobs: tuple[float, ...]
-
-    @property
-    def logprob(self) -> float:
-        """Log-probability of the whole answer."""
-        return float(sum(self.token_logprobs))
-
-    @property
-    def mean_logprob(self) -> float:
-        """Length-normalised log-probability."""
-        return self.logprob / max(len(self.token_logprobs), 1)
 
 
 def _check(samples: Sequence[Sample], what: str) -> None:

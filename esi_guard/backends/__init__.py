@@ -11,6 +11,7 @@ from esi_guard.backends.base import (
     ForcingRequest,
     Generation,
     Messages,
+    Sample,
 )
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
@@ -27,4 +28,5 @@ __all__ = [
     "Messages",
     "OpenAIBackend",
     "RequestStats",
+    "Sample",
 ]

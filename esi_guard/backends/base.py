@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, TypedDict
 
-from esi_guard.exceptions import BackendError
+from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import TopK, ValueKind
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "ForcingRequest",
     "Generation",
     "Messages",
+    "Sample",
 ]
 
 
@@ -57,6 +58,24 @@ class Generation:
     """Top-k of the original distribution at each answer position."""
     finish_reason: Literal["stop", "length"]
     """``stop``: an end-of-sequence token ended it; ``length``: ``max_new_tokens`` did."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled answer: its text and the model's log-probability of each of its tokens."""
+
+    text: str
+    token_logprobs: tuple[float, ...]
+
+    @property
+    def logprob(self) -> float:
+        """Log-probability of the whole answer."""
+        return float(sum(self.token_logprobs))
+
+    @property
+    def mean_logprob(self) -> float:
+        """Length-normalised log-probability."""
+        return self.logprob / max(len(self.token_logprobs), 1)
 
 
 @dataclass(frozen=True)
@@ -127,6 +146,23 @@ class Backend(ABC):
     @abstractmethod
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer the user already has, as the model would emit them."""
+
+    def sample(
+        self,
+        prompts: Sequence[Messages],
+        *,
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int = 0,
+    ) -> Sequence[list[Sample] | BackendError]:
+        """``n`` sampled answers per prompt (for the sampling baselines, not for ESI).
+
+        Token log-probabilities are the model's own (temperature 1), whatever
+        ``temperature`` the sampling used. Backends that cannot sample say so.
+        """
+        msg = f"{type(self).__name__} does not sample"
+        raise ConfigurationError(msg)
 
     async def agenerate(
         self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int

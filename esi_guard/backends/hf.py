@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import (
+    Backend,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    Sample,
+)
 from esi_guard.exceptions import BackendError, ConfigurationError, ModelLoadError
 from esi_guard.scoring import TopK
 
@@ -273,12 +280,8 @@ class HFBackend(Backend):
         torch = _import_torch()
         from transformers import GenerationConfig
 
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row) :] = torch.tensor(row)
-            attention[i, width - len(row) :] = 1
+        input_ids, attention = self._left_padded(rows)
+        width = input_ids.shape[1]
         config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=max_new_tokens,
             do_sample=False,
@@ -297,6 +300,67 @@ class HFBackend(Backend):
         ids, values = self._topk_to_numpy(torch.stack(out.logits, dim=1), top_k)
         new_tokens = out.sequences[:, width:].cpu().tolist()
         return [self._finish(tokens, ids[i], values[i]) for i, tokens in enumerate(new_tokens)]
+
+    def sample(
+        self,
+        prompts: Sequence[Messages],
+        *,
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int = 0,
+    ) -> list[list[Sample]]:
+        """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
+
+        Each token's log-probability is the model's own (raw logits, temperature 1).
+        ``seed`` seeds torch's global generator for the call (under the backend's lock).
+        """
+        if n < 1 or temperature <= 0:
+            msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
+            raise ConfigurationError(msg)
+        torch = _import_torch()
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
+            max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0,
+            top_p=1.0, num_return_sequences=n, eos_token_id=self._eos_ids,
+            pad_token_id=self._pad_id, output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+        results: list[list[Sample]] = []
+        step = max(1, self.max_batch_rows // n)
+        with self._lock:
+            torch.manual_seed(seed)
+            for start in range(0, len(prompts), step):
+                rows = [self.render(p) for p in prompts[start : start + step]]
+                input_ids, attention = self._left_padded(rows)
+                with torch.inference_mode():
+                    out = self.model.generate(
+                        input_ids=input_ids.to(self.device),
+                        attention_mask=attention.to(self.device),
+                        generation_config=config,
+                    )
+                    new = out.sequences[:, input_ids.shape[1] :]
+                    logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+                    picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
+                tokens = new.cpu().tolist()
+                samples = [self._sample(t, lp) for t, lp in zip(tokens, picked, strict=True)]
+                results.extend(samples[i : i + n] for i in range(0, len(samples), n))
+        return results
+
+    def _sample(self, tokens: list[int], logprobs: list[float]) -> Sample:
+        stop = next((t for t, token in enumerate(tokens) if token in self._eos_ids), len(tokens))
+        text = str(self.tokenizer.decode(tokens[:stop], skip_special_tokens=True)).strip()
+        return Sample(text=text, token_logprobs=tuple(logprobs[:stop]))
+
+    def _left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
+        torch = _import_torch()
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention[i, width - len(row) :] = 1
+        return input_ids, attention
 
     def _finish(self, tokens: list[int], ids: np.ndarray, values: np.ndarray) -> Generation:
         stop = next((t for t, token in enumerate(tokens) if token in self._eos_ids), None)

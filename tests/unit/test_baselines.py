@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from esi_guard.baselines import (
 )
 
 
-def same_text(texts: list[str]) -> np.ndarray:
+def same_text(texts: Sequence[str]) -> np.ndarray:
     """Similarity 1 between equal texts (case-insensitive), else 0."""
     keys = [t.lower() for t in texts]
     return np.array([[float(a == b) for b in keys] for a in keys])

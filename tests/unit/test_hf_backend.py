@@ -151,3 +151,22 @@ def test_the_shared_prefix_runs_once_and_changes_nothing(
                 continue
             assert x.ids.tolist() == y.ids.tolist()
             assert x.values == pytest.approx(y.values, abs=1e-5)
+
+
+def test_samples_carry_the_models_own_token_logprobs(backend: HFBackend) -> None:
+    prompts = [user("Name a colour."), user("Name a much longer thing, please?")]
+    first = backend.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=7)
+    assert [len(s) for s in first] == [3, 3]
+    again = backend.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=7)
+    assert first == again  # seeded
+    texts = {s.text for per_prompt in first for s in per_prompt}
+    assert len(texts) > 1  # really sampled (random weights spread the mass)
+    for prompt, samples in zip(prompts, first, strict=True):
+        for sample in samples:
+            ids = [int(t) for t in sample.text.split()] if sample.text else []
+            assert len(ids) == len(sample.token_logprobs)
+            if not ids:
+                continue
+            expected = lone_logits(backend, prompt, ids).log_softmax(-1)
+            picked = expected[torch.arange(len(ids)), torch.tensor(ids)]
+            assert sample.token_logprobs == pytest.approx(picked.tolist(), abs=1e-5)
