@@ -165,11 +165,12 @@ def sentence_sar(
     """SAR's sentence-relevance-weighted entropy (Duan et al. 2024).
 
     The mean over samples of ``-log(p_i + sum_{j != i} rel(i, j) p_j / t)``, with ``p``
-    the length-normalised likelihoods and ``rel`` the similarity.
+    the length-normalised likelihoods and ``rel`` the similarity clipped to [0, 1].
     """
     _check(samples, "sentence_sar")
     probs = np.exp(np.array([s.mean_logprob for s in samples]))
-    relevance = np.asarray(similarity([s.text for s in samples]), dtype=np.float64)
+    # Relevance is a score in [0, 1] (SAR's cross-encoder); cosine similarity can be < 0.
+    relevance = np.clip(np.asarray(similarity([s.text for s in samples]), dtype=np.float64), 0, 1)
     np.fill_diagonal(relevance, 0.0)
     shifted = probs + (relevance @ probs) / temperature
     return float(-np.log(shifted).mean())

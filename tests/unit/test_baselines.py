@@ -74,6 +74,9 @@ def test_p_true_and_sentence_sar() -> None:
     t = 0.5
     expected = -np.mean([math.log(0.5 + 0.25 / t), math.log(0.25 + 0.5 / t), math.log(0.25)])
     assert sentence_sar(samples, same_text, temperature=t) == pytest.approx(expected)
+    opposed = [Sample("yes", (math.log(0.5),)), Sample("no", (math.log(0.5),))]
+    anti = lambda texts: np.array([[1.0, -0.3], [-0.3, 1.0]])  # noqa: E731
+    assert sentence_sar(opposed, anti) == pytest.approx(-math.log(0.5))  # no NaN from < 0
 
 
 def test_bad_samples_are_clear_errors() -> None:
