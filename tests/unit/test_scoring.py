@@ -240,3 +240,10 @@ def test_unobserved_positions_need_a_bounded_distance_and_valid_counts() -> None
         esi_score(original, [original], observed=[2])
     # Fully observed: any distance works.
     assert esi_score(original, [original], distance="kl", observed=[1]).score == 0.0
+
+
+def test_head_keeps_the_first_k_columns_of_sorted_rows() -> None:
+    topk = TopK(np.array([[7, 3, 5], [1, 2, 9]]), np.array([[3.0, 2.0, 1.0], [0.5, 0.1, -2.0]]))
+    top2 = topk.head(2)
+    assert top2.ids.tolist() == [[7, 3], [1, 2]]
+    assert top2.values.tolist() == [[3.0, 2.0], [0.5, 0.1]]
