@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,15 +13,33 @@ import pytest
 if TYPE_CHECKING:
     from esi_guard import HFBackend
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _shared_data_candidates() -> list[Path]:
+    """$ESI_GUARD_SHARED_DATA, ../shared/data beside the checkout, and, for a clone of a
+    local checkout (e.g. a scratch clone in /tmp), ../shared/data beside its origin."""
+    candidates = [CHECKOUT.parent / "shared" / "data"]
+    if os.environ.get("ESI_GUARD_SHARED_DATA"):
+        candidates.insert(0, Path(os.environ["ESI_GUARD_SHARED_DATA"]))
+    origin = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "config", "--get", "remote.origin.url"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    if origin and Path(origin).is_dir():
+        candidates.append(Path(origin).resolve().parent / "shared" / "data")
+    return candidates
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The shared QA sets beside the checkout (read in place, never copied)."""
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"shared data missing: {SHARED_DATA} (the checkout needs ../shared beside it)")
-    return SHARED_DATA
+    """The shared QA sets (read in place, never copied)."""
+    candidates = _shared_data_candidates()
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    pytest.fail(f"shared data missing: looked in {looked}; set ESI_GUARD_SHARED_DATA")
 
 
 @pytest.fixture(scope="session")
