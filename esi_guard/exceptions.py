@@ -8,6 +8,7 @@ Every error the library raises on purpose is an ``ESIGuardError``::
     ├── ScoringError         distributions that cannot be scored (shapes, NaN/inf, no tokens)
     └── BackendError         the engine failed (model loading, forward pass, server)
         ├── ModelLoadError   the model or tokenizer could not be loaded
+        ├── ContextLengthError  the prompt (and answer) do not fit the model's context
         └── APIError         an OpenAI-compatible server failed or answered badly
                              (``retryable``, ``status_code``, ``original``)
 
@@ -15,7 +16,10 @@ Every error the library raises on purpose is an ``ESIGuardError``::
 against plain Python conventions keeps working.
 
 A high ESI score is a *result*, never an exception: the guard reports it in the
-answer's metadata and acts on it (flag, abstain, route).
+answer's metadata and acts on it (flag, abstain, route). An answer that cannot be
+scored follows the guard's ``on_error`` policy: withheld (``abstain``, the default) or
+flagged with the reason in its metadata, or, with ``on_error="raise"``, one of these
+errors (``ScoringError`` carries the unscored result in ``.result``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = [
     "APIError",
     "BackendError",
     "ConfigurationError",
+    "ContextLengthError",
     "ESIGuardError",
     "InputError",
     "ModelLoadError",
@@ -44,7 +49,17 @@ class InputError(ESIGuardError, ValueError):
 
 
 class ScoringError(ESIGuardError):
-    """Distributions handed to the ESI estimator cannot be scored."""
+    """Distributions handed to the ESI estimator cannot be scored.
+
+    Raised by the guard with ``on_error="raise"`` for an answer it could not score;
+    ``result`` then holds that answer's unscored ``ESIResult`` (answer, reason), so
+    nothing is lost.
+    """
+
+    def __init__(self, message: str, *, result: object | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+        """The unscored ``ESIResult``, when the guard raised this; else None."""
 
 
 class BackendError(ESIGuardError):
@@ -53,6 +68,14 @@ class BackendError(ESIGuardError):
 
 class ModelLoadError(BackendError):
     """A model or its tokenizer could not be loaded."""
+
+
+class ContextLengthError(BackendError):
+    """A prompt, or a prompt plus its answer, is longer than the model's context window.
+
+    The backend refuses it (nothing is truncated, since a cut prompt is another
+    question); the other prompts of a batch go on.
+    """
 
 
 class APIError(BackendError):

@@ -23,7 +23,13 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from esi_guard._inputs import GuardedPrompt, message_text, parse_input
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
-from esi_guard.exceptions import BackendError, ConfigurationError, InputError, ScoringError
+from esi_guard.exceptions import (
+    BackendError,
+    ConfigurationError,
+    ContextLengthError,
+    InputError,
+    ScoringError,
+)
 from esi_guard.interventions import Intervention, SkipOneChar, Typo
 from esi_guard.scoring import Distance, TopK, esi_score
 
@@ -35,6 +41,7 @@ GuardInput: TypeAlias = (
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
 Action = Literal["flag", "abstain", "route"]
+OnError = Literal["abstain", "flag", "raise"]
 Decision = Literal["accept", "flag", "abstain", "route"]
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
@@ -84,15 +91,35 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     ``abstain`` replaces it with ``abstain_message``, ``route`` returns ``fallback``'s
     answer to the original input. An answer that cannot be scored (empty, or no
     variant differs from the question) is never passed as trusted: the action is
-    taken and ``reason`` says why.
+    handled by ``on_error`` and ``reason`` says why.
+
+    **Failure policy** (``on_error``), for every answer that cannot be scored: the
+    backend failed after its retries (``backend_error``), the prompt and answer do not
+    fit the model's context (``context_overflow``), the answer is empty
+    (``empty_answer``), no variant differs from the question
+    (``no_effective_variant``), the distributions hold NaN/inf (``scoring_error``) or
+    the intervention failed (``intervention_error``):
+
+    * ``"abstain"`` (default): ``abstain_message`` is returned in its place;
+    * ``"flag"``: the answer (empty when none was generated) is returned flagged;
+    * ``"raise"``: the error is raised (``invoke``) or returned in place
+      (``batch(..., return_exceptions=True)``): the backend's :class:`BackendError`
+      or a :class:`ScoringError` whose ``result`` holds the answer.
+
+    Either way ``response_metadata["esi"]`` has ``scored: false`` and ``reason``
+    (``"<code>: <message>"``): an unscored answer is never passed as trusted. Inputs
+    that are not a prompt at all (wrong type, no human message, empty question) raise
+    :class:`InputError` whatever the policy.
 
     The output is an ``AIMessage`` whose ``response_metadata["esi"]`` holds the score,
     decision, variants, token scores and configuration (see :class:`ESIResult`).
 
-    A backend failure that concerns one prompt (an API request that failed after its
-    retries) is that prompt's error: ``invoke`` raises it, ``batch(...,
-    return_exceptions=True)`` returns it in place while the other prompts keep their
-    answers.
+    A failure that concerns one prompt (an API request that failed after its retries)
+    is that prompt's alone; a failure of a whole backend call (a forward pass that
+    raised) is every prompt of that call's. The other prompts keep their answers.
+    The guard holds no state between calls, so one guard may serve many threads and
+    tasks; :class:`~esi_guard.HFBackend` serialises its forward passes with a lock, and
+    :class:`~esi_guard.OpenAIBackend` bounds its requests in flight.
 
     ``batch``/``abatch`` send all prompts through the backend together. ``stream`` and
     ``astream`` yield one chunk: the answer is held until it has been scored, since a
@@ -130,6 +157,8 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     """Most tokens generated per answer."""
     seed: int = 0
     """Seed of the intervention; variants depend only on it and the question."""
+    on_error: OnError = "abstain"
+    """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -278,11 +307,19 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         request, early = self._request(parsed, ids, variants, include_original=True, answer=answer)
         if request is None:
             assert early is not None
+            if self.on_error == "raise":
+                raise _error(early)
             return early
-        forced = self.backend.teacher_force([request], top_k=self.top_k)[0]
+        forced = _shield(
+            lambda: self.backend.teacher_force([request], top_k=self.top_k), 1, "teacher_force"
+        )[0]
         if isinstance(forced, BackendError):
-            raise forced
-        return self._assess(answer, ids, variants, None, forced, None)
+            result = self._failure(forced, answer, ids, variants)
+        else:
+            result = self._assess(answer, ids, variants, None, forced, None)
+        if isinstance(result, ESIResult) and (result.scored or self.on_error != "raise"):
+            return result
+        raise _error(result)
 
     # -- the work -------------------------------------------------------------------------
 
@@ -319,7 +356,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             live_prompts,
             lambda: self._score_generated(live_prompts, live_gens, variants),
         )
-        results = _merge(gens, live, scored)
+        results = _merge(gens, live, scored, self)
         routed, fallback_inputs, fallback_configs = self._routing(
             inputs, ok, results, run_manager, config
         )
@@ -346,7 +383,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             live_prompts,
             lambda: self._ascore_generated(live_prompts, live_gens, variants),
         )
-        results = _merge(gens, live, scored)
+        results = _merge(gens, live, scored, self)
         routed, fallback_inputs, fallback_configs = self._routing(
             inputs, ok, results, run_manager, config
         )
@@ -355,25 +392,39 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
 
     def _generate(self, prompts: list[GuardedPrompt]) -> list[Generation | BackendError]:
         messages = [p.messages for p in prompts]
-        return list(
-            self.backend.generate(messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k)
+        return _shield(
+            lambda: self.backend.generate(
+                messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
+            ),
+            len(prompts),
+            "generate",
         )
 
     async def _agenerate(self, prompts: list[GuardedPrompt]) -> list[Generation | BackendError]:
         messages = [p.messages for p in prompts]
-        return list(
-            await self.backend.agenerate(
+        return await _ashield(
+            lambda: self.backend.agenerate(
                 messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
-            )
+            ),
+            len(prompts),
+            "generate",
         )
 
-    def _intervene(self, prompts: list[GuardedPrompt]) -> list[list[str]]:
+    def _intervene(self, prompts: list[GuardedPrompt]) -> list[list[str] | BackendError]:
         questions = [p.question for p in prompts]
-        return self.intervention.batch_variants(questions, self.n_variants, seed=self.seed)
+        return _shield(
+            lambda: self.intervention.batch_variants(questions, self.n_variants, seed=self.seed),
+            len(prompts),
+            "intervention",
+        )
 
-    async def _aintervene(self, prompts: list[GuardedPrompt]) -> list[list[str]]:
+    async def _aintervene(self, prompts: list[GuardedPrompt]) -> list[list[str] | BackendError]:
         questions = [p.question for p in prompts]
-        return await self.intervention.abatch_variants(questions, self.n_variants, seed=self.seed)
+        return await _ashield(
+            lambda: self.intervention.abatch_variants(questions, self.n_variants, seed=self.seed),
+            len(prompts),
+            "intervention",
+        )
 
     def _fallback(self) -> Runnable[Any, Any]:
         if self.fallback is None:  # the validator makes this unreachable for action="route"
@@ -403,11 +454,17 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         return routed, [inputs[i] for i in originals], child_configs
 
     def _plan(
-        self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
-    ) -> tuple[list[ForcingRequest], list[ESIResult | None]]:
+        self,
+        prompts: list[GuardedPrompt],
+        gens: list[Generation],
+        variants: list[list[str] | BackendError],
+    ) -> tuple[list[ForcingRequest], list[ESIResult | BackendError | None]]:
         requests: list[ForcingRequest] = []
-        early: list[ESIResult | None] = []
+        early: list[ESIResult | BackendError | None] = []
         for prompt, gen, texts in zip(prompts, gens, variants, strict=True):
+            if isinstance(texts, BackendError):
+                early.append(self._failure(texts, gen.text, gen.token_ids, []))
+                continue
             request, result = self._request(
                 prompt,
                 gen.token_ids,
@@ -422,24 +479,46 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         return requests, early
 
     def _score_generated(
-        self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
+        self,
+        prompts: list[GuardedPrompt],
+        gens: list[Generation],
+        variants: list[list[str] | BackendError],
     ) -> list[ESIResult | BackendError]:
         requests, early = self._plan(prompts, gens, variants)
-        forced = self.backend.teacher_force(requests, top_k=self.top_k) if requests else []
+        forced = (
+            _shield(
+                lambda: self.backend.teacher_force(requests, top_k=self.top_k),
+                len(requests),
+                "teacher_force",
+            )
+            if requests
+            else []
+        )
         return self._collect(gens, variants, early, forced)
 
     async def _ascore_generated(
-        self, prompts: list[GuardedPrompt], gens: list[Generation], variants: list[list[str]]
+        self,
+        prompts: list[GuardedPrompt],
+        gens: list[Generation],
+        variants: list[list[str] | BackendError],
     ) -> list[ESIResult | BackendError]:
         requests, early = self._plan(prompts, gens, variants)
-        forced = await self.backend.ateacher_force(requests, top_k=self.top_k) if requests else []
+        forced = (
+            await _ashield(
+                lambda: self.backend.ateacher_force(requests, top_k=self.top_k),
+                len(requests),
+                "teacher_force",
+            )
+            if requests
+            else []
+        )
         return self._collect(gens, variants, early, forced)
 
     def _collect(
         self,
         gens: list[Generation],
-        variants: list[list[str]],
-        early: list[ESIResult | None],
+        variants: list[list[str] | BackendError],
+        early: list[ESIResult | BackendError | None],
         forced: Sequence[Forced | BackendError],
     ) -> list[ESIResult | BackendError]:
         pending = iter(forced)
@@ -448,9 +527,10 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             if result is not None:
                 out.append(result)
                 continue
+            assert not isinstance(texts, BackendError)  # _plan answered those early
             item = next(pending)
             if isinstance(item, BackendError):
-                out.append(item)
+                out.append(self._failure(item, gen.text, gen.token_ids, texts, gen.finish_reason))
                 continue
             out.append(
                 self._assess(gen.text, gen.token_ids, texts, gen.topk, item, gen.finish_reason)
@@ -486,6 +566,23 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             include_original=include_original,
         )
         return request, None
+
+    def _failure(
+        self,
+        error: BackendError,
+        answer: str,
+        answer_ids: Sequence[int],
+        variants: list[str],
+        finish_reason: str | None = None,
+    ) -> ESIResult | BackendError:
+        """A failed step's outcome under ``on_error``: the error itself, or unscored."""
+        if self.on_error == "raise":
+            return error
+        code = "context_overflow" if isinstance(error, ContextLengthError) else "backend_error"
+        if error.args and str(error.args[0]).startswith("intervention failed"):
+            code = "intervention_error"
+        reason = f"{code}: {error}"
+        return self._result(None, reason, answer, answer_ids, variants, [], finish_reason)
 
     def _assess(
         self,
@@ -532,11 +629,15 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         token_scores: list[float],
         finish_reason: str | None,
     ) -> ESIResult:
-        trusted = score is not None and score <= self.threshold
+        decision: Decision
+        if score is None:
+            decision = "flag" if self.on_error == "flag" else "abstain"
+        else:
+            decision = "accept" if score <= self.threshold else self.action
         return ESIResult(
             score=score,
             threshold=self.threshold,
-            decision="accept" if trusted else self.action,
+            decision=decision,
             scored=score is not None,
             reason=reason,
             answer=answer,
@@ -552,6 +653,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
                 "values": self.backend.values_kind,
                 "approximate": self.backend.approximate,
                 "seed": self.seed,
+                "on_error": self.on_error,
             },
             finish_reason=finish_reason,
         )
@@ -569,6 +671,52 @@ def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[int]]:
         except InputError as exc:
             parsed.append(exc)
     return parsed, [i for i, p in enumerate(parsed) if isinstance(p, GuardedPrompt)]
+
+
+def _error(result: ESIResult | BackendError) -> BackendError | ScoringError:
+    """What ``on_error="raise"`` raises for an unscored outcome."""
+    if isinstance(result, BackendError):
+        return result
+    return ScoringError(f"the answer could not be scored: {result.reason}", result=result)
+
+
+def _checked(out: Sequence[Any], size: int, what: str) -> list[Any]:
+    if len(out) != size:
+        msg = f"{what} returned {len(out)} results for {size} inputs"
+        return [BackendError(msg)] * size
+    return list(out)
+
+
+def _wrapped(exc: Exception, what: str) -> BackendError:
+    if isinstance(exc, BackendError):
+        return exc
+    error = BackendError(f"{what} failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _shield(call: Callable[[], Sequence[Any]], size: int, what: str) -> list[Any]:
+    """A batched step's results; a failure of the whole call is each input's error.
+
+    Configuration and input errors still raise: they are the caller's to fix, and no
+    answer has been produced that could slip through.
+    """
+    try:
+        return _checked(call(), size, what)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # any engine failure fails closed, per input
+        return [_wrapped(exc, what)] * size
+
+
+async def _ashield(call: Callable[[], Any], size: int, what: str) -> list[Any]:
+    """Async :func:`_shield` (cancellation still propagates)."""
+    try:
+        return _checked(await call(), size, what)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # any engine failure fails closed, per input
+        return [_wrapped(exc, what)] * size
 
 
 def _single(results: list[Any]) -> AIMessage:
@@ -659,10 +807,14 @@ def _merge(
     gens: list[Generation | BackendError],
     live: list[int],
     scored: list[ESIResult | BackendError],
+    guard: ESIGuard,
 ) -> list[ESIResult | BackendError]:
-    """Per prompt: its result, or the backend error of whichever step failed for it."""
+    """Per prompt: its result, or the outcome of whichever step failed for it."""
     by_index = dict(zip(live, scored, strict=True))
-    return [gen if isinstance(gen, BackendError) else by_index[i] for i, gen in enumerate(gens)]
+    return [
+        guard._failure(gen, "", [], []) if isinstance(gen, BackendError) else by_index[i]
+        for i, gen in enumerate(gens)
+    ]
 
 
 def _assemble(
@@ -677,6 +829,8 @@ def _assemble(
     for position, (index, result) in enumerate(zip(ok, results, strict=True)):
         if isinstance(result, BackendError):
             out[index] = result
+        elif not result.scored and guard.on_error == "raise":
+            out[index] = _error(result)
         else:
             out[index] = _message(result, fallback_out.get(position), guard.abstain_message)
     return out

@@ -49,7 +49,8 @@ class FakeBackend(Backend):
         error: If set, every call raises it (to test failure handling).
         failures: Question text -> ``"generate"`` or ``"teacher_force"``: that step
             returns a :class:`BackendError` for that question alone (a per-item failure,
-            as an API backend reports one request that failed after its retries).
+            as an API backend reports one request that failed after its retries);
+            ``"nan"``: its forced distributions hold NaN (a numerically broken model).
 
     ``calls`` records ``(method, batch size)`` for each call, so tests can check batching.
     """
@@ -63,7 +64,7 @@ class FakeBackend(Backend):
         default_sensitivity: float = 0.0,
         vocab_size: int = 128,
         error: Exception | None = None,
-        failures: Mapping[str, Literal["generate", "teacher_force"]] | None = None,
+        failures: Mapping[str, Literal["generate", "teacher_force", "nan"]] | None = None,
     ) -> None:
         self.answers = dict(answers or {})
         self.default_answer = default_answer
@@ -153,6 +154,8 @@ class FakeBackend(Backend):
             original = (
                 self._topk(answer, top_k, 0.0, question) if request.include_original else None
             )
+            if self.failures.get(question) == "nan":
+                variants = [TopK(v.ids, np.full_like(v.values, np.nan)) for v in variants]
             results.append(Forced(variants=variants, original=original))
         return results
 

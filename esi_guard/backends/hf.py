@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,12 @@ from esi_guard.backends.base import (
     Messages,
     Sample,
 )
-from esi_guard.exceptions import BackendError, ConfigurationError, ModelLoadError
+from esi_guard.exceptions import (
+    BackendError,
+    ConfigurationError,
+    ContextLengthError,
+    ModelLoadError,
+)
 from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
@@ -101,6 +107,15 @@ def _common_prefix(rows: Sequence[Sequence[int]], *, limit: int) -> int:
             break
         length += 1
     return length
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """A forcing request with its rows' prompt token ids, and its place in the call."""
+
+    index: int
+    request: ForcingRequest
+    rows: list[list[int]]
 
 
 class HFBackend(Backend):
@@ -257,26 +272,58 @@ class HFBackend(Backend):
         """Top-k on the device; only ids and values move to the host."""
         k = min(top_k, logits.shape[-1])
         values, ids = logits.float().topk(k, dim=-1)
-        if not bool(values.isfinite().all()):
-            msg = f"model {self.model_id!r} produced NaN or infinite logits"
-            raise BackendError(msg)
         return ids.cpu().numpy().astype(np.int64), values.cpu().numpy().astype(np.float64)
+
+    @property
+    def context_length(self) -> int | None:
+        """Most tokens the model attends to (prompt plus answer), when it says."""
+        limits = [
+            int(value)
+            for value in (
+                getattr(self.model.config, "max_position_embeddings", None),
+                getattr(self.tokenizer, "model_max_length", None),
+            )
+            if isinstance(value, int) and 0 < value < 10**7  # tokenizers say 1e30 for "none"
+        ]
+        return min(limits) if limits else None
+
+    def _too_long(self, tokens: int, what: str) -> ContextLengthError | None:
+        window = self.context_length
+        if window is None or tokens <= window:
+            return None
+        return ContextLengthError(
+            f"{what} has {tokens} tokens; the model's context window is {window}"
+        )
 
     def generate(
         self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
-    ) -> list[Generation]:
-        """Greedy answers, keeping the top-k of the raw logits at each step."""
-        results: list[Generation] = []
-        step = self.max_batch_rows
+    ) -> list[Generation | BackendError]:
+        """Greedy answers, keeping the top-k of the raw logits at each step.
+
+        A prompt that fills the context window gets a :class:`ContextLengthError` in
+        place; an answer stops at the window's end (``finish_reason="length"``).
+        """
+        results: list[Generation | BackendError | None] = [None] * len(prompts)
         with self._lock:
-            for start in range(0, len(prompts), step):
-                chunk = [self.render(p) for p in prompts[start : start + step]]
-                results.extend(self._generate_chunk(chunk, max_new_tokens, top_k))
-        return results
+            fits: list[tuple[int, list[int]]] = []
+            for i, prompt in enumerate(prompts):
+                row = self.render(prompt)
+                results[i] = self._too_long(len(row) + 1, "the prompt (plus one answer token)")
+                if results[i] is None:
+                    fits.append((i, row))
+            for start in range(0, len(fits), self.max_batch_rows):
+                chunk = fits[start : start + self.max_batch_rows]
+                rows = [row for _, row in chunk]
+                room = max_new_tokens
+                if self.context_length is not None:
+                    room = min(room, self.context_length - max(len(r) for r in rows))
+                for (i, _), gen in zip(chunk, self._generate_chunk(rows, room, top_k), strict=True):
+                    results[i] = gen
+        return [r for r in results if r is not None]
 
     def _generate_chunk(
         self, rows: list[list[int]], max_new_tokens: int, top_k: int
-    ) -> list[Generation]:
+    ) -> list[Generation | BackendError]:
         torch = _import_torch()
         from transformers import GenerationConfig
 
@@ -362,9 +409,13 @@ class HFBackend(Backend):
             attention[i, width - len(row) :] = 1
         return input_ids, attention
 
-    def _finish(self, tokens: list[int], ids: np.ndarray, values: np.ndarray) -> Generation:
+    def _finish(
+        self, tokens: list[int], ids: np.ndarray, values: np.ndarray
+    ) -> Generation | BackendError:
         stop = next((t for t, token in enumerate(tokens) if token in self._eos_ids), None)
         length = len(tokens) if stop is None else stop
+        if not np.isfinite(values[: length + 1]).all():
+            return self._non_finite()
         answer = tuple(tokens[:length])
         return Generation(
             text=str(self.tokenizer.decode(list(answer), skip_special_tokens=True)).strip(),
@@ -373,20 +424,39 @@ class HFBackend(Backend):
             finish_reason="length" if stop is None else "stop",
         )
 
-    def teacher_force(self, requests: Sequence[ForcingRequest], *, top_k: int) -> list[Forced]:
-        """Force each request's answer after all its variants, one forward pass per group."""
-        results: list[Forced] = []
-        with self._lock:
-            for group in self._groups(requests):
-                results.extend(self._force_group(group, top_k))
-        return results
+    def _non_finite(self) -> BackendError:
+        return BackendError(f"model {self.model_id!r} produced NaN or infinite logits")
 
-    def _groups(self, requests: Sequence[ForcingRequest]) -> list[list[ForcingRequest]]:
+    def teacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> list[Forced | BackendError]:
+        """Force each request's answer after all its variants, one forward pass per group.
+
+        A request with a variant (plus the answer) longer than the context window gets
+        a :class:`ContextLengthError` in place: variants are never truncated.
+        """
+        results: list[Forced | BackendError | None] = [None] * len(requests)
+        with self._lock:
+            fits: list[_Rendered] = []
+            for i, request in enumerate(requests):
+                extra = [request.prompt] if request.include_original else []
+                rows = [self.render(messages) for messages in [*extra, *request.variants]]
+                longest = max(len(row) for row in rows) + len(request.answer_ids)
+                results[i] = self._too_long(longest, "a variant plus the answer")
+                if results[i] is None:
+                    fits.append(_Rendered(i, request, rows))
+            for group in self._groups(fits):
+                forced = self._force_group(group, top_k)
+                for item, result in zip(group, forced, strict=True):
+                    results[item.index] = result
+        return [r for r in results if r is not None]
+
+    def _groups(self, requests: Sequence[_Rendered]) -> list[list[_Rendered]]:
         """Pack whole requests into passes of at most ``max_batch_rows`` sequences."""
-        groups: list[list[ForcingRequest]] = []
+        groups: list[list[_Rendered]] = []
         rows = 0
         for request in requests:
-            size = len(request.variants) + int(request.include_original)
+            size = len(request.rows)
             if not groups or rows + size > self.max_batch_rows:
                 groups.append([])
                 rows = 0
@@ -394,15 +464,13 @@ class HFBackend(Backend):
             rows += size
         return groups
 
-    def _force_group(self, group: list[ForcingRequest], top_k: int) -> list[Forced]:
+    def _force_group(self, group: list[_Rendered], top_k: int) -> list[Forced | BackendError]:
         torch = _import_torch()
         prompts: list[list[int]] = []
         answers: list[list[int]] = []
-        for request in group:
-            extra = [request.prompt] if request.include_original else []
-            for messages in [*extra, *request.variants]:
-                prompts.append(self.render(messages))
-                answers.append(list(request.answer_ids))
+        for item in group:
+            prompts += item.rows
+            answers += [list(item.request.answer_ids)] * len(item.rows)
         # A shared prefix is run once; each row keeps at least its last prompt token,
         # whose logits predict the first answer token.
         shared = _common_prefix(prompts, limit=min(len(p) for p in prompts) - 1)
@@ -444,14 +512,20 @@ class HFBackend(Backend):
             ).logits
             picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))
         ids, values = self._topk_to_numpy(picked, top_k)
-        return self._split(group, ids, values)
+        return self._split([item.request for item in group], ids, values)
 
-    @staticmethod
-    def _split(group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray) -> list[Forced]:
-        results = []
+    def _split(
+        self, group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray
+    ) -> list[Forced | BackendError]:
+        results: list[Forced | BackendError] = []
         row = 0
         for request in group:
             n = len(request.answer_ids)
+            size = len(request.variants) + int(request.include_original)
+            if not np.isfinite(values[row : row + size, :n]).all():
+                results.append(self._non_finite())
+                row += size
+                continue
             original = None
             if request.include_original:
                 original = TopK(ids[row, :n], values[row, :n])

@@ -13,7 +13,7 @@ import esi_guard
 from esi_guard import ConfigurationError, HFBackend
 
 PUBLIC = {
-    "APIError", "OpenAIBackend",
+    "APIError", "OpenAIBackend", "ContextLengthError",
     "Backend", "BackendError", "ConfigurationError", "ESIGuard", "ESIGuardError", "ESIResult",
     "ESIScore", "FakeBackend", "FixedVariants", "HFBackend", "InputError", "Intervention",
     "ModelLoadError", "Paraphrase", "ScoringError", "SkipOneChar", "TopK", "Typo",

@@ -18,6 +18,7 @@ from esi_guard import (
     ESIGuard,
     FakeBackend,
     InputError,
+    ScoringError,
     SkipOneChar,
 )
 
@@ -181,41 +182,116 @@ def test_batch_keeps_good_inputs_when_one_is_bad() -> None:
 
 
 def test_a_question_with_nothing_to_intervene_on_is_not_trusted() -> None:
-    guard = make_guard(action="abstain", abstain_message="I do not know")
+    guard = make_guard(action="flag", abstain_message="I do not know")
     message = guard.invoke("Is 2+2 = 4?")
     esi = message.response_metadata["esi"]
     assert esi["scored"] is False and esi["score"] is None
     assert esi["reason"].startswith("no_effective_variant")
     assert esi["decision"] == "abstain" and message.content == "I do not know"
+    assert esi["answer"] == "I do not know."  # the withheld answer is kept in metadata
 
 
-def test_an_empty_answer_is_not_trusted() -> None:
-    guard = ESIGuard(backend=FakeBackend(default_answer=""), threshold=1.0)
-    esi = guard.invoke(SURE).response_metadata["esi"]
-    assert esi["scored"] is False and esi["reason"].startswith("empty_answer")
-    assert esi["decision"] == "flag"
+class Broken(FakeBackend):
+    """A backend whose whole teacher-forcing call raises, or returns too few results."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__(ANSWERS, sensitivity={UNSURE: 2.0})
+        self.mode = mode
+
+    def teacher_force(self, requests: Any, *, top_k: int) -> Any:
+        if self.mode == "raises":
+            raise RuntimeError("CUDA error: device-side assert")
+        return super().teacher_force(requests, top_k=top_k)[:-1]
 
 
-def test_backend_errors_propagate_instead_of_passing_the_answer() -> None:
-    guard = ESIGuard(backend=FakeBackend(error=RuntimeError("engine down")), threshold=1.0)
-    with pytest.raises(RuntimeError, match="engine down"):
-        guard.invoke(SURE)
+class FailingIntervention(SkipOneChar):
+    def batch_variants(self, questions: Any, n: int, *, seed: int = 0) -> Any:
+        raise TimeoutError("paraphraser timed out")
 
 
-@pytest.mark.parametrize("step", ["generate", "teacher_force"])
-async def test_a_per_item_backend_failure_is_that_items_error(step: str) -> None:
-    backend = FakeBackend(ANSWERS, sensitivity={UNSURE: 2.0}, failures={UNSURE: step})
-    guard = ESIGuard(backend=backend, threshold=0.05, action="route", fallback=FALLBACK)
-    for results in (
-        guard.batch([SURE, UNSURE], return_exceptions=True),
-        await guard.abatch([SURE, UNSURE], return_exceptions=True),
-    ):
-        assert results[0].response_metadata["esi"]["decision"] == "accept"
-        assert isinstance(results[1], BackendError) and step in str(results[1])
-    with pytest.raises(BackendError, match=step):
-        guard.invoke(UNSURE)
-    with pytest.raises(BackendError, match=step):
-        await guard.abatch([SURE, UNSURE])
+# Each way scoring can fail: (guard keyword arguments, question, reason code, answer kept).
+FAILURES: dict[str, tuple[dict[str, Any], str, str, str]] = {
+    "empty answer": ({"backend": FakeBackend(default_answer="")}, SURE, "empty_answer", ""),
+    "nothing to change": ({}, "Is 2+2 = 4?", "no_effective_variant", "I do not know."),
+    "NaN distributions": (
+        {"backend": FakeBackend(ANSWERS, failures={SURE: "nan"})}, SURE, "scoring_error", "Paris"
+    ),
+    "generate failed": (
+        {"backend": FakeBackend(ANSWERS, failures={SURE: "generate"})}, SURE, "backend_error", ""
+    ),
+    "teacher forcing failed": (
+        {"backend": FakeBackend(ANSWERS, failures={SURE: "teacher_force"})},
+        SURE, "backend_error", "Paris",
+    ),
+    "whole call raised": ({"backend": Broken("raises")}, SURE, "backend_error", "Paris"),
+    "results missing": ({"backend": Broken("short")}, SURE, "backend_error", "Paris"),
+    "intervention failed": (
+        {"intervention": FailingIntervention()}, SURE, "intervention_error", "Paris"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", FAILURES)
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke", "batch", "abatch"])
+async def test_unscored_answers_follow_the_failure_policy(case: str, mode: str) -> None:
+    kwargs, question, code, answer = FAILURES[case]
+
+    async def call(guard: ESIGuard) -> Any:
+        if mode == "invoke":
+            return guard.invoke(question)
+        if mode == "ainvoke":
+            return await guard.ainvoke(question)
+        if mode == "batch":
+            return guard.batch([SURE, question], return_exceptions=True)[1]
+        return (await guard.abatch([SURE, question], return_exceptions=True))[1]
+
+    base: dict[str, Any] = {"threshold": 10.0, "abstain_message": "I do not know", **kwargs}
+    base.setdefault("backend", FakeBackend(ANSWERS))
+    withheld = await call(ESIGuard(**base))  # the default policy: abstain
+    esi = withheld.response_metadata["esi"]
+    assert (esi["scored"], esi["score"], esi["decision"]) == (False, None, "abstain")
+    assert esi["reason"].startswith(code + ": ") and withheld.content == "I do not know"
+    assert esi["answer"] == answer and esi["scoring"]["on_error"] == "abstain"
+
+    flagged = await call(ESIGuard(**base, on_error="flag"))
+    esi = flagged.response_metadata["esi"]
+    assert (esi["scored"], esi["decision"], flagged.content) == (False, "flag", answer)
+    assert esi["reason"].startswith(code + ": ")
+
+    raising = ESIGuard(**base, on_error="raise")
+    if mode in ("invoke", "ainvoke"):
+        with pytest.raises((BackendError, ScoringError)) as info:
+            await call(raising)
+        error = info.value
+    else:
+        error = await call(raising)
+    if code in ("backend_error", "intervention_error"):
+        assert isinstance(error, BackendError)
+    else:
+        assert isinstance(error, ScoringError) and code in str(error)
+        assert error.result is not None and error.result.answer == answer  # nothing lost
+
+
+def test_the_other_prompts_of_a_batch_keep_their_answers_when_one_fails() -> None:
+    backend = FakeBackend(ANSWERS, sensitivity={UNSURE: 2.0}, failures={UNSURE: "teacher_force"})
+    results = ESIGuard(backend=backend, threshold=0.05).batch([SURE, UNSURE])
+    assert results[0].content == "Paris"
+    assert results[0].response_metadata["esi"]["decision"] == "accept"
+    assert results[1].response_metadata["esi"]["decision"] == "abstain"
+    with pytest.raises(BackendError, match="teacher_force"):
+        ESIGuard(backend=backend, threshold=0.05, on_error="raise").invoke(UNSURE)
+
+
+def test_score_follows_the_failure_policy() -> None:
+    guard = make_guard(on_error="raise")
+    with pytest.raises(ScoringError, match="no_effective_variant"):
+        guard.score("Is 2+2 = 4?", "Yes")
+    broken = ESIGuard(backend=Broken("raises"), threshold=1.0)
+    result = broken.score(SURE, "Paris")
+    assert not result.scored and result.reason and result.reason.startswith("backend_error")
+    assert result.decision == "abstain" and result.answer == "Paris"
+    with pytest.raises(BackendError, match="CUDA"):
+        ESIGuard(backend=Broken("raises"), threshold=1.0, on_error="raise").score(SURE, "Paris")
 
 
 def test_score_an_existing_answer_without_generating() -> None:

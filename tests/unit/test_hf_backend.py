@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from esi_guard import HFBackend
-from esi_guard.backends.base import ChatMessage, ForcingRequest
+from esi_guard import BackendError, ContextLengthError, HFBackend
+from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard.backends.hf import _Rendered
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -91,9 +92,12 @@ def test_requests_are_never_split_and_results_do_not_depend_on_grouping(backend:
                        variants=[user(f"Queston number {i}?"), user(f"Question numbr {i}?")])
         for i in range(3)
     ]  # fmt: skip
-    assert [len(group) for group in HFBackend._groups(backend, requests)] == [3]
+    rendered = [
+        _Rendered(i, r, [backend.render(v) for v in r.variants]) for i, r in enumerate(requests)
+    ]
+    assert [len(group) for group in backend._groups(rendered)] == [3]
     small = HFBackend(backend.model, backend.tokenizer, max_batch_rows=3)
-    assert [len(group) for group in small._groups(requests)] == [1, 1, 1]
+    assert [len(group) for group in small._groups(rendered)] == [1, 1, 1]
     together = backend.teacher_force(requests, top_k=5)
     apart = small.teacher_force(requests, top_k=5)
     for a, b in zip(together, apart, strict=True):
@@ -170,3 +174,44 @@ def test_samples_carry_the_models_own_token_logprobs(backend: HFBackend) -> None
             expected = lone_logits(backend, prompt, ids).log_softmax(-1)
             picked = expected[torch.arange(len(ids)), torch.tensor(ids)]
             assert sample.token_logprobs == pytest.approx(picked.tolist(), abs=1e-5)
+
+
+def test_prompts_past_the_context_window_are_refused_alone(backend: HFBackend) -> None:
+    assert backend.context_length == 512
+    fits, too_long = user("short question?"), user("x" * 600)
+    generated = backend.generate([fits, too_long, fits], max_new_tokens=4, top_k=5)
+    assert isinstance(generated[1], ContextLengthError) and "512" in str(generated[1])
+    assert isinstance(generated[0], Generation) and isinstance(generated[2], Generation)
+    assert generated[0].token_ids == generated[2].token_ids
+    # The answer stops at the window's end.
+    near = backend.generate([user("y" * 470)], max_new_tokens=64, top_k=5)[0]
+    assert isinstance(near, Generation) and len(near.token_ids) <= 512 - len(
+        backend.render(user("y" * 470))
+    )
+    # A variant that, with the answer, does not fit: that request alone is refused.
+    answer = [5] * 30
+    ok = ForcingRequest(prompt=fits, variants=[user("shrt question?")], answer_ids=answer)
+    long = ForcingRequest(prompt=fits, variants=[user("z" * 470)], answer_ids=answer)
+    forced = backend.teacher_force([long, ok], top_k=5)
+    assert isinstance(forced[0], ContextLengthError) and isinstance(forced[1], Forced)
+
+
+def test_non_finite_logits_fail_only_their_request(backend: HFBackend) -> None:
+    requests = [
+        ForcingRequest(prompt=user(f"Question {i}?"), variants=[user(f"Qestion {i}?")] * 2,
+                       answer_ids=[3, 4])
+        for i in range(2)
+    ]  # fmt: skip
+
+    def poison(module: Any, args: Any, output: Any) -> Any:
+        if output.shape[0] == 4:  # the batched pass: rows 2-3 are the second request's
+            output[2:] = float("nan")
+        return output
+
+    handle = backend.model.lm_head.register_forward_hook(poison)
+    try:
+        forced = backend.teacher_force(requests, top_k=5)
+    finally:
+        handle.remove()
+    assert isinstance(forced[0], Forced)
+    assert isinstance(forced[1], BackendError) and "NaN" in str(forced[1])
