@@ -35,7 +35,10 @@ def guard_through(proxy: FaultProxy, model: str, **kwargs: Any) -> tuple[ESIGuar
         retry_max_wait=0.2,
         **kwargs,
     )
-    guard = ESIGuard(backend=backend, threshold=0.5, n_variants=2, top_k=5, max_new_tokens=6)
+    # on_error="raise": these tests check which error each fault becomes.
+    guard = ESIGuard(
+        backend=backend, threshold=0.5, n_variants=2, top_k=5, max_new_tokens=6, on_error="raise"
+    )
     return guard, backend
 
 

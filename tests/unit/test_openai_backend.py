@@ -233,11 +233,16 @@ def test_retries_only_what_is_retryable_and_maps_the_rest(
 def test_a_failed_prompt_is_its_own_error_and_the_batch_keeps_the_rest() -> None:
     server = Server()
     b = make(server, max_retries=0, max_concurrency=1)
-    g = ESIGuard(backend=b, threshold=0.5, n_variants=2, top_k=3)
+    g = ESIGuard(backend=b, threshold=0.5, n_variants=2, top_k=3, on_error="raise")
     server.statuses = [400]  # the first prompt's generation
     out = g.batch(["What is the capital of France?", "Where is Paris?"], return_exceptions=True)
     assert isinstance(out[0], APIError) and out[0].status_code == 400
     assert out[1].response_metadata["esi"]["scored"]
+    server.statuses = [400]  # the default policy withholds it instead, saying why
+    withheld = ESIGuard(backend=b, threshold=0.5, n_variants=2, top_k=3).invoke("Where is Paris?")
+    esi = withheld.response_metadata["esi"]
+    assert esi["decision"] == "abstain" and esi["reason"].startswith("backend_error: ")
+    assert "400" in esi["reason"] and not esi["scored"]
     with pytest.raises(APIError):
         server.statuses = [400]
         g.invoke("What is the capital of France?")
@@ -246,7 +251,7 @@ def test_a_failed_prompt_is_its_own_error_and_the_batch_keeps_the_rest() -> None
 async def test_async_path_scores_and_maps_failures() -> None:
     server = Server()
     b = make(server, max_retries=1)
-    g = ESIGuard(backend=b, threshold=0.5, n_variants=2, top_k=3)
+    g = ESIGuard(backend=b, threshold=0.5, n_variants=2, top_k=3, on_error="raise")
     server.statuses = [500]
     out = await g.abatch(["What is the capital of France?", "Where is Paris?"])
     assert all(m.response_metadata["esi"]["scored"] for m in out)
