@@ -68,6 +68,18 @@ def message_text(message: BaseMessage | Any, *, skip_other_blocks: bool = False)
     raise InputError(msg)
 
 
+def _check_text(text: str) -> None:
+    """Text a tokenizer and an HTTP body can carry: valid Unicode (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        msg = (
+            f"the prompt holds a lone surrogate code point ({text[exc.start]!r} at {exc.start}); "
+            "it is not valid Unicode text"
+        )
+        raise InputError(msg) from None
+
+
 def _role(message: BaseMessage) -> str:
     role = _ROLES.get(message.type) or getattr(message, "role", None)
     if not role or message.type == "tool":
@@ -80,20 +92,23 @@ def parse_input(value: Any) -> GuardedPrompt:
     """Chat messages and question of a guard input.
 
     Raises:
-        InputError: Unsupported type, no human message, or an empty question.
+        InputError: Unsupported type, a message that is not text, invalid Unicode (lone
+            surrogates), no human message, or an empty or whitespace-only question.
     """
     chat: tuple[ChatMessage, ...]
     if isinstance(value, str):
         chat = (ChatMessage(role="user", content=value),)
-    elif isinstance(value, PromptValue | Sequence):
+    elif isinstance(value, PromptValue) or (
+        isinstance(value, Sequence) and not isinstance(value, bytes | bytearray)
+    ):
         try:
             messages = (
                 value.to_messages()
                 if isinstance(value, PromptValue)
                 else convert_to_messages(value)
             )
-        except (ValueError, TypeError, NotImplementedError) as exc:
-            msg = f"cannot read the input as chat messages: {exc}"
+        except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as exc:
+            msg = f"cannot read the input as chat messages: {type(exc).__name__}: {exc}"
             raise InputError(msg) from exc
         chat = tuple(ChatMessage(role=_role(m), content=message_text(m)) for m in messages)
     else:
@@ -102,6 +117,8 @@ def parse_input(value: Any) -> GuardedPrompt:
             f"got {type(value).__name__}"
         )
         raise InputError(msg)
+    for message in chat:
+        _check_text(message["content"])
     users = [i for i, message in enumerate(chat) if message["role"] == "user"]
     if not users:
         msg = "the prompt has no human message to use as the question"

@@ -167,11 +167,20 @@ def test_message_lists_of_every_shape(value: Any) -> None:
         ("   ", "empty"),
         ([SystemMessage("Only a system message here.")], "no human message"),
         ([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])], "image_url"),
+        ("\u3000\n\t ", "empty"),
+        ("Who wrote \ud800 this?", "lone surrogate"),
+        ([("system", "Be \udfff brief."), ("human", SURE)], "lone surrogate"),
+        ([("tool", "42")], "tool"),
+        ([("human", SURE), ("narrator", "x")], "narrator"),
+        ([{"content": SURE}], "chat messages"),
+        (None, "got NoneType"),
+        (b"What is the capital of France?", "got bytes"),
     ],
 )
-def test_bad_inputs_raise_a_named_input_error(value: Any, message: str) -> None:
+@pytest.mark.parametrize("on_error", ["abstain", "flag", "raise"])
+def test_bad_inputs_raise_a_named_input_error(value: Any, message: str, on_error: str) -> None:
     with pytest.raises(InputError, match=message):
-        make_guard().invoke(value)
+        make_guard(on_error=on_error).invoke(value)
 
 
 def test_batch_keeps_good_inputs_when_one_is_bad() -> None:
