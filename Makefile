@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-fast lint install-demo install-test clean
+.PHONY: demo test test-fast fuzz load lint install-demo install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ test: install-test
 ## Unit tests only (no model).
 test-fast: install-test
 	$(BIN)/python -m pytest -m "not integration"
+
+## >= 10,000 adversarial inputs on the fake backend and 300 on the embedded model.
+## Ends with `fuzz: inputs=N crashes=N hangs=N unmarked=N`; fails unless the last three are 0.
+fuzz: install-test
+	$(BIN)/python tests/fuzz/fuzz.py --fake 10000 --model 300
+
+## 1,000 guarded requests through `abatch` against the real llama.cpp server behind a
+## fault-injecting proxy, with one server restart. Ends with
+## `load: requests=N lost=N duplicated=N retries=N p50_ms=N p99_ms=N`; fails on loss.
+load: install-test
+	$(BIN)/python tests/server/load.py --requests 1000
 
 ## ruff (lint + format check) and mypy --strict on the package.
 lint: install-test

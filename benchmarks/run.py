@@ -274,21 +274,48 @@ def markdown(records: list[dict[str, Any]]) -> str:
 def main() -> None:
     """Parse the arguments and run every data set."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, action="append", required=True)
+    parser.add_argument("--data", type=Path, action="append", default=[])
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--model", default="default", help="'default' or a HF id/path")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch", type=int, default=8, help="questions per batched call")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the data sets already in --json and run only the others",
+    )
+    parser.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print (and --markdown) the table of earlier runs' JSON; no run",
+    )
     args = parser.parse_args()
+    if args.table:
+        records = [r for path in args.table for r in json.loads(path.read_text())]
+        table = markdown(records)
+        print(table)
+        if args.markdown:
+            args.markdown.write_text(table + "\n")
+        return
+    if not args.data:
+        parser.error("give --data PATH (one or more), or --table JSON...")
 
     backend = (
         HFBackend.default() if args.model == "default" else HFBackend.from_pretrained(args.model)
     )
     semantic = Semantic()
     records: list[dict[str, Any]] = []
+    if args.resume and args.json.is_file():
+        records = json.loads(args.json.read_text())
+    done = {r["dataset"] for r in records}
     for path in args.data:
+        if path.parent.name in done:
+            print(f"  {path.parent.name}: kept from {args.json}", flush=True)
+            continue
         records += run_dataset(backend, path, args.limit, args.max_new_tokens, args.batch,
                                semantic)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
