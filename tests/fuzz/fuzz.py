@@ -45,6 +45,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.prompt_values import ChatPromptValue
 
 from esi_guard import ESIGuard, ESIGuardError, FakeBackend, SkipOneChar
+from esi_guard.calibration.data import load_examples
 
 ABSTAIN = "I cannot answer that reliably."
 DATA = Path(
@@ -62,18 +63,12 @@ RANGES = [
 ]  # fmt: skip
 
 
-def real_questions(limit: int = 400) -> list[str]:
-    """Questions from the shared QA sets (empty when they are not there)."""
+def real_questions(limit: int = 100) -> list[str]:
+    """Questions from each shared QA set (a fixed pair when they are not there)."""
     out: list[str] = []
-    for path in sorted(DATA.glob("*/*.jsonl")):
-        if path.name == "paraphrase.jsonl":
-            continue
-        with path.open(encoding="utf-8") as handle:
-            for line, _ in zip(handle, range(limit // 4), strict=False):
-                record = json.loads(line)
-                text = record.get("question") or record.get("query") or ""
-                if isinstance(text, str) and text:
-                    out.append(text)
+    for path in sorted(DATA.glob("*/*")):
+        if path.suffix in (".jsonl", ".csv") and path.name != "paraphrase.jsonl":
+            out += [e.question for e in load_examples(path, limit=limit, seed=0)]
     return out or ["What is the capital of France?", "Which gas do plants absorb?"]
 
 

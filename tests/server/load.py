@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import sys
@@ -38,6 +37,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage
 
 from esi_guard import ESIGuard, ESIGuardError, OpenAIBackend
+from esi_guard.calibration.data import load_examples
 from esi_guard.llamacpp import LlamaServer
 
 ABSTAIN = "I cannot answer that reliably."
@@ -56,16 +56,12 @@ def questions(count: int) -> list[str]:
     """``count`` distinct real questions (TriviaQA, then NQ-open, then SciQ)."""
     out: list[str] = []
     for name in ("triviaqa/subset.jsonl", "nq_open/dev.jsonl", "sciq/test.jsonl"):
-        path = DATA / name
-        if not path.is_file():
-            continue
-        with path.open(encoding="utf-8") as handle:
-            for line in handle:
-                text = json.loads(line).get("question")
-                if isinstance(text, str) and text.strip() and text not in out:
-                    out.append(text)
-                if len(out) == count:
-                    return out
+        if (DATA / name).is_file():
+            for example in load_examples(DATA / name):
+                if example.question not in out:
+                    out.append(example.question)
+            if len(out) >= count:
+                return out[:count]
     sys.exit(f"need {count} distinct questions under {DATA}; found {len(out)}")
 
 

@@ -7,11 +7,12 @@ a plain, unpadded, one-sequence forward pass.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from esi_guard import BackendError, ContextLengthError, HFBackend
+from esi_guard import BackendError, ContextLengthError, ESIGuard, HFBackend
 from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
 from esi_guard.backends.hf import _Rendered
 
@@ -215,3 +216,21 @@ def test_non_finite_logits_fail_only_their_request(backend: HFBackend) -> None:
         handle.remove()
     assert isinstance(forced[0], Forced)
     assert isinstance(forced[1], BackendError) and "NaN" in str(forced[1])
+
+
+async def test_one_guard_serves_many_threads_and_tasks_with_the_same_results(
+    backend: HFBackend,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    guard = ESIGuard(backend=backend, threshold=0.5, max_new_tokens=4, top_k=8, n_variants=3)
+    questions = [f"Which river runs through city number {i}?" for i in range(8)]
+    alone = [guard.invoke(q).response_metadata["esi"] for q in questions]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        threaded = list(pool.map(lambda q: guard.invoke(q).response_metadata["esi"], questions))
+    tasks = await asyncio.gather(*(guard.ainvoke(q) for q in questions))
+    for esi in (*threaded, *(m.response_metadata["esi"] for m in tasks)):
+        match = alone[[a["variants"] for a in alone].index(esi["variants"])]
+        assert esi["answer_token_ids"] == match["answer_token_ids"]
+        assert esi["score"] == pytest.approx(match["score"], abs=1e-6)
+    assert [e["variants"] for e in threaded] == [a["variants"] for a in alone]

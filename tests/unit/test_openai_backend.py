@@ -3,6 +3,7 @@ retries, error mapping, per-item failures and key hygiene. No network, no model.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -287,9 +288,17 @@ def test_the_api_key_never_leaks(caplog: pytest.LogCaptureFixture) -> None:
     assert recorder.seen  # the recorder did see the run
     haystack = " ".join(
         [json.dumps(message.response_metadata), repr(b), repr(failure), str(failure),
-         caplog.text, *recorder.seen]
+         caplog.text, *recorder.seen, repr(g), json.dumps(g.to_json(), default=repr)]
     )  # fmt: skip
     assert KEY not in haystack
+
+
+def test_prompts_and_answers_are_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    g = ESIGuard(backend=make(Server()), threshold=0.5, n_variants=2, top_k=3)
+    with caplog.at_level(logging.DEBUG, logger="esi_guard"), caplog.at_level(logging.INFO):
+        message = g.invoke("What is the capital of France?")
+    answer = message.response_metadata["esi"]["answer"]
+    assert answer and "capital of France" not in caplog.text and answer not in caplog.text
 
 
 def test_echo_without_a_template_is_a_configuration_error() -> None:
@@ -332,3 +341,42 @@ def test_auto_mode_decides_nothing_while_the_server_is_down() -> None:
     assert b.mode == "auto"
     assert isinstance(b.generate([PROMPT], max_new_tokens=8, top_k=3)[0], Generation)
     assert b.mode == "echo"
+
+
+async def test_async_requests_are_bounded_and_cancelled_with_their_caller() -> None:
+    server = Server()
+    state = {"in_flight": 0, "peak": 0, "cancelled": 0, "delay": 0.02}
+    started = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        state["in_flight"] += 1
+        state["peak"] = max(state["peak"], state["in_flight"])
+        started.set()
+        try:
+            await asyncio.sleep(state["delay"])
+            return server(request)
+        except asyncio.CancelledError:
+            state["cancelled"] += 1
+            raise
+        finally:
+            state["in_flight"] -= 1
+
+    transport = httpx.MockTransport(handler)
+    aclient = openai.AsyncOpenAI(
+        base_url="http://mock/v1", api_key=KEY, http_client=httpx.AsyncClient(transport=transport)
+    )
+    b = OpenAIBackend("m", api_key=KEY, retry_wait=0, async_client=aclient, mode="echo",
+                      echo_alignment="same", chat_template=TEMPLATE, max_concurrency=2)  # fmt: skip
+    g = ESIGuard(backend=b, threshold=0.5, n_variants=3, top_k=3)
+    out = await g.abatch([f"Which famous river flows through city number {i}?" for i in range(6)])
+    assert [m.response_metadata["esi"]["reason"] for m in out] == [None] * 6
+    assert state["peak"] == 2  # never more than max_concurrency in flight
+    state["delay"] = 30.0
+    started.clear()
+    task = asyncio.create_task(g.ainvoke("What is the capital of France?"))
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert state["cancelled"] >= 1 and state["in_flight"] == 0
