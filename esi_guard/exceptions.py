@@ -74,7 +74,9 @@ class ContextLengthError(BackendError):
     """A prompt, or a prompt plus its answer, is longer than the model's context window.
 
     The backend refuses it (nothing is truncated, since a cut prompt is another
-    question); the other prompts of a batch go on.
+    question); the other prompts of a batch go on. ``HFBackend`` checks the model's
+    window itself; an API backend raises one (that is also an :class:`APIError`) when
+    the server answers HTTP 400 about its context length.
     """
 
 

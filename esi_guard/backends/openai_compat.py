@@ -50,7 +50,7 @@ import numpy as np
 
 from esi_guard.backends._template import ChatTemplate, resolve_template
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
-from esi_guard.exceptions import APIError, BackendError, ConfigurationError
+from esi_guard.exceptions import APIError, BackendError, ConfigurationError, ContextLengthError
 from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
@@ -812,6 +812,14 @@ def _retryable(exc: BaseException) -> bool:
     return False
 
 
+class _ContextLengthAPIError(APIError, ContextLengthError):
+    """A server's refusal of a prompt longer than its context: both errors at once."""
+
+
+# How llama.cpp, vLLM and OpenAI word a prompt past the context window (HTTP 400).
+_CONTEXT_WORDS = ("context window", "context length", "context_length", "maximum context")
+
+
 def _mapped(exc: BaseException, timeout: float) -> APIError:
     """The project's error for an SDK (or parsing) failure; never includes the key."""
     import openai
@@ -833,4 +841,6 @@ def _mapped(exc: BaseException, timeout: float) -> APIError:
         message = f"request failed: {type(exc).__name__}: {exc}"
     if retryable:
         message += " (retries exhausted)"
+    if status == 400 and any(word in message.lower() for word in _CONTEXT_WORDS):
+        return _ContextLengthAPIError(message, status_code=status, original=exc)
     return APIError(message, retryable=retryable, status_code=status, original=exc)

@@ -16,7 +16,14 @@ import openai
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 
-from esi_guard import APIError, ConfigurationError, ESIGuard, OpenAIBackend, esi_score
+from esi_guard import (
+    APIError,
+    ConfigurationError,
+    ContextLengthError,
+    ESIGuard,
+    OpenAIBackend,
+    esi_score,
+)
 from esi_guard.backends import Forced, ForcingRequest, Generation
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
@@ -58,6 +65,9 @@ class Server:
             return httpx.Response(200, content=b'{"choices": [', headers=_json)
         if status == "nologprobs":
             return httpx.Response(200, json=_completion("x", None, "stop"))
+        if status == "context":  # llama.cpp's words
+            message = "Requested tokens (3000) exceed context window of 2048"
+            return httpx.Response(400, json={"error": {"message": message}})
         if status != 200:
             return httpx.Response(int(status), json={"error": {"message": f"scripted {status}"}})
         if request.url.path.endswith("/chat/completions"):
@@ -380,3 +390,15 @@ async def test_async_requests_are_bounded_and_cancelled_with_their_caller() -> N
     with pytest.raises(asyncio.CancelledError):
         await task
     assert state["cancelled"] >= 1 and state["in_flight"] == 0
+
+
+def test_a_server_refusing_a_long_prompt_is_a_context_overflow() -> None:
+    server = Server()
+    g = ESIGuard(backend=make(server), threshold=0.5, n_variants=2, top_k=3)
+    server.statuses = ["context"]
+    esi = g.invoke("What is the capital of France?").response_metadata["esi"]
+    assert esi["reason"].startswith("context_overflow: ") and "2048" in esi["reason"]
+    server.statuses = ["context"]
+    with pytest.raises(ContextLengthError) as caught:
+        ESIGuard(backend=make(server), threshold=0.5, on_error="raise").invoke("Where is Rome?")
+    assert isinstance(caught.value, APIError) and caught.value.status_code == 400
