@@ -4,7 +4,8 @@
 
 Both use the same model, questions, prompt and max_new_tokens. The plain call is
 transformers' greedy ``generate`` with no guard; the guarded call is ``ESIGuard.invoke``
-(generation with top-k kept, L variants, one teacher-forcing pass, scoring).
+(generation with top-k kept, L variants, one teacher-forcing pass, scoring), timed with
+the shared prompt prefix's KV cache reused across the variants (the default) and without.
 Prints the per-question times, their ratio, and the score distribution seen.
 """
 
@@ -72,23 +73,33 @@ def main() -> None:
     plain_call(backend, questions[0], args.max_new_tokens)
     guard.invoke([("system", SYSTEM), ("human", questions[0])])
 
-    plain, guarded, scores = [], [], []
+    plain, guarded, no_reuse, scores = [], [], [], []
     for question in questions:
+        prompt = [("system", SYSTEM), ("human", question)]
         start = time.perf_counter()
         plain_call(backend, question, args.max_new_tokens)
         plain.append(time.perf_counter() - start)
         start = time.perf_counter()
-        message = guard.invoke([("system", SYSTEM), ("human", question)])
+        message = guard.invoke(prompt)
         guarded.append(time.perf_counter() - start)
+        backend.reuse_prefix = False  # the same call, every variant row run in full
+        start = time.perf_counter()
+        guard.invoke(prompt)
+        no_reuse.append(time.perf_counter() - start)
+        backend.reuse_prefix = True
         esi = message.response_metadata["esi"]
         if esi["scored"]:
             scores.append(esi["score"])
 
-    p, g = statistics.mean(plain), statistics.mean(guarded)
+    p, g, n = statistics.mean(plain), statistics.mean(guarded), statistics.mean(no_reuse)
     print(f"questions={len(questions)} L={args.n_variants} max_new_tokens={args.max_new_tokens}")
-    print(f"plain greedy call : {p * 1000:8.1f} ms/question")
-    print(f"guarded call      : {g * 1000:8.1f} ms/question")
-    print(f"guarded / plain   : {g / p:8.2f}x")
+    print(f"plain greedy call              : {p * 1000:8.1f} ms/question")
+    print(f"guarded call                   : {g * 1000:8.1f} ms/question")
+    print(f"guarded call, no prefix reuse  : {n * 1000:8.1f} ms/question")
+    print(f"guarded / plain                : {g / p:8.2f}x")
+    print(f"guarded, no prefix reuse / plain: {n / p:7.2f}x")
+    print(f"ESI overhead (guarded - plain) : {(g - p) * 1000:8.1f} ms/question "
+          f"({(n - p) / max(g - p, 1e-9):.2f}x that without prefix reuse)")  # fmt: skip
     if scores:
         quartiles = statistics.quantiles(scores, n=4)
         print(
