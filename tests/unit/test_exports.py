@@ -47,8 +47,11 @@ def test_every_error_is_an_esi_guard_error() -> None:
         "InputError",
         "ModelLoadError",
         "ScoringError",
+        "ContextLengthError",
+        "APIError",
     ):
         assert issubclass(getattr(esi_guard, name), esi_guard.ESIGuardError)
+    assert issubclass(esi_guard.ContextLengthError, esi_guard.BackendError)
     assert issubclass(esi_guard.ConfigurationError, ValueError)
 
 
