@@ -59,3 +59,16 @@ def test_existing_answer_scores_like_the_generated_one(guard: ESIGuard) -> None:
     assert result.answer_token_ids == esi["answer_token_ids"]
     assert result.variants == esi["variants"]
     assert result.score == pytest.approx(esi["score"], abs=1e-4)
+
+
+def test_a_prompt_past_the_context_window_is_withheld_and_the_batch_goes_on(
+    guard: ESIGuard, hf_backend: HFBackend
+) -> None:
+    window = hf_backend.context_length
+    assert window is not None
+    huge = "Which of these words is the longest? " + "photosynthesis " * window
+    fine, refused = guard.batch([prompt("What is the capital of France?"), prompt(huge)])
+    assert fine.response_metadata["esi"]["scored"] and "Paris" in fine.content
+    esi = refused.response_metadata["esi"]
+    assert esi["reason"].startswith("context_overflow: ") and str(window) in esi["reason"]
+    assert esi["decision"] == "abstain" and refused.content == guard.abstain_message
