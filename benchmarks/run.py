@@ -276,7 +276,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, action="append", default=[])
     parser.add_argument("--limit", type=int, default=200)
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--json", type=Path, help="write the records here (needed with --data)")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--model", default="default", help="'default' or a HF id/path")
     parser.add_argument("--max-new-tokens", type=int, default=24)
@@ -301,8 +301,8 @@ def main() -> None:
         if args.markdown:
             args.markdown.write_text(table + "\n")
         return
-    if not args.data:
-        parser.error("give --data PATH (one or more), or --table JSON...")
+    if not args.data or args.json is None:
+        parser.error("give --data PATH (one or more) and --json OUT.json, or --table JSON...")
 
     backend = (
         HFBackend.default() if args.model == "default" else HFBackend.from_pretrained(args.model)
