@@ -316,7 +316,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         if isinstance(forced, BackendError):
             result = self._failure(forced, answer, ids, variants)
         else:
-            result = self._assess(answer, ids, variants, None, forced, None)
+            result = self._assess(parsed.question, answer, ids, variants, None, forced, None)
         if isinstance(result, ESIResult) and (result.scored or self.on_error != "raise"):
             return result
         raise _error(result)
@@ -494,7 +494,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             if requests
             else []
         )
-        return self._collect(gens, variants, early, forced)
+        return self._collect(prompts, gens, variants, early, forced)
 
     async def _ascore_generated(
         self,
@@ -512,10 +512,11 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             if requests
             else []
         )
-        return self._collect(gens, variants, early, forced)
+        return self._collect(prompts, gens, variants, early, forced)
 
     def _collect(
         self,
+        prompts: list[GuardedPrompt],
         gens: list[Generation],
         variants: list[list[str] | BackendError],
         early: list[ESIResult | BackendError | None],
@@ -523,7 +524,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     ) -> list[ESIResult | BackendError]:
         pending = iter(forced)
         out: list[ESIResult | BackendError] = []
-        for gen, texts, result in zip(gens, variants, early, strict=True):
+        for prompt, gen, texts, result in zip(prompts, gens, variants, early, strict=True):
             if result is not None:
                 out.append(result)
                 continue
@@ -533,7 +534,15 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
                 out.append(self._failure(item, gen.text, gen.token_ids, texts, gen.finish_reason))
                 continue
             out.append(
-                self._assess(gen.text, gen.token_ids, texts, gen.topk, item, gen.finish_reason)
+                self._assess(
+                    prompt.question,
+                    gen.text,
+                    gen.token_ids,
+                    texts,
+                    gen.topk,
+                    item,
+                    gen.finish_reason,
+                )
             )
         return out
 
@@ -558,9 +567,11 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             )
         if reason is not None:
             return None, self._result(None, reason, answer, answer_ids, variants, [], finish_reason)
+        # Each distinct changed text is forced once; a variant equal to the question has the
+        # original's distributions (distance 0), so it is not run at all.
         request = ForcingRequest(
             prompt=prompt.messages,
-            variants=[prompt.with_question(text) for text in variants],
+            variants=[prompt.with_question(text) for text in _changed(variants, prompt.question)],
             answer_ids=list(answer_ids),
             answer=answer,
             include_original=include_original,
@@ -586,6 +597,7 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
 
     def _assess(
         self,
+        question: str,
         answer: str,
         answer_ids: Sequence[int],
         variants: list[str],
@@ -594,16 +606,29 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         finish_reason: str | None,
     ) -> ESIResult:
         base = original if original is not None else forced.original
+        changed = _changed(variants, question)
         try:
             if base is None:
                 msg = "the backend returned no original distributions"
                 raise ScoringError(msg)
+            if len(forced.variants) != len(changed):
+                msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
+                raise ScoringError(msg)
+            # Back to all L variants, in order: repeats share a result, unchanged ones are
+            # the original (exact at every position).
+            by_text = dict(zip(changed, forced.variants, strict=True))
+            exact = dict(zip(changed, forced.observed or [len(answer_ids)] * len(changed),
+                             strict=True))  # fmt: skip
+            everyone = [base if text == question else by_text[text] for text in variants]
+            observed = None
+            if forced.observed is not None:
+                observed = [len(answer_ids) if t == question else exact[t] for t in variants]
             esi = esi_score(
                 base,
-                forced.variants,
+                everyone,
                 distance=self.distance,
                 kind=self.backend.values_kind,
-                observed=forced.observed,
+                observed=observed,
             )
         except ScoringError as exc:
             return self._result(
@@ -671,6 +696,11 @@ def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[int]]:
         except InputError as exc:
             parsed.append(exc)
     return parsed, [i for i, p in enumerate(parsed) if isinstance(p, GuardedPrompt)]
+
+
+def _changed(variants: list[str], question: str) -> list[str]:
+    """The distinct variant texts that differ from the question, in first-seen order."""
+    return [text for text in dict.fromkeys(variants) if text != question]
 
 
 def _error(result: ESIResult | BackendError) -> BackendError | ScoringError:

@@ -20,7 +20,9 @@ from esi_guard import (
     InputError,
     ScoringError,
     SkipOneChar,
+    esi_score,
 )
+from esi_guard.backends import ForcingRequest
 
 SURE = "What is the capital city of France?"
 UNSURE = "Which river flows through the ancient city of Timbuktu?"
@@ -394,3 +396,49 @@ def test_guard_composes_in_a_chain() -> None:
     )
     chain = prompt | make_guard() | RunnableLambda(lambda m: m.response_metadata["esi"]["decision"])
     assert chain.batch([{"question": SURE}, {"question": UNSURE}]) == ["accept", "flag"]
+
+
+class Scripted(SkipOneChar):
+    """Returns the given variants, repeats and unchanged copies included."""
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__()
+        self.texts = texts
+
+    def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
+        return self.texts[:n]
+
+
+def test_repeated_and_unchanged_variants_are_not_forced_and_score_the_same() -> None:
+    changed = ["Which rivr flows through the ancient city of Timbuktu?",
+               "Which river flows through the ancient cty of Timbuktu?"]  # fmt: skip
+    texts = [UNSURE, changed[0], changed[0], changed[1], UNSURE]
+    backend = FakeBackend(ANSWERS, sensitivity={UNSURE: 2.0})
+    guard = ESIGuard(backend=backend, threshold=0.05, intervention=Scripted(texts), n_variants=5)
+    esi = guard.invoke(UNSURE).response_metadata["esi"]
+    assert esi["variants"] == texts and backend.calls[-1] == ("teacher_force", 1)
+    # The score is the mean over all five variants, each forced in full by hand.
+    gen = backend.generate([[{"role": "user", "content": UNSURE}]], max_new_tokens=64,
+                           top_k=100)[0]  # fmt: skip
+    assert not isinstance(gen, BackendError)
+    request = ForcingRequest(prompt=[{"role": "user", "content": UNSURE}],
+                             variants=[[{"role": "user", "content": t}] for t in texts],
+                             answer_ids=gen.token_ids)  # fmt: skip
+    forced = backend.teacher_force([request], top_k=100)[0]
+    assert not isinstance(forced, BackendError)
+    assert esi["score"] == pytest.approx(esi_score(gen.topk, forced.variants).score, rel=1e-12)
+
+
+def test_only_distinct_changed_variants_reach_the_backend() -> None:
+    seen: list[int] = []
+
+    class Counting(FakeBackend):
+        def teacher_force(self, requests: Any, *, top_k: int) -> Any:
+            seen.extend(len(r.variants) for r in requests)
+            return super().teacher_force(requests, top_k=top_k)
+
+    texts = [UNSURE, "Which rivr flows?", "Which rivr flows?", "Whch river flows?"]
+    guard = ESIGuard(backend=Counting(ANSWERS), threshold=0.05, intervention=Scripted(texts),
+                     n_variants=4)  # fmt: skip
+    guard.invoke(UNSURE)
+    assert seen == [2]
