@@ -53,10 +53,16 @@ def test_each_fault_is_retried_or_mapped(
     guard, backend = guard_through(proxy, llama_server.model, max_retries=2)
     proxy.faults.append(fault)  # the first request (the answer's generation) fails once
     if retried:
-        message = guard.invoke("What is the capital of France?")
-        assert message.response_metadata["esi"]["scored"]
+        question = "What is the capital of France?"
+        message = guard.invoke(question)
+        esi = message.response_metadata["esi"]
+        assert esi["scored"]
         assert backend.stats.retries == 1
-        assert proxy.count("/chat/completions") == 1 + 1 + 2  # fault, retry, 2 variants
+        # The fault, its retry, then each distinct changed variant once (two SOC variants of
+        # a short question can coincide).
+        forced = {variant for variant in esi["variants"] if variant != question}
+        assert 1 <= len(forced) <= 2
+        assert proxy.count("/chat/completions") == 1 + 1 + len(forced)
         return
     with pytest.raises(APIError) as caught:
         guard.invoke("What is the capital of France?")
