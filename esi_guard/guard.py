@@ -342,6 +342,8 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         run_manager: list[CallbackManagerForChainRun],
         config: list[RunnableConfig],
     ) -> list[Any]:
+        # _abatch mirrors these steps one for one; the two stay parallel by design (sync and
+        # async callbacks, backends and fallbacks), and every step they share is a helper.
         parsed, ok = _parse_all(inputs)
         managers = [run_manager[i] for i in ok]
         prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
