@@ -1,6 +1,7 @@
 """Guarded requests under faults and load: none lost, none duplicated, every one accounted for.
 
-    python tests/server/load.py --requests 1000 [--batch 10] [--clients 4] [--seed 0]
+    python tests/server/load.py --requests 1000 [--batch 10] [--clients 4] [--timeout 20]
+        [--in-flight 4] [--variants 2] [--max-new-tokens 4] [--seed 0]
 
 Starts the real llama.cpp server (llama-cpp-python) on the embedded SmolLM2 GGUF and the
 fault-injecting proxy of ``faultproxy.py`` in front of it on loopback. ``--clients``
@@ -149,6 +150,9 @@ async def drive(guard: ESIGuard, texts: list[str], batch: int, clients: int, end
             for i, result in zip(indices, out, strict=True):
                 results[i] = result
                 latency[i] = elapsed
+            done = sum(r is not None for r in results)
+            if done % 100 < len(indices):  # a line every 100 requests or so
+                print(f"{done}/{len(texts)} requests done", flush=True)
 
     chunks = [list(range(s, min(s + batch, len(texts)))) for s in range(0, len(texts), batch)]
     await asyncio.gather(*(call(chunk) for chunk in chunks))
@@ -161,7 +165,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10, help="questions per abatch call")
     parser.add_argument("--clients", type=int, default=4, help="abatch calls in flight")
     parser.add_argument("--fault-rate", type=float, default=0.08, help="of HTTP requests")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP attempt")
+    parser.add_argument("--timeout", type=float, default=20.0, help="seconds per HTTP attempt")
+    parser.add_argument("--in-flight", type=int, default=4, help="HTTP requests in flight")
+    parser.add_argument("--variants", type=int, default=2, help="ESI variants per question")
+    parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -170,16 +177,17 @@ def main() -> int:
     server = LlamaServer.start(n_threads=2)
     proxy = FaultProxy(server.base_url, hang_seconds=args.timeout + 1).start()
     proxy.choose = lambda _: rng.choice(FAULTS) if rng.random() < args.fault_rate else None
-    # Each request makes 1 + n_variants HTTP calls: restart about halfway.
-    restarter = Restarter(server, proxy, at=2 * args.requests)
+    # Each request makes 1 + variants HTTP calls: restart about halfway.
+    restarter = Restarter(server, proxy, at=(1 + args.variants) * args.requests // 2)
     proxy.on_request = restarter
     backend = OpenAIBackend(
         server.model, base_url=proxy.base_url, mode="chat", chat_template=CHATML,
         timeout=args.timeout, max_retries=8, retry_wait=0.2, retry_max_wait=4.0,
-        max_concurrency=4,
+        max_concurrency=args.in_flight,
     )  # fmt: skip
-    guard = ESIGuard(backend=backend, threshold=0.3, n_variants=3, top_k=10, max_new_tokens=8,
-                     action="abstain", abstain_message=ABSTAIN)  # fmt: skip
+    guard = ESIGuard(backend=backend, threshold=0.3, n_variants=args.variants, top_k=10,
+                     max_new_tokens=args.max_new_tokens, action="abstain",
+                     abstain_message=ABSTAIN)  # fmt: skip
     ends = Ends()
     start = time.perf_counter()
     try:
