@@ -5,15 +5,23 @@ Every error the library raises on purpose is an ``ESIGuardError``::
     ESIGuardError
     ├── ConfigurationError   bad parameters, missing extras' settings, no chat template
     ├── InputError           an input the guard cannot score (type, empty question)
-    ├── ScoringError         distributions that cannot be scored (shapes, NaN/inf, no tokens)
-    └── BackendError         the engine failed (model loading, forward pass, server)
+    ├── ScoringError         an answer that cannot be scored          scoring_error
+    │                        (NaN/inf, shapes; also empty_answer, no_effective_variant)
+    └── BackendError         the engine failed (forward pass, server)  backend_error
         ├── ModelLoadError   the model or tokenizer could not be loaded
-        ├── ContextLengthError  the prompt (and answer) do not fit the model's context
+        ├── ContextLengthError  the prompt (and answer) do not fit     context_overflow
+        │   └── APIContextLengthError  (also an APIError) a server's HTTP 400 about it
+        ├── InterventionError   the intervention failed (a paraphrasing LLM)
+        │                                                           intervention_error
         └── APIError         an OpenAI-compatible server failed or answered badly
                              (``retryable``, ``status_code``, ``original``)
 
 ``ConfigurationError`` and ``InputError`` are also ``ValueError`` so that code written
 against plain Python conventions keeps working.
+
+The right-hand column is each class's ``code``: an unscored answer's ``reason`` is
+``"<code>: <message>"`` of the error that stopped it (:func:`reason`). Errors are
+recognised by their type, never by their message text.
 
 A high ESI score is a *result*, never an exception: the guard reports it in the
 answer's metadata and acts on it (flag, abstain, route). An answer that cannot be
@@ -25,19 +33,25 @@ errors (``ScoringError`` carries the unscored result in ``.result``).
 from __future__ import annotations
 
 __all__ = [
+    "APIContextLengthError",
     "APIError",
     "BackendError",
     "ConfigurationError",
     "ContextLengthError",
     "ESIGuardError",
     "InputError",
+    "InterventionError",
     "ModelLoadError",
     "ScoringError",
+    "reason",
 ]
 
 
 class ESIGuardError(Exception):
     """Base class of every error raised by esi_guard."""
+
+    code: str = "error"
+    """The reason code an unscored result reports for this error."""
 
 
 class ConfigurationError(ESIGuardError, ValueError):
@@ -56,14 +70,22 @@ class ScoringError(ESIGuardError):
     nothing is lost.
     """
 
-    def __init__(self, message: str, *, result: object | None = None) -> None:
+    code = "scoring_error"
+
+    def __init__(
+        self, message: str, *, result: object | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.result = result
         """The unscored ``ESIResult``, when the guard raised this; else None."""
+        if code is not None:
+            self.code = code  # empty_answer, no_effective_variant: finer than the class
 
 
 class BackendError(ESIGuardError):
     """The model engine failed while generating or teacher forcing."""
+
+    code = "backend_error"
 
 
 class ModelLoadError(BackendError):
@@ -78,6 +100,17 @@ class ContextLengthError(BackendError):
     window itself; an API backend raises one (that is also an :class:`APIError`) when
     the server answers HTTP 400 about its context length.
     """
+
+    code = "context_overflow"
+
+
+class InterventionError(BackendError):
+    """The intervention could not make the question's variants (a paraphrasing LLM failed).
+
+    The guard wraps any exception an intervention raises in one, per batch of questions.
+    """
+
+    code = "intervention_error"
 
 
 class APIError(BackendError):
@@ -102,3 +135,14 @@ class APIError(BackendError):
         """The HTTP status, when the server answered with one."""
         self.original = original
         """The exception from the openai SDK (or the parser) that caused this one."""
+
+
+class APIContextLengthError(APIError, ContextLengthError):
+    """A server's refusal (HTTP 400) of a prompt longer than its context: both errors at once."""
+
+    code = "context_overflow"
+
+
+def reason(error: ESIGuardError) -> str:
+    """The ``reason`` an unscored result reports for ``error``: ``"<code>: <message>"``."""
+    return f"{error.code}: {error}"

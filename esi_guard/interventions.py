@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from esi_guard._inputs import message_text
-from esi_guard.exceptions import ConfigurationError, InputError
+from esi_guard.exceptions import ConfigurationError, InputError, InterventionError
 
 __all__ = [
     "PARAPHRASE_PROMPT",
@@ -35,6 +35,7 @@ __all__ = [
     "Paraphrase",
     "SkipOneChar",
     "Typo",
+    "rebuild_intervention",
 ]
 
 _WORD = re.compile(r"[^\W\d_]+")
@@ -226,6 +227,13 @@ def parse_rephrasings(text: str) -> list[str]:
     return [match.group(1) for match in _REPHRASE.finditer(text)]
 
 
+def _failed(exc: Exception) -> InterventionError:
+    """The paraphrasing model's failure, as the guard's ``intervention_error``."""
+    if isinstance(exc, InterventionError):
+        return exc
+    return InterventionError(f"the paraphrasing model failed: {type(exc).__name__}: {exc}")
+
+
 @dataclass(frozen=True)
 class Paraphrase(Intervention):
     """Paraphrases written by an LLM with the paper's few-shot prompt.
@@ -278,10 +286,11 @@ class Paraphrase(Intervention):
         still = []
         for index, output in zip(pending, outputs, strict=True):
             before = len(found[index])
-            found[index] = _distinct(
-                found[index] + parse_rephrasings(message_text(output, skip_other_blocks=True)),
-                questions[index],
-            )
+            try:
+                text = message_text(output, skip_other_blocks=True)
+            except InputError as exc:
+                raise _failed(exc) from exc
+            found[index] = _distinct(found[index] + parse_rephrasings(text), questions[index])
             if before < len(found[index]) < n:
                 still.append(index)
         return still
@@ -293,7 +302,10 @@ class Paraphrase(Intervention):
         for _ in range(self.max_calls):
             if not pending:
                 break
-            outputs = self.llm.batch([self.prompt.format(query=questions[i]) for i in pending])
+            try:
+                outputs = self.llm.batch([self.prompt.format(query=questions[i]) for i in pending])
+            except Exception as exc:
+                raise _failed(exc) from exc
             pending = self._absorb(questions, found, pending, outputs, n)
         return self._finish(questions, found, n, seed)
 
@@ -306,9 +318,12 @@ class Paraphrase(Intervention):
         for _ in range(self.max_calls):
             if not pending:
                 break
-            outputs = await self.llm.abatch(
-                [self.prompt.format(query=questions[i]) for i in pending]
-            )
+            try:
+                outputs = await self.llm.abatch(
+                    [self.prompt.format(query=questions[i]) for i in pending]
+                )
+            except Exception as exc:
+                raise _failed(exc) from exc
             pending = self._absorb(questions, found, pending, outputs, n)
         return self._finish(questions, found, n, seed)
 
@@ -392,3 +407,19 @@ class FixedVariants(Intervention):
     def describe(self) -> dict[str, Any]:
         """Name, size and fill."""
         return {"name": self.name, "questions": len(self.paraphrases), "fill": self.fill.describe()}
+
+
+def rebuild_intervention(description: Mapping[str, Any]) -> Intervention:
+    """An intervention from its ``describe()`` (a threshold file's); only SOC and Typo can be."""
+    kinds: dict[str, type[SkipOneChar] | type[Typo]] = {
+        SkipOneChar.name: SkipOneChar,
+        Typo.name: Typo,
+    }
+    kind = kinds.get(str(description.get("name")))
+    if kind is None:
+        msg = (
+            f"the threshold file was calibrated with the intervention {description!r}, "
+            "which cannot be rebuilt from the file: pass intervention=... "
+        )
+        raise ConfigurationError(msg)
+    return kind(p=float(description["p"]), min_chars=int(description["min_chars"]))
