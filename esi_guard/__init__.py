@@ -3,7 +3,7 @@
 ``import esi_guard`` never imports torch or transformers; they load with a model.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata
 
 from esi_guard.backends import Backend, FakeBackend, HFBackend, OpenAIBackend
 from esi_guard.exceptions import (
@@ -13,16 +13,18 @@ from esi_guard.exceptions import (
     ContextLengthError,
     ESIGuardError,
     InputError,
+    InterventionError,
     ModelLoadError,
     ScoringError,
 )
-from esi_guard.guard import ESIGuard, ESIResult
+from esi_guard.guard import ESIGuard
 from esi_guard.interventions import FixedVariants, Intervention, Paraphrase, SkipOneChar, Typo
+from esi_guard.result import ESIResult, ScoringConfig
 from esi_guard.scoring import ESIScore, TopK, esi_score
 
 try:
-    __version__ = version("esi-guard")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = importlib.metadata.version("esi-guard")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
@@ -40,9 +42,11 @@ __all__ = [
     "HFBackend",
     "InputError",
     "Intervention",
+    "InterventionError",
     "ModelLoadError",
     "OpenAIBackend",
     "Paraphrase",
+    "ScoringConfig",
     "ScoringError",
     "SkipOneChar",
     "TopK",

@@ -8,39 +8,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
 from langchain_core.prompt_values import PromptValue
 
+from esi_guard._pipeline import GuardedPrompt
 from esi_guard.backends.base import ChatMessage
 from esi_guard.exceptions import InputError
 
 __all__ = ["GuardedPrompt", "message_text", "parse_input"]
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
-
-
-@dataclass(frozen=True)
-class GuardedPrompt:
-    """A prompt as chat messages, and where its question is."""
-
-    messages: tuple[ChatMessage, ...]
-    """The whole prompt."""
-    question_index: int
-    """Index of the message that is intervened on."""
-
-    @property
-    def question(self) -> str:
-        """The question text."""
-        return self.messages[self.question_index]["content"]
-
-    def with_question(self, text: str) -> list[ChatMessage]:
-        """The same prompt with the question replaced by ``text``."""
-        messages = list(self.messages)
-        messages[self.question_index] = ChatMessage(role="user", content=text)
-        return messages
 
 
 def message_text(message: BaseMessage | Any, *, skip_other_blocks: bool = False) -> str:

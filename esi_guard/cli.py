@@ -37,7 +37,7 @@ from esi_guard import __version__
 from esi_guard.backends.base import Backend
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_examples
-from esi_guard.calibration.file import DatasetInfo, ScoringConfig, ThresholdFile
+from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.runner import run_header, score_examples, scoring_config
 from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_risk, by_youden
@@ -111,7 +111,7 @@ Resamples = Annotated[int, typer.Option(help="Bootstrap resamples for the interv
 
 def _backend(model: str, api_base: str | None, api_mode: str, device: str | None) -> Backend:
     if api_base:
-        from esi_guard.backends.openai_compat import OpenAIBackend
+        from esi_guard.backends.openai import OpenAIBackend
 
         return OpenAIBackend(model, base_url=api_base, mode=api_mode)  # type: ignore[arg-type]
     from esi_guard.backends.hf import HFBackend
@@ -344,7 +344,7 @@ def calibrate(
             None if math.isnan(choice.selective_risk) else choice.selective_risk
         ),
         model=guard.backend.model_id,
-        scoring=ScoringConfig(**scoring_config(guard, system or None)),
+        scoring=scoring_config(guard, system or None),
         label_method=labeller.name,
         dataset=DatasetInfo(path=str(data), sha256=digest, n=len(examples), limit=limit,
                             seed=seed or 0),

@@ -9,10 +9,9 @@ number. Each of those steps shows as a tagged child run (``esi:generate``,
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.messages import AIMessage, BaseMessage
@@ -21,64 +20,24 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializa
 from langchain_core.runnables.config import patch_config
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from esi_guard._inputs import GuardedPrompt, message_text, parse_input
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
-from esi_guard.exceptions import (
-    BackendError,
-    ConfigurationError,
-    ContextLengthError,
-    InputError,
-    ScoringError,
-)
-from esi_guard.interventions import Intervention, SkipOneChar, Typo
-from esi_guard.scoring import Distance, TopK, esi_score
+from esi_guard import _tracing
+from esi_guard._inputs import message_text, parse_input
+from esi_guard._pipeline import Action, Item, OnError, Pipeline, raised
+from esi_guard.backends.base import Backend
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.exceptions import BackendError, ConfigurationError, InputError
+from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
+from esi_guard.result import ESIResult, ScoringConfig
+from esi_guard.scoring import Distance
 
-__all__ = ["ESIGuard", "ESIResult", "GuardInput"]
+__all__ = ["ESIGuard", "GuardInput"]
 
 GuardInput: TypeAlias = (
     str | PromptValue | Sequence[BaseMessage | tuple[str, str] | dict[str, Any] | str]
 )
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
-Action = Literal["flag", "abstain", "route"]
-OnError = Literal["abstain", "flag", "raise"]
-Decision = Literal["accept", "flag", "abstain", "route"]
-
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
-
-
-@dataclass
-class ESIResult:
-    """What the guard found about one answer; ``as_dict()`` is ``response_metadata["esi"]``."""
-
-    score: float | None
-    """ESI score, or None when the answer could not be scored."""
-    threshold: float
-    """Scores above it are not trusted."""
-    decision: Decision
-    """``accept`` (scored, at or below the threshold) or the action taken."""
-    scored: bool
-    """False when no score could be computed; the action is then taken (fail closed)."""
-    reason: str | None
-    """Why the answer was not scored, or None."""
-    answer: str
-    """The model's answer (kept here when withheld or replaced)."""
-    variants: list[str]
-    """The intervened question texts actually used."""
-    answer_token_ids: list[int]
-    """Answer tokens, end-of-sequence excluded."""
-    token_scores: list[float]
-    """Per-token contributions (mean over variants of alpha_t * D)."""
-    model: str
-    """Backend's model identity."""
-    scoring: dict[str, Any] = field(default_factory=dict)
-    """Scoring configuration: intervention, n_variants, top_k, distance, approximate."""
-    finish_reason: str | None = None
-    """``stop`` or ``length`` when the guard generated the answer."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
-        return asdict(self)
 
 
 class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
@@ -93,12 +52,10 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     variant differs from the question) is never passed as trusted: the action is
     handled by ``on_error`` and ``reason`` says why.
 
-    **Failure policy** (``on_error``), for every answer that cannot be scored: the
-    backend failed after its retries (``backend_error``), the prompt and answer do not
-    fit the model's context (``context_overflow``), the answer is empty
-    (``empty_answer``), no variant differs from the question
-    (``no_effective_variant``), the distributions hold NaN/inf (``scoring_error``) or
-    the intervention failed (``intervention_error``):
+    **Failure policy** (``on_error``), for every answer that cannot be scored (the
+    backend or the intervention failed, the prompt does not fit the context, the answer
+    is empty, no variant differs from the question, NaN/inf distributions; the codes
+    are drawn in :mod:`esi_guard.exceptions`):
 
     * ``"abstain"`` (default): ``abstain_message`` is returned in its place;
     * ``"flag"``: the answer (empty when none was generated) is returned flagged;
@@ -114,12 +71,9 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     The output is an ``AIMessage`` whose ``response_metadata["esi"]`` holds the score,
     decision, variants, token scores and configuration (see :class:`ESIResult`).
 
-    A failure that concerns one prompt (an API request that failed after its retries)
-    is that prompt's alone; a failure of a whole backend call (a forward pass that
-    raised) is every prompt of that call's. The other prompts keep their answers.
-    The guard holds no state between calls, so one guard may serve many threads and
-    tasks; :class:`~esi_guard.HFBackend` serialises its forward passes with a lock, and
-    :class:`~esi_guard.OpenAIBackend` bounds its requests in flight.
+    A failure of one prompt's request is that prompt's alone; a failure of a whole
+    backend call is each of its prompts'. The guard holds no state between calls: one
+    guard may serve many threads and tasks (backends bound their own concurrency).
 
     ``batch``/``abatch`` send all prompts through the backend together. ``stream`` and
     ``astream`` yield one chunk: the answer is held until it has been scored, since a
@@ -200,43 +154,42 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         ``fallback``, ``abstain_message``) pass through. SOC and Typo interventions are
         rebuilt from the file; others (paraphrases) must be passed in.
         """
-        from esi_guard.calibration.file import ThresholdFile
-
         calibrated = ThresholdFile.read(path)
-        scoring = calibrated.scoring
-        problems = []
-        found = {
-            "model": backend.model_id,
-            "values": backend.values_kind,
-            "approximate": backend.approximate,
-        }
-        expected = {
-            "model": calibrated.model,
-            "values": scoring.values,
-            "approximate": scoring.approximate,
-        }
+        expected = calibrated.scoring
         options = ("n_variants", "top_k", "distance", "seed", "max_new_tokens")
-        for key in options:
-            expected[key] = getattr(scoring, key)
-            found[key] = kwargs.pop(key, expected[key])
+        settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
         if intervention is None:
-            intervention = _rebuild_intervention(scoring.intervention)
-        expected["intervention"] = scoring.intervention
-        found["intervention"] = intervention.describe()
-        problems = [
-            f"{key}: calibrated with {expected[key]!r}, got {found[key]!r}"
-            for key in expected
-            if found[key] != expected[key]
-        ]
-        if problems:
-            msg = f"threshold file {path} does not match this guard: " + "; ".join(problems)
-            raise ConfigurationError(msg)
-        return cls(
+            intervention = rebuild_intervention(expected.intervention)
+        guard = cls(
             backend=backend,
             threshold=calibrated.threshold,
             intervention=intervention,
-            **{key: found[key] for key in options},
+            **settings,
             **kwargs,
+        )
+        problems = expected.differences(guard.scoring_config, ignore=("system_prompt",))
+        if backend.model_id != calibrated.model:
+            problems.insert(0, f"model: {calibrated.model!r} vs {backend.model_id!r}")
+        if problems:
+            msg = (
+                f"threshold file {path} does not match this guard (calibrated vs given): "
+                + "; ".join(problems)
+            )
+            raise ConfigurationError(msg)
+        return guard
+
+    @property
+    def scoring_config(self) -> ScoringConfig:
+        """How this guard computes scores (what a threshold file must match)."""
+        return ScoringConfig(
+            intervention=self.intervention.describe(),
+            n_variants=self.n_variants,
+            top_k=self.top_k,
+            distance=self.distance,
+            values=self.backend.values_kind,
+            approximate=self.backend.approximate,
+            seed=self.seed,
+            max_new_tokens=self.max_new_tokens,
         )
 
     # -- public Runnable API ------------------------------------------------------------
@@ -304,24 +257,13 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         parsed = parse_input(prompt)
         ids = self.backend.encode_answer(parsed.messages, answer)
         variants = self.intervention.variants(parsed.question, self.n_variants, seed=self.seed)
-        request, early = self._request(parsed, ids, variants, include_original=True, answer=answer)
-        if request is None:
-            assert early is not None
-            if self.on_error == "raise":
-                raise _error(early)
-            return early
-        forced = _shield(
-            lambda: self.backend.teacher_force([request], top_k=self.top_k), 1, "teacher_force"
-        )[0]
-        if isinstance(forced, BackendError):
-            result = self._failure(forced, answer, ids, variants)
-        else:
-            result = self._assess(parsed.question, answer, ids, variants, None, forced, None)
-        if isinstance(result, ESIResult) and (result.scored or self.on_error != "raise"):
-            return result
-        raise _error(result)
+        item = Item(parsed, answer=answer, answer_ids=tuple(ids), variants=variants)
+        (outcome,) = self._pipeline().force([item], include_original=True)
+        if isinstance(outcome, ESIResult) and (outcome.scored or self.on_error != "raise"):
+            return outcome
+        raise raised(outcome)
 
-    # -- the work -------------------------------------------------------------------------
+    # -- the work: two mirrored drivers over the pipeline ---------------------------------
 
     def _invoke(
         self, input: GuardInput, run_manager: CallbackManagerForChainRun, config: RunnableConfig
@@ -342,28 +284,17 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         run_manager: list[CallbackManagerForChainRun],
         config: list[RunnableConfig],
     ) -> list[Any]:
-        # _abatch mirrors these steps one for one; the two stay parallel by design (sync and
-        # async callbacks, backends and fallbacks), and every step they share is a helper.
-        parsed, ok = _parse_all(inputs)
-        managers = [run_manager[i] for i in ok]
-        prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
-        gens = _traced(managers, "generate", prompts, lambda: self._generate(prompts))
-        live, live_managers, live_prompts, live_gens = _live(managers, prompts, gens)
-        variants = _traced(
-            live_managers, "intervene", live_prompts, lambda: self._intervene(live_prompts)
-        )
-        scored = _traced(
-            live_managers,
-            "score",
-            live_prompts,
-            lambda: self._score_generated(live_prompts, live_gens, variants),
-        )
-        results = _merge(gens, live, scored, self)
-        routed, fallback_inputs, fallback_configs = self._routing(
-            inputs, ok, results, run_manager, config
-        )
+        # _abatch mirrors these steps one for one (sync and async callbacks, backends and
+        # fallbacks); everything between the calls is the pipeline's.
+        pipeline, parsed, items = self._pipeline(), *_parse_all(inputs)
+        gens = _tracing.traced(run_manager, "generate", items, lambda: pipeline.generate(items))
+        live = pipeline.generated(items, gens)
+        variants = _tracing.traced(run_manager, "intervene", live, lambda: pipeline.intervene(live))
+        pipeline.intervened(live, variants)
+        _tracing.traced(run_manager, "score", live, lambda: pipeline.force(live))
+        routed, fallback_inputs, fallback_configs = _routing(inputs, items, run_manager, config)
         answers = self._fallback().batch(fallback_inputs, fallback_configs) if routed else []
-        return _assemble(parsed, ok, results, dict(zip(routed, answers, strict=True)), self)
+        return self._assemble(parsed, items, dict(zip(routed, answers, strict=True)))
 
     async def _abatch(
         self,
@@ -371,384 +302,65 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
         run_manager: list[AsyncCallbackManagerForChainRun],
         config: list[RunnableConfig],
     ) -> list[Any]:
-        parsed, ok = _parse_all(inputs)
-        managers = [run_manager[i] for i in ok]
-        prompts: list[GuardedPrompt] = [parsed[i] for i in ok]
-        gens = await _atraced(managers, "generate", prompts, lambda: self._agenerate(prompts))
-        live, live_managers, live_prompts, live_gens = _live(managers, prompts, gens)
-        variants = await _atraced(
-            live_managers, "intervene", live_prompts, lambda: self._aintervene(live_prompts)
+        pipeline, parsed, items = self._pipeline(), *_parse_all(inputs)
+        gens = await _tracing.atraced(
+            run_manager, "generate", items, lambda: pipeline.agenerate(items)
         )
-        scored = await _atraced(
-            live_managers,
-            "score",
-            live_prompts,
-            lambda: self._ascore_generated(live_prompts, live_gens, variants),
+        live = pipeline.generated(items, gens)
+        variants = await _tracing.atraced(
+            run_manager, "intervene", live, lambda: pipeline.aintervene(live)
         )
-        results = _merge(gens, live, scored, self)
-        routed, fallback_inputs, fallback_configs = self._routing(
-            inputs, ok, results, run_manager, config
-        )
+        pipeline.intervened(live, variants)
+        await _tracing.atraced(run_manager, "score", live, lambda: pipeline.aforce(live))
+        routed, fallback_inputs, fallback_configs = _routing(inputs, items, run_manager, config)
         answers = await self._fallback().abatch(fallback_inputs, fallback_configs) if routed else []
-        return _assemble(parsed, ok, results, dict(zip(routed, answers, strict=True)), self)
+        return self._assemble(parsed, items, dict(zip(routed, answers, strict=True)))
 
-    def _generate(self, prompts: list[GuardedPrompt]) -> list[Generation | BackendError]:
-        messages = [p.messages for p in prompts]
-        return _shield(
-            lambda: self.backend.generate(
-                messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
-            ),
-            len(prompts),
-            "generate",
-        )
-
-    async def _agenerate(self, prompts: list[GuardedPrompt]) -> list[Generation | BackendError]:
-        messages = [p.messages for p in prompts]
-        return await _ashield(
-            lambda: self.backend.agenerate(
-                messages, max_new_tokens=self.max_new_tokens, top_k=self.top_k
-            ),
-            len(prompts),
-            "generate",
-        )
-
-    def _intervene(self, prompts: list[GuardedPrompt]) -> list[list[str] | BackendError]:
-        questions = [p.question for p in prompts]
-        return _shield(
-            lambda: self.intervention.batch_variants(questions, self.n_variants, seed=self.seed),
-            len(prompts),
-            "intervention",
-        )
-
-    async def _aintervene(self, prompts: list[GuardedPrompt]) -> list[list[str] | BackendError]:
-        questions = [p.question for p in prompts]
-        return await _ashield(
-            lambda: self.intervention.abatch_variants(questions, self.n_variants, seed=self.seed),
-            len(prompts),
-            "intervention",
+    def _pipeline(self) -> Pipeline:
+        return Pipeline(
+            backend=self.backend,
+            intervention=self.intervention,
+            config=self.scoring_config,
+            threshold=self.threshold,
+            action=self.action,
+            on_error=self.on_error,
         )
 
     def _fallback(self) -> Runnable[Any, Any]:
-        if self.fallback is None:  # the validator makes this unreachable for action="route"
-            msg = "action='route' needs a fallback runnable"
-            raise ConfigurationError(msg)
+        assert self.fallback is not None  # the validator requires one for action="route"
         return self.fallback
 
-    @staticmethod
-    def _routing(
-        inputs: list[GuardInput],
-        ok: list[int],
-        results: list[ESIResult | BackendError],
-        run_managers: Sequence[Any],
-        configs: list[RunnableConfig],
-    ) -> tuple[list[int], list[GuardInput], list[RunnableConfig]]:
-        """Which results go to the fallback, with their original inputs and child configs."""
-        routed = [
-            i
-            for i, result in enumerate(results)
-            if isinstance(result, ESIResult) and result.decision == "route"
-        ]
-        originals = [ok[i] for i in routed]
-        child_configs = [
-            patch_config(configs[i], callbacks=run_managers[i].get_child("esi:fallback"))
-            for i in originals
-        ]
-        return routed, [inputs[i] for i in originals], child_configs
-
-    def _plan(
-        self,
-        prompts: list[GuardedPrompt],
-        gens: list[Generation],
-        variants: list[list[str] | BackendError],
-    ) -> tuple[list[ForcingRequest], list[ESIResult | BackendError | None]]:
-        requests: list[ForcingRequest] = []
-        early: list[ESIResult | BackendError | None] = []
-        for prompt, gen, texts in zip(prompts, gens, variants, strict=True):
-            if isinstance(texts, BackendError):
-                early.append(self._failure(texts, gen.text, gen.token_ids, []))
-                continue
-            request, result = self._request(
-                prompt,
-                gen.token_ids,
-                texts,
-                include_original=False,
-                answer=gen.text,
-                finish_reason=gen.finish_reason,
-            )
-            early.append(result)
-            if request is not None:
-                requests.append(request)
-        return requests, early
-
-    def _score_generated(
-        self,
-        prompts: list[GuardedPrompt],
-        gens: list[Generation],
-        variants: list[list[str] | BackendError],
-    ) -> list[ESIResult | BackendError]:
-        requests, early = self._plan(prompts, gens, variants)
-        forced = (
-            _shield(
-                lambda: self.backend.teacher_force(requests, top_k=self.top_k),
-                len(requests),
-                "teacher_force",
-            )
-            if requests
-            else []
-        )
-        return self._collect(prompts, gens, variants, early, forced)
-
-    async def _ascore_generated(
-        self,
-        prompts: list[GuardedPrompt],
-        gens: list[Generation],
-        variants: list[list[str] | BackendError],
-    ) -> list[ESIResult | BackendError]:
-        requests, early = self._plan(prompts, gens, variants)
-        forced = (
-            await _ashield(
-                lambda: self.backend.ateacher_force(requests, top_k=self.top_k),
-                len(requests),
-                "teacher_force",
-            )
-            if requests
-            else []
-        )
-        return self._collect(prompts, gens, variants, early, forced)
-
-    def _collect(
-        self,
-        prompts: list[GuardedPrompt],
-        gens: list[Generation],
-        variants: list[list[str] | BackendError],
-        early: list[ESIResult | BackendError | None],
-        forced: Sequence[Forced | BackendError],
-    ) -> list[ESIResult | BackendError]:
-        pending = iter(forced)
-        out: list[ESIResult | BackendError] = []
-        for prompt, gen, texts, result in zip(prompts, gens, variants, early, strict=True):
-            if result is not None:
-                out.append(result)
-                continue
-            assert not isinstance(texts, BackendError)  # _plan answered those early
-            item = next(pending)
-            if isinstance(item, BackendError):
-                out.append(self._failure(item, gen.text, gen.token_ids, texts, gen.finish_reason))
-                continue
-            out.append(
-                self._assess(
-                    prompt.question,
-                    gen.text,
-                    gen.token_ids,
-                    texts,
-                    gen.topk,
-                    item,
-                    gen.finish_reason,
-                )
-            )
+    def _assemble(
+        self, parsed: list[Any], items: list[Item], fallback_out: dict[int, Any]
+    ) -> list[Any]:
+        """One AIMessage per input (or its InputError / BackendError), in input order."""
+        out: list[Any] = list(parsed)
+        for item in items:
+            result = item.outcome
+            assert result is not None  # the pipeline decides every item
+            if isinstance(result, BackendError):
+                out[item.index] = result
+            elif not result.scored and self.on_error == "raise":
+                out[item.index] = raised(result)
+            else:
+                fallback = fallback_out.get(item.index)
+                out[item.index] = _message(result, fallback, self.abstain_message)
         return out
 
-    def _request(
-        self,
-        prompt: GuardedPrompt,
-        answer_ids: Sequence[int],
-        variants: list[str],
-        *,
-        include_original: bool,
-        answer: str = "",
-        finish_reason: str | None = None,
-    ) -> tuple[ForcingRequest | None, ESIResult | None]:
-        """The forcing request for one answer, or the unscored result when there is none."""
-        reason = None
-        if not answer_ids:
-            reason = "empty_answer: the answer has no tokens to score"
-        elif all(text == prompt.question for text in variants):
-            reason = (
-                "no_effective_variant: no variant differs from the question "
-                f"({self.intervention.name} found nothing to change)"
-            )
-        if reason is not None:
-            return None, self._result(None, reason, answer, answer_ids, variants, [], finish_reason)
-        # Each distinct changed text is forced once; a variant equal to the question has the
-        # original's distributions (distance 0), so it is not run at all.
-        request = ForcingRequest(
-            prompt=prompt.messages,
-            variants=[prompt.with_question(text) for text in _changed(variants, prompt.question)],
-            answer_ids=list(answer_ids),
-            answer=answer,
-            include_original=include_original,
-        )
-        return request, None
 
-    def _failure(
-        self,
-        error: BackendError,
-        answer: str,
-        answer_ids: Sequence[int],
-        variants: list[str],
-        finish_reason: str | None = None,
-    ) -> ESIResult | BackendError:
-        """A failed step's outcome under ``on_error``: the error itself, or unscored."""
-        if self.on_error == "raise":
-            return error
-        code = "context_overflow" if isinstance(error, ContextLengthError) else "backend_error"
-        if error.args and str(error.args[0]).startswith("intervention failed"):
-            code = "intervention_error"
-        reason = f"{code}: {error}"
-        return self._result(None, reason, answer, answer_ids, variants, [], finish_reason)
-
-    def _assess(
-        self,
-        question: str,
-        answer: str,
-        answer_ids: Sequence[int],
-        variants: list[str],
-        original: TopK | None,
-        forced: Forced,
-        finish_reason: str | None,
-    ) -> ESIResult:
-        base = original if original is not None else forced.original
-        changed = _changed(variants, question)
-        try:
-            if base is None:
-                msg = "the backend returned no original distributions"
-                raise ScoringError(msg)
-            if len(forced.variants) != len(changed):
-                msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
-                raise ScoringError(msg)
-            # Back to all L variants, in order: repeats share a result, unchanged ones are
-            # the original (exact at every position).
-            by_text = dict(zip(changed, forced.variants, strict=True))
-            exact = dict(zip(changed, forced.observed or [len(answer_ids)] * len(changed),
-                             strict=True))  # fmt: skip
-            everyone = [base if text == question else by_text[text] for text in variants]
-            observed = None
-            if forced.observed is not None:
-                observed = [len(answer_ids) if t == question else exact[t] for t in variants]
-            esi = esi_score(
-                base,
-                everyone,
-                distance=self.distance,
-                kind=self.backend.values_kind,
-                observed=observed,
-            )
-        except ScoringError as exc:
-            return self._result(
-                None, f"scoring_error: {exc}", answer, answer_ids, variants, [], finish_reason
-            )
-        return self._result(
-            esi.score,
-            None,
-            answer,
-            answer_ids,
-            variants,
-            [float(x) for x in esi.token_scores],
-            finish_reason,
-        )
-
-    def _result(
-        self,
-        score: float | None,
-        reason: str | None,
-        answer: str,
-        answer_ids: Sequence[int],
-        variants: list[str],
-        token_scores: list[float],
-        finish_reason: str | None,
-    ) -> ESIResult:
-        decision: Decision
-        if score is None:
-            decision = "flag" if self.on_error == "flag" else "abstain"
-        else:
-            decision = "accept" if score <= self.threshold else self.action
-        return ESIResult(
-            score=score,
-            threshold=self.threshold,
-            decision=decision,
-            scored=score is not None,
-            reason=reason,
-            answer=answer,
-            variants=list(variants),
-            answer_token_ids=[int(i) for i in answer_ids],
-            token_scores=token_scores,
-            model=self.backend.model_id,
-            scoring={
-                "intervention": self.intervention.describe(),
-                "n_variants": self.n_variants,
-                "top_k": self.top_k,
-                "distance": self.distance,
-                "values": self.backend.values_kind,
-                "approximate": self.backend.approximate,
-                "seed": self.seed,
-                "on_error": self.on_error,
-            },
-            finish_reason=finish_reason,
-        )
+# -- helpers shared by the sync and async drivers ------------------------------------------
 
 
-# -- helpers shared by the sync and async paths -----------------------------------------
-
-
-def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[int]]:
-    """Parsed prompts (or the InputError in place) and the indices that parsed."""
+def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[Item]]:
+    """Parsed prompts (or the InputError in place) and an item for each that parsed."""
     parsed: list[Any] = []
     for value in inputs:
         try:
             parsed.append(parse_input(value))
         except InputError as exc:
             parsed.append(exc)
-    return parsed, [i for i, p in enumerate(parsed) if isinstance(p, GuardedPrompt)]
-
-
-def _changed(variants: list[str], question: str) -> list[str]:
-    """The distinct variant texts that differ from the question, in first-seen order."""
-    return [text for text in dict.fromkeys(variants) if text != question]
-
-
-def _error(result: ESIResult | BackendError) -> BackendError | ScoringError:
-    """What ``on_error="raise"`` raises for an unscored outcome."""
-    if isinstance(result, BackendError):
-        return result
-    return ScoringError(f"the answer could not be scored: {result.reason}", result=result)
-
-
-def _checked(out: Sequence[Any], size: int, what: str) -> list[Any]:
-    if len(out) != size:
-        msg = f"{what} returned {len(out)} results for {size} inputs"
-        return [BackendError(msg)] * size
-    return list(out)
-
-
-def _wrapped(exc: Exception, what: str) -> BackendError:
-    if isinstance(exc, BackendError):
-        return exc
-    error = BackendError(f"{what} failed: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def _shield(call: Callable[[], Sequence[Any]], size: int, what: str) -> list[Any]:
-    """A batched step's results; a failure of the whole call is each input's error.
-
-    Configuration and input errors still raise: they are the caller's to fix, and no
-    answer has been produced that could slip through.
-    """
-    try:
-        return _checked(call(), size, what)
-    except (ConfigurationError, InputError):
-        raise
-    except Exception as exc:  # any engine failure fails closed, per input
-        return [_wrapped(exc, what)] * size
-
-
-async def _ashield(call: Callable[[], Any], size: int, what: str) -> list[Any]:
-    """Async :func:`_shield` (cancellation still propagates)."""
-    try:
-        return _checked(await call(), size, what)
-    except (ConfigurationError, InputError):
-        raise
-    except Exception as exc:  # any engine failure fails closed, per input
-        return [_wrapped(exc, what)] * size
+    items = [Item(p, index=i) for i, p in enumerate(parsed) if not isinstance(p, InputError)]
+    return parsed, items
 
 
 def _single(results: list[Any]) -> AIMessage:
@@ -759,113 +371,23 @@ def _single(results: list[Any]) -> AIMessage:
     return first
 
 
-def _traced(
-    managers: list[CallbackManagerForChainRun],
-    step: str,
-    prompts: list[GuardedPrompt],
-    call: Callable[[], list[Any]],
-) -> list[Any]:
-    """Run one batched step, shown as a child run tagged ``esi:{step}`` under each input."""
-    if not prompts:
-        return []
-    children = [
-        m.get_child(f"esi:{step}").on_chain_start(
-            None, {"question": p.question}, name=f"esi_{step}"
-        )
-        for m, p in zip(managers, prompts, strict=True)
+def _routing(
+    inputs: list[GuardInput],
+    items: list[Item],
+    run_managers: Sequence[Any],
+    configs: list[RunnableConfig],
+) -> tuple[list[int], list[GuardInput], list[RunnableConfig]]:
+    """Which inputs go to the fallback, with their child configs."""
+    routed = [
+        item.index
+        for item in items
+        if isinstance(item.outcome, ESIResult) and item.outcome.decision == "route"
     ]
-    try:
-        outputs = call()
-    except BaseException as exc:
-        for child in children:
-            child.on_chain_error(exc)
-        raise
-    for child, output in zip(children, outputs, strict=True):
-        if isinstance(output, BaseException):
-            child.on_chain_error(output)
-        else:
-            child.on_chain_end(_summary(output))
-    return outputs
-
-
-async def _atraced(
-    managers: list[AsyncCallbackManagerForChainRun],
-    step: str,
-    prompts: list[GuardedPrompt],
-    call: Callable[[], Any],
-) -> list[Any]:
-    """Async :func:`_traced`."""
-    if not prompts:
-        return []
-    children = [
-        await m.get_child(f"esi:{step}").on_chain_start(
-            None, {"question": p.question}, name=f"esi_{step}"
-        )
-        for m, p in zip(managers, prompts, strict=True)
+    child_configs = [
+        patch_config(configs[i], callbacks=run_managers[i].get_child("esi:fallback"))
+        for i in routed
     ]
-    try:
-        outputs = await call()
-    except BaseException as exc:
-        for child in children:
-            await child.on_chain_error(exc)
-        raise
-    for child, output in zip(children, outputs, strict=True):
-        if isinstance(output, BaseException):
-            await child.on_chain_error(output)
-        else:
-            await child.on_chain_end(_summary(output))
-    return list(outputs)
-
-
-def _summary(output: Any) -> dict[str, Any]:
-    """What a child run shows: small and JSON-friendly, never raw distributions."""
-    if isinstance(output, Generation):
-        return {"answer": output.text, "n_tokens": len(output.token_ids)}
-    if isinstance(output, ESIResult):
-        return {"score": output.score, "scored": output.scored, "reason": output.reason}
-    return {"variants": output}
-
-
-def _live(
-    managers: list[Any], prompts: list[GuardedPrompt], gens: list[Generation | BackendError]
-) -> tuple[list[int], list[Any], list[GuardedPrompt], list[Generation]]:
-    """The prompts whose generation succeeded: indices, run managers, prompts, generations."""
-    live = [i for i, gen in enumerate(gens) if isinstance(gen, Generation)]
-    kept = [gen for gen in gens if isinstance(gen, Generation)]
-    return live, [managers[i] for i in live], [prompts[i] for i in live], kept
-
-
-def _merge(
-    gens: list[Generation | BackendError],
-    live: list[int],
-    scored: list[ESIResult | BackendError],
-    guard: ESIGuard,
-) -> list[ESIResult | BackendError]:
-    """Per prompt: its result, or the outcome of whichever step failed for it."""
-    by_index = dict(zip(live, scored, strict=True))
-    return [
-        guard._failure(gen, "", [], []) if isinstance(gen, BackendError) else by_index[i]
-        for i, gen in enumerate(gens)
-    ]
-
-
-def _assemble(
-    parsed: list[Any],
-    ok: list[int],
-    results: list[ESIResult | BackendError],
-    fallback_out: dict[int, Any],
-    guard: ESIGuard,
-) -> list[Any]:
-    """One AIMessage per input (or its InputError / BackendError), in input order."""
-    out: list[Any] = list(parsed)
-    for position, (index, result) in enumerate(zip(ok, results, strict=True)):
-        if isinstance(result, BackendError):
-            out[index] = result
-        elif not result.scored and guard.on_error == "raise":
-            out[index] = _error(result)
-        else:
-            out[index] = _message(result, fallback_out.get(position), guard.abstain_message)
-    return out
+    return routed, [inputs[i] for i in routed], child_configs
 
 
 def _message(result: ESIResult, fallback: Any, abstain_message: str) -> AIMessage:
@@ -879,19 +401,3 @@ def _message(result: ESIResult, fallback: Any, abstain_message: str) -> AIMessag
             content=message_text(fallback), response_metadata={**inherited, "esi": meta}
         )
     return AIMessage(content=result.answer, response_metadata={"esi": meta})
-
-
-def _rebuild_intervention(description: dict[str, Any]) -> Intervention:
-    """SOC and Typo from their description; other interventions cannot be rebuilt."""
-    kinds: dict[str, type[SkipOneChar] | type[Typo]] = {
-        SkipOneChar.name: SkipOneChar,
-        Typo.name: Typo,
-    }
-    kind = kinds.get(str(description.get("name")))
-    if kind is None:
-        msg = (
-            f"the threshold file was calibrated with the intervention {description!r}, "
-            "which cannot be rebuilt from the file: pass intervention=... "
-        )
-        raise ConfigurationError(msg)
-    return kind(p=float(description["p"]), min_chars=int(description["min_chars"]))

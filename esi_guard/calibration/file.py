@@ -13,26 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from esi_guard.exceptions import ConfigurationError
+from esi_guard.result import ScoringConfig
 
-__all__ = ["FORMAT", "DatasetInfo", "ScoringConfig", "ThresholdFile"]
+__all__ = ["FORMAT", "DatasetInfo", "ThresholdFile"]
 
 FORMAT = "esi-guard/threshold"
-
-
-class ScoringConfig(BaseModel):
-    """How scores were computed; a guard must score the same way to use the threshold."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    intervention: dict[str, Any]
-    n_variants: int = Field(ge=1)
-    top_k: int = Field(ge=1)
-    distance: str
-    values: Literal["logits", "logprobs"]
-    approximate: bool
-    seed: int
-    max_new_tokens: int = Field(ge=1)
-    system_prompt: str | None = None
 
 
 class DatasetInfo(BaseModel):

@@ -17,6 +17,7 @@ from typing import Any
 from esi_guard.calibration.data import Example
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
+from esi_guard.result import ScoringConfig
 
 __all__ = ["run_header", "score_examples"]
 
@@ -26,24 +27,14 @@ def run_header(guard: ESIGuard, dataset_sha256: str, system_prompt: str | None) 
     return {
         "kind": "esi-guard/calibration-cache",
         "model": guard.backend.model_id,
-        "scoring": scoring_config(guard, system_prompt),
+        "scoring": scoring_config(guard, system_prompt).model_dump(),
         "dataset_sha256": dataset_sha256,
     }
 
 
-def scoring_config(guard: ESIGuard, system_prompt: str | None) -> dict[str, Any]:
-    """The guard's scoring configuration, as the threshold file records it."""
-    return {
-        "intervention": guard.intervention.describe(),
-        "n_variants": guard.n_variants,
-        "top_k": guard.top_k,
-        "distance": guard.distance,
-        "values": guard.backend.values_kind,
-        "approximate": guard.backend.approximate,
-        "seed": guard.seed,
-        "max_new_tokens": guard.max_new_tokens,
-        "system_prompt": system_prompt,
-    }
+def scoring_config(guard: ESIGuard, system_prompt: str | None) -> ScoringConfig:
+    """The guard's scoring configuration with the run's system prompt, as the file records it."""
+    return guard.scoring_config.model_copy(update={"system_prompt": system_prompt})
 
 
 def _read_cache(path: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -15,7 +15,8 @@ from sklearn.metrics import roc_auc_score
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend, InputError, SkipOneChar, Typo
 from esi_guard.calibration import labels, metrics, thresholds
 from esi_guard.calibration.data import dataset_hash, load_examples
-from esi_guard.calibration.file import DatasetInfo, ScoringConfig, ThresholdFile
+from esi_guard.calibration.file import DatasetInfo, ThresholdFile
+from esi_guard.result import ScoringConfig
 
 # Five answers; higher score = less trusted. Sorted by score: w=0,0,1,0,1.
 SCORES = [0.1, 0.2, 0.3, 0.4, 0.5]

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from uuid import UUID
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
 
@@ -17,7 +15,6 @@ from esi_guard import (
     ConfigurationError,
     ESIGuard,
     FakeBackend,
-    InputError,
     ScoringError,
     SkipOneChar,
     esi_score,
@@ -149,49 +146,6 @@ def test_only_the_last_human_message_is_intervened_on() -> None:
     assert message.response_metadata["esi"]["decision"] == "flag"
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        [SystemMessage("Be brief in every answer."), HumanMessage(UNSURE)],
-        [("system", "Be brief in every answer."), ("human", UNSURE)],
-        [{"role": "user", "content": UNSURE}],
-        [HumanMessage(content=[{"type": "text", "text": UNSURE}])],
-    ],
-)
-def test_message_lists_of_every_shape(value: Any) -> None:
-    assert make_guard().invoke(value).response_metadata["esi"]["decision"] == "flag"
-
-
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [
-        (42, "got int"),
-        ("   ", "empty"),
-        ([SystemMessage("Only a system message here.")], "no human message"),
-        ([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])], "image_url"),
-        ("\u3000\n\t ", "empty"),
-        ("Who wrote \ud800 this?", "lone surrogate"),
-        ([("system", "Be \udfff brief."), ("human", SURE)], "lone surrogate"),
-        ([("tool", "42")], "tool"),
-        ([("human", SURE), ("narrator", "x")], "narrator"),
-        ([{"content": SURE}], "chat messages"),
-        (None, "got NoneType"),
-        (b"What is the capital of France?", "got bytes"),
-    ],
-)
-@pytest.mark.parametrize("on_error", ["abstain", "flag", "raise"])
-def test_bad_inputs_raise_a_named_input_error(value: Any, message: str, on_error: str) -> None:
-    with pytest.raises(InputError, match=message):
-        make_guard(on_error=on_error).invoke(value)
-
-
-def test_batch_keeps_good_inputs_when_one_is_bad() -> None:
-    results = make_guard().batch([SURE, 42, UNSURE], return_exceptions=True)  # type: ignore[list-item]
-    assert isinstance(results[1], InputError)
-    assert results[0].response_metadata["esi"]["decision"] == "accept"
-    assert results[2].response_metadata["esi"]["decision"] == "flag"
-
-
 def test_a_question_with_nothing_to_intervene_on_is_not_trusted() -> None:
     guard = make_guard(action="flag", abstain_message="I do not know")
     message = guard.invoke("Is 2+2 = 4?")
@@ -262,7 +216,9 @@ async def test_unscored_answers_follow_the_failure_policy(case: str, mode: str) 
     esi = withheld.response_metadata["esi"]
     assert (esi["scored"], esi["score"], esi["decision"]) == (False, None, "abstain")
     assert esi["reason"].startswith(code + ": ") and withheld.content == "I do not know"
-    assert esi["answer"] == answer and esi["scoring"]["on_error"] == "abstain"
+    assert (
+        esi["answer"] == answer and esi["scoring"] == ESIGuard(**base).scoring_config.as_metadata()
+    )
 
     flagged = await call(ESIGuard(**base, on_error="flag"))
     esi = flagged.response_metadata["esi"]
@@ -336,58 +292,6 @@ def test_metadata_records_the_scoring_configuration() -> None:
         "kl",
     )
     assert esi["model"] == "fake" and len(esi["variants"]) == 4
-
-
-class Recorder(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.runs: dict[UUID, dict[str, Any]] = {}
-
-    def on_chain_start(
-        self,
-        serialized: Any,
-        inputs: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.runs[run_id] = {
-            "name": kwargs.get("name"),
-            "parent": parent_run_id,
-            "tags": tags or [],
-            "metadata": metadata or {},
-        }
-
-
-@pytest.mark.parametrize("mode", ["invoke", "batch", "ainvoke", "abatch"])
-async def test_config_and_callbacks_propagate_to_tagged_child_runs(mode: str) -> None:
-    recorder = Recorder()
-    guard = make_guard(action="route", fallback=FALLBACK)
-    config: Any = {
-        "callbacks": [recorder],
-        "tags": ["my-app"],
-        "metadata": {"user": "u1"},
-        "run_name": "guarded",
-    }
-    if mode == "invoke":
-        guard.invoke(UNSURE, config)
-    elif mode == "batch":
-        guard.batch([UNSURE], config)
-    elif mode == "ainvoke":
-        await guard.ainvoke(UNSURE, config)
-    else:
-        await guard.abatch([UNSURE], config)
-    (root_id,) = [i for i, r in recorder.runs.items() if r["parent"] is None]
-    assert recorder.runs[root_id]["name"] == "guarded"
-    children = {r["name"]: r for r in recorder.runs.values() if r["parent"] == root_id}
-    assert {"esi_generate", "esi_intervene", "esi_score"} <= set(children)
-    assert "esi:score" in children["esi_score"]["tags"]
-    assert "my-app" in children["esi_score"]["tags"]
-    assert children["esi_score"]["metadata"]["user"] == "u1"
-    fallback_runs = [r for r in recorder.runs.values() if "esi:fallback" in r["tags"]]
-    assert fallback_runs and fallback_runs[0]["parent"] == root_id
 
 
 def test_guard_composes_in_a_chain() -> None:

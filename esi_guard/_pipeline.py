@@ -1,0 +1,363 @@
+"""The scoring pipeline, with no LangChain: generate -> intervene -> force -> assess -> result.
+
+Each prompt travels as one :class:`Item`; a step fills in what it learned (the answer,
+the variants) or decides the item's ``outcome`` (an unscored result, or the error that
+``on_error="raise"`` will raise). The steps that talk to the backend or the intervention
+come in a sync and an async form, and a failure of a whole call becomes every item's own
+error (:func:`shield`), so one bad call never takes a batch down. Everything else here
+is pure.
+
+The guard drives it::
+
+    gens = pipeline.generate(items)          # Backend.generate
+    live = pipeline.generated(items, gens)   # the items whose answer exists
+    variants = pipeline.intervene(live)      # Intervention.batch_variants
+    pipeline.intervened(live, variants)
+    pipeline.force(live)                     # plan, Backend.teacher_force, assess
+
+after which every item's ``outcome`` is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard.exceptions import (
+    BackendError,
+    ConfigurationError,
+    InputError,
+    InterventionError,
+    ScoringError,
+    reason,
+)
+from esi_guard.result import Decision, ESIResult, ScoringConfig
+from esi_guard.scoring import Distance, TopK, esi_score
+
+if TYPE_CHECKING:
+    from esi_guard.interventions import Intervention
+
+__all__ = ["Action", "GuardedPrompt", "Item", "OnError", "Pipeline", "raised", "shield"]
+
+Action = Literal["flag", "abstain", "route"]
+OnError = Literal["abstain", "flag", "raise"]
+Outcome = ESIResult | BackendError
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GuardedPrompt:
+    """A prompt as chat messages, and where its question is."""
+
+    messages: tuple[ChatMessage, ...]
+    """The whole prompt."""
+    question_index: int
+    """Index of the message that is intervened on."""
+
+    @property
+    def question(self) -> str:
+        """The question text."""
+        return self.messages[self.question_index]["content"]
+
+    def with_question(self, text: str) -> list[ChatMessage]:
+        """The same prompt with the question replaced by ``text``."""
+        messages = list(self.messages)
+        messages[self.question_index] = ChatMessage(role="user", content=text)
+        return messages
+
+
+@dataclass
+class Item:
+    """One prompt on its way through the pipeline."""
+
+    prompt: GuardedPrompt
+    """The prompt and its question."""
+    index: int = 0
+    """Where the prompt sits among the guard's inputs."""
+    answer: str = ""
+    """The answer (generated, or the one handed to ``ESIGuard.score``)."""
+    answer_ids: tuple[int, ...] = ()
+    """Its tokens, end-of-sequence excluded."""
+    finish_reason: str | None = None
+    """``stop`` or ``length`` for a generated answer."""
+    original: TopK | None = None
+    """The original distributions, when generation gave them."""
+    variants: list[str] = field(default_factory=list)
+    """The L question texts the intervention made."""
+    outcome: Outcome | None = None
+    """The result, or the error to raise; None while the item is still on its way."""
+
+    @property
+    def changed(self) -> list[str]:
+        """The distinct variant texts that differ from the question, in first-seen order.
+
+        Each is forced once: repeats share its result, and a variant equal to the question
+        has the original's distributions (distance 0), so it is not run at all.
+        """
+        question = self.prompt.question
+        return [text for text in dict.fromkeys(self.variants) if text != question]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The guard's settings, as the steps need them."""
+
+    backend: Backend
+    intervention: Intervention
+    config: ScoringConfig
+    threshold: float
+    action: Action
+    on_error: OnError
+
+    # -- generate ---------------------------------------------------------------------------
+
+    def generate(self, items: Sequence[Item]) -> list[Generation | BackendError]:
+        """Greedy answers, one per item (a failure in place)."""
+        call = lambda: self.backend.generate(**self._generate_args(items))  # noqa: E731
+        return shield(call, len(items), "generate")
+
+    async def agenerate(self, items: Sequence[Item]) -> list[Generation | BackendError]:
+        """Async :meth:`generate`."""
+        call = lambda: self.backend.agenerate(**self._generate_args(items))  # noqa: E731
+        return await ashield(call, len(items), "generate")
+
+    def generated(
+        self, items: Sequence[Item], gens: Sequence[Generation | BackendError]
+    ) -> list[Item]:
+        """Record the answers; the items that have one go on."""
+        for item, gen in zip(items, gens, strict=True):
+            if isinstance(gen, BackendError):
+                item.outcome = self.failure(item, gen)
+                continue
+            item.answer, item.answer_ids = gen.text, gen.token_ids
+            item.original, item.finish_reason = gen.topk, gen.finish_reason
+        return [item for item in items if item.outcome is None]
+
+    # -- intervene --------------------------------------------------------------------------
+
+    def intervene(self, items: Sequence[Item]) -> list[list[str] | BackendError]:
+        """The question's variants, per item (a failure in place)."""
+        questions = [item.prompt.question for item in items]
+        n, seed = self.config.n_variants, self.config.seed
+        call = lambda: self.intervention.batch_variants(questions, n, seed=seed)  # noqa: E731
+        return shield(call, len(items), "intervention", InterventionError)
+
+    async def aintervene(self, items: Sequence[Item]) -> list[list[str] | BackendError]:
+        """Async :meth:`intervene`."""
+        questions = [item.prompt.question for item in items]
+        n, seed = self.config.n_variants, self.config.seed
+        call = lambda: self.intervention.abatch_variants(questions, n, seed=seed)  # noqa: E731
+        return await ashield(call, len(items), "intervention", InterventionError)
+
+    def intervened(
+        self, items: Sequence[Item], variants: Sequence[list[str] | BackendError]
+    ) -> None:
+        """Record the variants (or the intervention's failure)."""
+        for item, texts in zip(items, variants, strict=True):
+            if isinstance(texts, BackendError):
+                item.outcome = self.failure(item, texts)
+            else:
+                item.variants = list(texts)
+
+    # -- force and assess -------------------------------------------------------------------
+
+    def force(self, items: Sequence[Item], *, include_original: bool = False) -> list[Outcome]:
+        """Teacher-force each item's answer after its variants and decide every item."""
+        planned = self.plan(items, include_original=include_original)
+        requests = [request for _, request in planned]
+        top_k = self.config.top_k
+        call = lambda: self.backend.teacher_force(requests, top_k=top_k)  # noqa: E731
+        forced = shield(call, len(requests), "teacher_force") if requests else []
+        return self.assess(items, planned, forced)
+
+    async def aforce(self, items: Sequence[Item]) -> list[Outcome]:
+        """Async :meth:`force`."""
+        planned = self.plan(items, include_original=False)
+        requests = [request for _, request in planned]
+        top_k = self.config.top_k
+        call = lambda: self.backend.ateacher_force(requests, top_k=top_k)  # noqa: E731
+        forced = await ashield(call, len(requests), "teacher_force") if requests else []
+        return self.assess(items, planned, forced)
+
+    def plan(
+        self, items: Sequence[Item], *, include_original: bool
+    ) -> list[tuple[Item, ForcingRequest]]:
+        """The forcing request of each item that can be scored; the others are decided."""
+        planned = []
+        for item in items:
+            if item.outcome is not None:
+                continue
+            problem = self._unscorable(item)
+            if problem is not None:
+                item.outcome = self.result(item, None, reason(problem))
+                continue
+            request = ForcingRequest(
+                prompt=item.prompt.messages,
+                variants=[item.prompt.with_question(text) for text in item.changed],
+                answer_ids=list(item.answer_ids),
+                answer=item.answer,
+                include_original=include_original,
+            )
+            planned.append((item, request))
+        return planned
+
+    def assess(
+        self,
+        items: Sequence[Item],
+        planned: Sequence[tuple[Item, ForcingRequest]],
+        forced: Sequence[Forced | BackendError],
+    ) -> list[Outcome]:
+        """Score each planned item from its forced distributions; every item's outcome."""
+        for (item, _), out in zip(planned, forced, strict=True):
+            item.outcome = self.failure(item, out) if isinstance(out, BackendError) else (
+                self._scored(item, out)
+            )  # fmt: skip
+        return [cast(Outcome, item.outcome) for item in items]
+
+    def _scored(self, item: Item, forced: Forced) -> ESIResult:
+        base = item.original if item.original is not None else forced.original
+        changed = item.changed
+        question = item.prompt.question
+        try:
+            if base is None:
+                msg = "the backend returned no original distributions"
+                raise ScoringError(msg)
+            if len(forced.variants) != len(changed):
+                msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
+                raise ScoringError(msg)
+            # Back to all L variants, in order: repeats share a result, unchanged ones are
+            # the original (exact at every position).
+            by_text = dict(zip(changed, forced.variants, strict=True))
+            full = [len(item.answer_ids)] * len(changed)
+            exact = dict(zip(changed, forced.observed or full, strict=True))
+            everyone = [base if text == question else by_text[text] for text in item.variants]
+            observed = None
+            if forced.observed is not None:
+                observed = [
+                    len(item.answer_ids) if text == question else exact[text]
+                    for text in item.variants
+                ]
+            esi = esi_score(
+                base,
+                everyone,
+                distance=cast(Distance, self.config.distance),
+                kind=self.backend.values_kind,
+                observed=observed,
+            )
+        except ScoringError as exc:
+            return self.result(item, None, reason(exc))
+        return self.result(item, esi.score, None, [float(x) for x in esi.token_scores])
+
+    def _unscorable(self, item: Item) -> ScoringError | None:
+        if not item.answer_ids:
+            return ScoringError("the answer has no tokens to score", code="empty_answer")
+        if not item.changed:
+            msg = (
+                "no variant differs from the question "
+                f"({self.intervention.name} found nothing to change)"
+            )
+            return ScoringError(msg, code="no_effective_variant")
+        return None
+
+    # -- results ----------------------------------------------------------------------------
+
+    def failure(self, item: Item, error: BackendError) -> Outcome:
+        """A failed step's outcome under ``on_error``: the error itself, or unscored."""
+        if self.on_error == "raise":
+            return error
+        return self.result(item, None, reason(error))
+
+    def result(
+        self,
+        item: Item,
+        score: float | None,
+        why: str | None,
+        token_scores: list[float] | None = None,
+    ) -> ESIResult:
+        """The item's result: scored, or unscored with ``why``; the decision it implies."""
+        decision: Decision
+        if score is None:
+            decision = "flag" if self.on_error == "flag" else "abstain"
+        else:
+            decision = "accept" if score <= self.threshold else self.action
+        return ESIResult(
+            score=score,
+            threshold=self.threshold,
+            decision=decision,
+            scored=score is not None,
+            reason=why,
+            answer=item.answer,
+            variants=list(item.variants),
+            answer_token_ids=[int(i) for i in item.answer_ids],
+            token_scores=token_scores or [],
+            model=self.backend.model_id,
+            scoring=self.config.as_metadata(),
+            finish_reason=item.finish_reason,
+        )
+
+    def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
+        return {
+            "prompts": [item.prompt.messages for item in items],
+            "max_new_tokens": self.config.max_new_tokens,
+            "top_k": self.config.top_k,
+        }
+
+
+def raised(outcome: Outcome) -> BackendError | ScoringError:
+    """What ``on_error="raise"`` raises for an unscored outcome."""
+    if isinstance(outcome, BackendError):
+        return outcome
+    code = (outcome.reason or "").partition(":")[0] or None
+    msg = f"the answer could not be scored: {outcome.reason}"
+    return ScoringError(msg, result=outcome, code=code)
+
+
+def _checked(out: Sequence[Any], size: int, what: str) -> list[Any]:
+    if len(out) != size:
+        msg = f"{what} returned {len(out)} results for {size} inputs"
+        return [BackendError(msg)] * size
+    return list(out)
+
+
+def _wrapped(exc: Exception, what: str, kind: type[BackendError]) -> BackendError:
+    if isinstance(exc, kind):
+        return exc
+    error = kind(f"{what} failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def shield(
+    call: Callable[[], Sequence[T | BackendError]],
+    size: int,
+    what: str,
+    kind: type[BackendError] = BackendError,
+) -> list[T | BackendError]:
+    """A batched step's results; a failure of the whole call is each input's ``kind`` error.
+
+    Configuration and input errors still raise: they are the caller's to fix, and no
+    answer has been produced that could slip through.
+    """
+    try:
+        return _checked(call(), size, what)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # any engine failure fails closed, per input
+        return [_wrapped(exc, what, kind)] * size
+
+
+async def ashield(
+    call: Callable[[], Awaitable[Sequence[T | BackendError]]],
+    size: int,
+    what: str,
+    kind: type[BackendError] = BackendError,
+) -> list[T | BackendError]:
+    """Async :func:`shield` (cancellation still propagates)."""
+    try:
+        return _checked(await call(), size, what)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # any engine failure fails closed, per input
+        return [_wrapped(exc, what, kind)] * size

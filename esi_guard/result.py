@@ -1,0 +1,93 @@
+"""What the guard reports: the per-answer ``ESIResult`` and the one ``ScoringConfig``.
+
+``ScoringConfig`` is the single description of how scores are computed. The guard
+exposes its own (``ESIGuard.scoring_config``), every result carries it (``scoring``), the
+calibration runner keys its cache on it and the threshold file stores it: a threshold
+only means something for scores computed the same way, and :meth:`ScoringConfig.differences`
+names what is not the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Decision", "ESIResult", "ScoringConfig"]
+
+Decision = Literal["accept", "flag", "abstain", "route"]
+"""``accept`` for a trusted answer, otherwise the action the guard took."""
+
+
+class ScoringConfig(BaseModel):
+    """How scores are computed; a guard must score the same way to use a threshold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    intervention: dict[str, Any]
+    """The intervention's ``describe()``: its name and parameters."""
+    n_variants: int = Field(ge=1)
+    """L, the number of variants per question."""
+    top_k: int = Field(ge=1)
+    """k, the tokens kept in each truncated distribution."""
+    distance: str
+    """The distance between truncated distributions."""
+    values: Literal["logits", "logprobs"]
+    """What the backend's top-k values are."""
+    approximate: bool
+    """True when the variants' distributions are not exact teacher forcing."""
+    seed: int
+    """Seed of the intervention."""
+    max_new_tokens: int = Field(ge=1)
+    """Most tokens generated per answer."""
+    system_prompt: str | None = None
+    """The system prompt a calibration run put before each question (None for a guard,
+    which takes whatever prompt the chain hands it)."""
+
+    def differences(self, other: ScoringConfig, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """One ``"<field>: <this> vs <other>"`` line per field whose values differ."""
+        mine, theirs = self.model_dump(), other.model_dump()
+        return [
+            f"{name}: {mine[name]!r} vs {theirs[name]!r}"
+            for name in type(self).model_fields
+            if name not in ignore and mine[name] != theirs[name]
+        ]
+
+    def as_metadata(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (``system_prompt`` left out when there is none)."""
+        return self.model_dump(exclude={"system_prompt"} if self.system_prompt is None else None)
+
+
+@dataclass
+class ESIResult:
+    """What the guard found about one answer; ``as_dict()`` is ``response_metadata["esi"]``."""
+
+    score: float | None
+    """ESI score, or None when the answer could not be scored."""
+    threshold: float
+    """Scores above it are not trusted."""
+    decision: Decision
+    """``accept`` (scored, at or below the threshold) or the action taken."""
+    scored: bool
+    """False when no score could be computed; the action is then taken (fail closed)."""
+    reason: str | None
+    """Why the answer was not scored (``"<code>: <message>"``), or None."""
+    answer: str
+    """The model's answer (kept here when withheld or replaced)."""
+    variants: list[str]
+    """The intervened question texts actually used."""
+    answer_token_ids: list[int]
+    """Answer tokens, end-of-sequence excluded."""
+    token_scores: list[float]
+    """Per-token contributions (mean over variants of alpha_t * D)."""
+    model: str
+    """Backend's model identity."""
+    scoring: dict[str, Any] = field(default_factory=dict)
+    """The :class:`ScoringConfig` the score was computed with, as a dict."""
+    finish_reason: str | None = None
+    """``stop`` or ``length`` when the guard generated the answer."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy."""
+        return asdict(self)

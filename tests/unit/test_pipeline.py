@@ -1,0 +1,139 @@
+"""The scoring pipeline on its own: no LangChain, one record per prompt, every item decided."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import esi_guard
+from esi_guard import BackendError, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
+from esi_guard._pipeline import GuardedPrompt, Item, Pipeline, raised
+from esi_guard.backends import ChatMessage
+from esi_guard.exceptions import InterventionError, ScoringError
+
+SURE = "What is the capital city of France?"
+UNSURE = "Which river flows through the ancient city of Timbuktu?"
+PACKAGE = Path(esi_guard.__file__).parent
+
+
+def runtime_imports(module: str) -> set[str]:
+    """Modules ``module`` imports when it runs (``if TYPE_CHECKING:`` blocks left out)."""
+    path = PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for child in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_pipeline_imports_no_langchain_even_indirectly() -> None:
+    seen: set[str] = set()
+    todo = ["esi_guard._pipeline"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for imported in runtime_imports(module):
+            assert not imported.startswith("langchain"), f"{module} imports {imported}"
+            if imported.startswith("esi_guard.") and imported != "esi_guard.backends":
+                todo.append(imported)
+    assert "esi_guard.scoring" in seen and "esi_guard.result" in seen
+
+
+def pipeline(backend: FakeBackend, **changes: object) -> Pipeline:
+    intervention = SkipOneChar()
+    config = ScoringConfig(
+        intervention=intervention.describe(), n_variants=4, top_k=5, distance="hellinger",
+        values="logits", approximate=False, seed=0, max_new_tokens=8,
+    )  # fmt: skip
+    settings: dict[str, object] = {"threshold": 0.05, "action": "flag", "on_error": "abstain"}
+    return Pipeline(backend, intervention, config, **{**settings, **changes})  # type: ignore[arg-type]
+
+
+def item(question: str, index: int = 0) -> Item:
+    prompt = GuardedPrompt((ChatMessage(role="user", content=question),), question_index=0)
+    return Item(prompt, index=index)
+
+
+def run(flow: Pipeline, items: list[Item]) -> list[ESIResult | BackendError]:
+    live = flow.generated(items, flow.generate(items))
+    flow.intervened(live, flow.intervene(live))
+    flow.force(live)
+    return [i.outcome for i in items]  # type: ignore[misc]
+
+
+def test_each_item_is_decided_and_keeps_its_own_answer() -> None:
+    backend = FakeBackend({SURE: "Paris", UNSURE: "The Nile"}, sensitivity={UNSURE: 2.0})
+    sure, unsure = run(pipeline(backend), [item(SURE), item(UNSURE, 1)])
+    assert isinstance(sure, ESIResult) and isinstance(unsure, ESIResult)
+    assert (sure.decision, sure.answer, sure.finish_reason) == ("accept", "Paris", "stop")
+    assert unsure.decision == "flag" and unsure.score is not None and unsure.score > 0.05
+    assert len(unsure.variants) == 4 and len(unsure.token_scores) == 2
+    assert backend.calls == [("generate", 2), ("teacher_force", 2)]
+
+
+def test_a_failed_step_is_that_items_outcome_alone() -> None:
+    backend = FakeBackend({SURE: "Paris", UNSURE: "Nile"}, failures={SURE: "generate"})
+    failed, ok = run(pipeline(backend), [item(SURE), item(UNSURE, 1)])
+    assert isinstance(failed, ESIResult) and failed.reason is not None
+    assert failed.reason.startswith("backend_error: ") and failed.decision == "abstain"
+    assert isinstance(ok, ESIResult) and ok.scored
+    raising = pipeline(backend, on_error="raise")
+    (error,) = run(raising, [item(SURE)])
+    assert isinstance(error, BackendError) and raised(error) is error
+
+
+def test_an_intervention_that_raises_is_an_intervention_error_per_item() -> None:
+    class Broken(SkipOneChar):
+        def batch_variants(self, questions, n, *, seed=0):  # type: ignore[no-untyped-def]
+            raise RuntimeError("paraphraser down")
+
+    flow = pipeline(FakeBackend({SURE: "Paris"}))
+    flow = Pipeline(flow.backend, Broken(), flow.config, 0.05, "flag", "raise")
+    items = [item(SURE), item(UNSURE, 1)]
+    live = flow.generated(items, flow.generate(items))
+    errors = flow.intervene(live)
+    assert all(isinstance(e, InterventionError) for e in errors)
+    assert str(errors[0]) == "intervention failed: RuntimeError: paraphraser down"
+
+
+def test_unscorable_answers_are_decided_before_forcing() -> None:
+    backend = FakeBackend(default_answer="")
+    (empty,) = run(pipeline(backend), [item(SURE)])
+    assert isinstance(empty, ESIResult) and empty.reason is not None
+    assert empty.reason.startswith("empty_answer: ")
+    (nothing,) = run(pipeline(FakeBackend()), [item("Is 2+2 = 4?")])
+    assert isinstance(nothing, ESIResult) and nothing.reason is not None
+    assert nothing.reason.startswith("no_effective_variant: ")
+    assert ("teacher_force", 0) not in backend.calls and len(backend.calls) == 1
+    error = raised(nothing)
+    assert isinstance(error, ScoringError) and error.code == "no_effective_variant"
+    assert error.result is nothing
+
+
+def test_changed_keeps_each_distinct_changed_text_once_in_order() -> None:
+    one = item(SURE)
+    one.variants = ["b", SURE, "a", "b", SURE]
+    assert one.changed == ["b", "a"]
+
+
+@pytest.mark.parametrize("threshold", [0.0, 10.0])
+def test_the_decision_follows_the_threshold(threshold: float) -> None:
+    backend = FakeBackend({UNSURE: "The Nile"}, sensitivity={UNSURE: 2.0})
+    (result,) = run(pipeline(backend, threshold=threshold, action="abstain"), [item(UNSURE)])
+    assert isinstance(result, ESIResult)
+    assert result.decision == ("abstain" if threshold == 0.0 else "accept")
