@@ -12,10 +12,11 @@ from esi_guard.backends.base import (
     Generation,
     Messages,
     Sample,
+    Sampler,
 )
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
-from esi_guard.backends.openai_compat import OpenAIBackend, RequestStats
+from esi_guard.backends.openai import OpenAIBackend, RequestStats
 
 __all__ = [
     "Backend",
@@ -29,4 +30,5 @@ __all__ = [
     "OpenAIBackend",
     "RequestStats",
     "Sample",
+    "Sampler",
 ]

@@ -1,0 +1,381 @@
+"""``OpenAIBackend``: the Backend API on an OpenAI-compatible server.
+
+It composes the parts of :mod:`esi_guard.backends.openai` (whose docstring describes the
+modes, the echo layouts, token ids and failures): requests are built and parsed by
+``_wire``, sent by ``_transport`` and the mode is settled by ``_negotiate``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+
+from esi_guard.backends._template import ChatTemplate, resolve_template
+from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.openai._negotiate import Alignment, Mode, _Negotiator
+from esi_guard.backends.openai._transport import RequestStats, _Call, _Transport
+from esi_guard.backends.openai._wire import (
+    _chat_args,
+    _chat_logprobs,
+    _completion_args,
+    _completion_tokens,
+    _completion_top,
+    _echo_answer_rows,
+    _echo_args,
+    _echo_entries,
+    _first_choice,
+    _locate,
+    _tail_text,
+    _topk,
+    _Vocab,
+)
+from esi_guard.exceptions import APIError, BackendError, ConfigurationError
+from esi_guard.scoring import TopK
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = ["OpenAIBackend"]
+
+T = TypeVar("T")
+
+
+class _Kept(Generic[T]):
+    """A backend attribute that one of its parts keeps: reads and writes go to that part."""
+
+    def __init__(self, part: str) -> None:
+        self._part = part
+        self._name = ""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None) -> _Kept[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type[Any] | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type[Any] | None = None) -> _Kept[T] | T:
+        if obj is None:
+            return self
+        value: T = getattr(getattr(obj, self._part), self._name)
+        return value
+
+    def __set__(self, obj: object, value: T) -> None:
+        setattr(getattr(obj, self._part), self._name, value)
+
+
+class OpenAIBackend(Backend):
+    """A backend on any OpenAI-compatible server: OpenAI, vLLM, llama.cpp, hosted providers.
+
+    Args:
+        model: The model name the server knows (for llama-cpp-python, the path it was
+            started with; a local ``.gguf`` path also gives echo mode its chat template).
+        base_url: The server's ``/v1`` URL; ``None`` is OpenAI's (or ``OPENAI_BASE_URL``).
+        api_key: The key; ``None`` reads ``OPENAI_API_KEY``, else ``"EMPTY"`` (local
+            servers ignore it). Never logged, never in results.
+        mode: ``"echo"``, ``"chat"`` or ``"auto"`` (see the module docs).
+        chat_template: Jinja source of the model's chat template (or a ``ChatTemplate``),
+            for echo mode. Default: from ``tokenizer``, else from ``model`` when it names
+            a local ``.gguf`` file, a local model folder or a hub id in the local cache.
+        tokenizer: A tokenizer with ``apply_chat_template``, or its name/path.
+        echo_alignment: ``"same"``, ``"next"`` or ``"auto"`` (see the module docs).
+        timeout: Seconds before one HTTP attempt times out.
+        max_retries: Retries of a retryable failure (so ``max_retries + 1`` attempts).
+        retry_wait: Scale of the exponential jitter between attempts, in seconds.
+        retry_max_wait: Longest wait between attempts, in seconds.
+        max_concurrency: Most requests in flight at once, per backend.
+        extra_body: Extra JSON fields sent with every request (server-specific options).
+        client: A ready ``openai.OpenAI`` client (its own retries are turned off).
+        async_client: A ready ``openai.AsyncOpenAI`` client.
+
+    Raises:
+        ConfigurationError: On an invalid option, or ``mode="echo"`` without a template.
+    """
+
+    values_kind = "logprobs"
+
+    # Settings live in the part that uses them; reading or setting them here reaches it.
+    model = _Kept[str]("_transport")
+    base_url = _Kept[str | None]("_transport")
+    timeout = _Kept[float]("_transport")
+    max_retries = _Kept[int]("_transport")
+    retry_wait = _Kept[float]("_transport")
+    retry_max_wait = _Kept[float]("_transport")
+    max_concurrency = _Kept[int]("_transport")
+    extra_body = _Kept[dict[str, Any]]("_transport")
+    stats = _Kept[RequestStats]("_transport")
+    template = _Kept[ChatTemplate | None]("_negotiator")
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        mode: Mode = "auto",
+        chat_template: str | ChatTemplate | None = None,
+        tokenizer: Any = None,
+        echo_alignment: Alignment = "auto",
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        retry_wait: float = 0.5,
+        retry_max_wait: float = 8.0,
+        max_concurrency: int = 8,
+        extra_body: Mapping[str, Any] | None = None,
+        client: openai.OpenAI | None = None,
+        async_client: openai.AsyncOpenAI | None = None,
+    ) -> None:
+        if mode not in ("echo", "chat", "auto"):
+            msg = f"mode must be 'echo', 'chat' or 'auto', got {mode!r}"
+            raise ConfigurationError(msg)
+        if echo_alignment not in ("auto", "same", "next"):
+            msg = f"echo_alignment must be 'auto', 'same' or 'next', got {echo_alignment!r}"
+            raise ConfigurationError(msg)
+        if timeout <= 0 or max_retries < 0 or max_concurrency < 1 or retry_wait < 0:
+            msg = (
+                "need timeout > 0, max_retries >= 0, retry_wait >= 0 and max_concurrency >= 1; "
+                f"got {timeout}, {max_retries}, {retry_wait}, {max_concurrency}"
+            )
+            raise ConfigurationError(msg)
+        self._transport = _Transport(
+            model,
+            base_url=base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_wait=retry_wait,
+            retry_max_wait=retry_max_wait,
+            max_concurrency=max_concurrency,
+            extra_body=extra_body,
+            client=client,
+            async_client=async_client,
+        )
+        template = resolve_template(model, chat_template, tokenizer)
+        if mode == "echo" and template is None:
+            msg = (
+                f"echo mode needs the chat template of {model!r} to render prompts: pass "
+                "chat_template=..., tokenizer=..., or a local .gguf path as model"
+            )
+            raise ConfigurationError(msg)
+        self._negotiator = _Negotiator(self._transport, template, mode, echo_alignment)
+        self._vocab = _Vocab()
+
+    def close(self) -> None:
+        """Close the sync HTTP client (one is made again if the backend is used later)."""
+        self._transport.close()
+
+    def __enter__(self) -> OpenAIBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r}, "
+            f"mode={self.mode!r}, echo_alignment={self.echo_alignment!r})"
+        )
+
+    # -- identity and mode ------------------------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        """The model name the server knows."""
+        return self.model
+
+    @property
+    def mode(self) -> Mode:
+        """``echo`` or ``chat`` once resolved; ``auto`` until the first request probes."""
+        return self._negotiator.mode
+
+    @property
+    def echo_alignment(self) -> Alignment:
+        """``same`` or ``next`` once known; ``auto`` until probed."""
+        return self._negotiator.alignment
+
+    @property
+    def approximate(self) -> bool:
+        """True in chat mode (regenerations, not teacher forcing)."""
+        return self._negotiator.resolve() == "chat"
+
+    # -- Backend API ------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+    ) -> list[Generation | BackendError]:
+        """Greedy answers with the top-k logprobs at each answer position."""
+        calls = self._generation_calls(prompts, max_new_tokens, top_k)
+        responses = self._transport.send_all(calls)
+        return [self._guarded(self._parse_generation, r) for r in responses]
+
+    async def agenerate(
+        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+    ) -> list[Generation | BackendError]:
+        """Async :meth:`generate`, with the async client."""
+        await self._negotiator.aresolve()
+        calls = self._generation_calls(prompts, max_new_tokens, top_k)
+        responses = await self._transport.asend_all(calls)
+        return [self._guarded(self._parse_generation, r) for r in responses]
+
+    def teacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> list[Forced | BackendError]:
+        """Each request's answer under each of its variants (echo: exact; chat: approximate)."""
+        plan = self._forcing_plan(requests, top_k)
+        responses = self._transport.send_all([call for _, calls in plan for call in calls])
+        return self._parse_forced(requests, plan, responses)
+
+    async def ateacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> list[Forced | BackendError]:
+        """Async :meth:`teacher_force`, with the async client."""
+        await self._negotiator.aresolve()
+        plan = self._forcing_plan(requests, top_k)
+        responses = await self._transport.asend_all([call for _, calls in plan for call in calls])
+        return self._parse_forced(requests, plan, responses)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """The token strings behind ids this backend produced (e.g. a top-k row's ids)."""
+        return self._vocab.tokens(ids)
+
+    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """Token ids of ``answer`` after ``prompt``, from an echo request (echo mode only)."""
+        self._require_echo("scoring an answer it did not generate")
+        text = self._render(prompt)
+        response = self._transport.send(_Call("completions", _echo_args(text + answer, 1)))
+        choice = _first_choice(response, chat=False)
+        entries = _echo_entries(choice)
+        start, end = _locate(entries.tokens, _tail_text(choice, text + answer), text=answer)
+        return self._vocab.ids(entries.tokens[start:end])
+
+    # -- request building -------------------------------------------------------------------
+
+    def _render(self, messages: Messages) -> str:
+        assert self.template is not None
+        return self.template.render(messages)
+
+    def _require_echo(self, what: str) -> None:
+        if self._negotiator.resolve() != "echo":
+            msg = (
+                f"{what} needs echo mode (teacher forcing); this backend is in chat mode "
+                "(the server offers no echo logprobs, or no chat template is known)"
+            )
+            raise ConfigurationError(msg)
+
+    def _generation_calls(
+        self, prompts: Sequence[Messages], max_new_tokens: int, top_k: int
+    ) -> list[_Call]:
+        if self._negotiator.resolve() == "echo":
+            return [
+                _Call("completions", _completion_args(self._render(p), max_new_tokens, top_k))
+                for p in prompts
+            ]
+        return [_Call("chat", _chat_args(p, max_new_tokens, top_k)) for p in prompts]
+
+    def _forcing_plan(
+        self, requests: Sequence[ForcingRequest], top_k: int
+    ) -> list[tuple[str, list[_Call]]]:
+        """Per request: the answer text and its calls (variants first, then the original)."""
+        mode = self._negotiator.resolve()
+        plan = []
+        for request in requests:
+            answer = request.answer
+            if not answer:
+                msg = "the API backend needs the answer's text in ForcingRequest.answer"
+                raise ConfigurationError(msg)
+            prompts = [*request.variants]
+            if request.include_original:
+                self._require_echo("scoring an answer it did not generate")
+                prompts.append(request.prompt)
+            if mode == "echo":
+                calls = [
+                    _Call("completions", _echo_args(self._render(p) + answer, top_k))
+                    for p in prompts
+                ]
+            else:
+                n = len(request.answer_ids)
+                calls = [_Call("chat", _chat_args(p, n, top_k)) for p in prompts]
+            plan.append((answer, calls))
+        return plan
+
+    # -- response parsing -------------------------------------------------------------------
+
+    @staticmethod
+    def _guarded(parse: Callable[[Any], T], response: Any) -> T | BackendError:
+        if isinstance(response, BackendError):
+            return response
+        try:
+            return parse(response)
+        except APIError as exc:
+            return exc
+
+    def _parse_generation(self, response: Any) -> Generation:
+        if self.mode == "echo":
+            choice = _first_choice(response, chat=False)
+            tokens = _completion_tokens(choice)
+            rows = _completion_top(choice, len(tokens))
+            text = str(choice.text or "")
+        else:
+            choice = _first_choice(response, chat=True)
+            tokens, rows = _chat_logprobs(choice)
+            text = str(choice.message.content or "")
+        finish: Literal["stop", "length"] = "length" if choice.finish_reason == "length" else "stop"
+        return Generation(
+            text=text,
+            token_ids=tuple(self._vocab.ids(tokens)),
+            topk=self._topk(rows),
+            finish_reason=finish,
+        )
+
+    def _parse_forced(
+        self,
+        requests: Sequence[ForcingRequest],
+        plan: list[tuple[str, list[_Call]]],
+        responses: list[Any],
+    ) -> list[Forced | BackendError]:
+        out: list[Forced | BackendError] = []
+        offset = 0
+        for request, (answer, calls) in zip(requests, plan, strict=True):
+            group = responses[offset : offset + len(calls)]
+            offset += len(calls)
+            failed = next((r for r in group if isinstance(r, BackendError)), None)
+            if failed is not None:
+                out.append(failed)
+                continue
+            try:
+                out.append(self._forced(request, answer, calls, group))
+            except APIError as exc:
+                out.append(exc)
+        return out
+
+    def _forced(
+        self, request: ForcingRequest, answer: str, calls: list[_Call], group: list[Any]
+    ) -> Forced:
+        n = len(request.answer_ids)
+        if self.mode == "echo":
+            pieces = self._vocab.tokens(request.answer_ids)
+            tops = [
+                self._echo_answer_rows(r, str(c.kwargs["prompt"]), pieces)
+                for c, r in zip(calls, group, strict=True)
+            ]
+            original = tops.pop() if request.include_original else None
+            return Forced(variants=tops, original=original)
+        variants, observed = [], []
+        answer_ids = list(request.answer_ids)
+        for response in group:
+            tokens, rows = _chat_logprobs(_first_choice(response, chat=True))
+            ids = self._vocab.ids(tokens)
+            agree = next((t for t in range(min(n, len(ids))) if ids[t] != answer_ids[t]), None)
+            seen = min(n, len(ids)) if agree is None else agree + 1
+            observed.append(seen)
+            variants.append(self._topk(rows[:seen] + [{"": 0.0}] * (n - seen)))
+        return Forced(variants=variants, observed=observed)
+
+    def _echo_answer_rows(self, response: Any, prompt: str, pieces: list[str]) -> TopK:
+        rows = _echo_answer_rows(response, prompt, pieces, self.echo_alignment)
+        return self._topk(rows)
+
+    def _topk(self, rows: Sequence[Mapping[str, float]]) -> TopK:
+        """Rows of ``token -> logprob`` as a ragged TopK (highest first, padded with -1)."""
+        return _topk(rows, self._vocab)
