@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from esi_guard import FixedVariants, HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample
+from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
+from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
 from esi_guard.baselines import (
     PTRUE_PROMPT,
     lexical_similarity,
@@ -131,6 +131,9 @@ def run_dataset(
     """Every method's records on one data set."""
     from sklearn.metrics import roc_auc_score
 
+    if not isinstance(backend, Sampler):  # the sampling baselines need one
+        msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
+        raise ConfigurationError(msg)
     examples = load_examples(path, limit=limit, seed=0)
     labeller: Labeller = semantic if any(e.incorrect for e in examples) else Containment()
     similarity = semantic.similarity  # the labeller's model: loaded once

@@ -19,9 +19,9 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, TypedDict
+from typing import ClassVar, Literal, Protocol, TypedDict, runtime_checkable
 
-from esi_guard.exceptions import BackendError, ConfigurationError
+from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK, ValueKind
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Generation",
     "Messages",
     "Sample",
+    "Sampler",
 ]
 
 
@@ -147,23 +148,6 @@ class Backend(ABC):
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer the user already has, as the model would emit them."""
 
-    def sample(
-        self,
-        prompts: Sequence[Messages],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int = 0,
-    ) -> Sequence[list[Sample] | BackendError]:
-        """``n`` sampled answers per prompt (for the sampling baselines, not for ESI).
-
-        Token log-probabilities are the model's own (temperature 1), whatever
-        ``temperature`` the sampling used. Backends that cannot sample say so.
-        """
-        msg = f"{type(self).__name__} does not sample"
-        raise ConfigurationError(msg)
-
     async def agenerate(
         self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
     ) -> Sequence[Generation | BackendError]:
@@ -177,3 +161,28 @@ class Backend(ABC):
     ) -> Sequence[Forced | BackendError]:
         """Async :meth:`teacher_force`; a worker thread by default."""
         return await asyncio.to_thread(self.teacher_force, requests, top_k=top_k)
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A backend that can also sample answers, for the sampling baselines (not for ESI).
+
+    ESI needs only :class:`Backend`; semantic entropy, ROUGE-L similarity and SAR need
+    ``n`` sampled answers per prompt as well. :class:`~esi_guard.HFBackend` implements it.
+    """
+
+    def sample(
+        self,
+        prompts: Sequence[Messages],
+        *,
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int = 0,
+    ) -> Sequence[list[Sample] | BackendError]:
+        """``n`` sampled answers per prompt.
+
+        Token log-probabilities are the model's own (temperature 1), whatever
+        ``temperature`` the sampling used.
+        """
+        ...

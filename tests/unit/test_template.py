@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from esi_guard import ConfigurationError
+from esi_guard._embedded import embedded_gguf
 from esi_guard.backends._template import ChatTemplate, resolve_template
-from esi_guard.backends.hf import DEFAULT_GGUF, default_model_dir
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
 CHATML = (
@@ -38,7 +38,7 @@ def test_templates_fail_with_a_configuration_error() -> None:
 
 
 def test_the_embedded_gguf_carries_the_smollm2_template() -> None:
-    template = ChatTemplate.from_gguf(default_model_dir() / DEFAULT_GGUF)
+    template = ChatTemplate.from_gguf(embedded_gguf())
     text = template.render([{"role": "user", "content": "Hi?"}])
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n")
@@ -53,7 +53,7 @@ class StubTokenizer:
 
 
 def test_resolution_order_source_then_tokenizer_then_local_file(tmp_path: Path) -> None:
-    gguf = str(default_model_dir() / DEFAULT_GGUF)
+    gguf = str(embedded_gguf())
     assert resolve_template(gguf, "{{ 'x' }}", StubTokenizer()).render(MESSAGES) == "x"  # type: ignore[union-attr, arg-type]
     by_tokenizer = resolve_template(gguf, None, StubTokenizer())
     assert by_tokenizer is not None and by_tokenizer.render(MESSAGES) == "Be brief.|Hi?|>"  # type: ignore[arg-type]
