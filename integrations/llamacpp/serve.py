@@ -10,7 +10,7 @@ template from the file:
 
     OpenAIBackend(model=<model>, base_url=<base_url>, mode="echo")
 
-From Python, ``esi_guard.llamacpp.LlamaServer.start()`` starts the same server in the
+From Python, ``integrations.llamacpp.server.LlamaServer.start()`` starts the same server in the
 background and waits until it answers. Needs ``pip install 'llama-cpp-python[server]'``
 (part of the project's test set-up).
 """
@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from esi_guard.llamacpp import embedded_gguf, free_port, server_command
+from server import embedded_gguf, free_port, server_command  # beside this script
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import string
 import sys
@@ -41,17 +40,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: integrations/, tests/
+
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompt_values import ChatPromptValue
 
 from esi_guard import ESIGuard, ESIGuardError, FakeBackend, SkipOneChar
 from esi_guard.calibration.data import load_examples
+from tests.shared_data import SharedDataMissing, shared_data
 
 ABSTAIN = "I cannot answer that reliably."
-DATA = Path(
-    os.environ.get("ESI_GUARD_SHARED_DATA")
-    or Path(__file__).resolve().parents[2].parent / "shared" / "data"
-)
 
 # Code point ranges: ASCII, Latin-1 and its controls, combining marks, Greek/Cyrillic,
 # Arabic/Hebrew (right to left), CJK, zero-width and bidi controls, emoji, private use,
@@ -66,7 +64,11 @@ RANGES = [
 def real_questions(limit: int = 100) -> list[str]:
     """Questions from each shared QA set (a fixed pair when they are not there)."""
     out: list[str] = []
-    for path in sorted(DATA.glob("*/*")):
+    try:
+        data = shared_data()
+    except SharedDataMissing:
+        data = Path("/nonexistent")
+    for path in sorted(data.glob("*/*")):
         if path.suffix in (".jsonl", ".csv") and path.name != "paraphrase.jsonl":
             out += [e.question for e in load_examples(path, limit=limit, seed=0)]
     return out or ["What is the capital of France?", "Which gas do plants absorb?"]

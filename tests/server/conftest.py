@@ -1,6 +1,6 @@
 """A real llama.cpp OpenAI-compatible server (llama-cpp-python) with the embedded model.
 
-Started with ``esi_guard.llamacpp.LlamaServer`` on a free loopback port, once per session,
+Started with ``integrations.llamacpp.server.LlamaServer`` on a free loopback port, once per session,
 and stopped at the end. Tests here mark themselves ``integration`` and ``server``.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from esi_guard.llamacpp import LlamaServer
+from integrations.llamacpp.server import LlamaServer
 
 __all__ = ["CHATML", "LlamaServer"]
 

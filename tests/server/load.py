@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import sys
 import threading
@@ -33,22 +32,22 @@ from typing import Any
 from uuid import UUID
 
 import numpy as np
-from faultproxy import FaultProxy  # beside this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: integrations/, tests/
+
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage
 
 from esi_guard import ESIGuard, ESIGuardError, OpenAIBackend
 from esi_guard.calibration.data import load_examples
-from esi_guard.llamacpp import LlamaServer
+from integrations.llamacpp.server import LlamaServer
+from tests.server.faultproxy import FaultProxy
+from tests.shared_data import SharedDataMissing, shared_data
 
 ABSTAIN = "I cannot answer that reliably."
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}<|im_start|>assistant\n"
-)
-DATA = Path(
-    os.environ.get("ESI_GUARD_SHARED_DATA")
-    or Path(__file__).resolve().parents[2].parent / "shared" / "data"
 )
 FAULTS = ["500", "429", "400", "malformed", "hang", "drop"]
 
@@ -56,14 +55,18 @@ FAULTS = ["500", "429", "400", "malformed", "hang", "drop"]
 def questions(count: int) -> list[str]:
     """``count`` distinct real questions (TriviaQA, then NQ-open, then SciQ)."""
     out: list[str] = []
+    try:
+        data = shared_data()
+    except SharedDataMissing as exc:
+        sys.exit(str(exc))
     for name in ("triviaqa/subset.jsonl", "nq_open/dev.jsonl", "sciq/test.jsonl"):
-        if (DATA / name).is_file():
-            for example in load_examples(DATA / name):
+        if (data / name).is_file():
+            for example in load_examples(data / name):
                 if example.question not in out:
                     out.append(example.question)
             if len(out) >= count:
                 return out[:count]
-    sys.exit(f"need {count} distinct questions under {DATA}; found {len(out)}")
+    sys.exit(f"need {count} distinct questions under {data}; found {len(out)}")
 
 
 class Ends(BaseCallbackHandler):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from esi_guard import BackendError
-from esi_guard.llamacpp import LlamaServer, server_command
+from integrations.llamacpp.server import LlamaServer, server_command
 
 
 def test_a_missing_model_file_is_named(tmp_path: Path) -> None:

