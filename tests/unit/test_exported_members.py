@@ -5,26 +5,31 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
 import esi_guard
 from esi_guard import ConfigurationError, HFBackend
 
-PUBLIC = {
-    "APIError", "OpenAIBackend", "ContextLengthError",
-    "Backend", "BackendError", "ConfigurationError", "ESIGuard", "ESIGuardError", "ESIResult",
-    "ESIScore", "FakeBackend", "FixedVariants", "HFBackend", "InputError", "Intervention",
-    "ModelLoadError", "Paraphrase", "ScoringError", "SkipOneChar", "TopK", "Typo",
-    "__version__", "esi_score",
-}  # fmt: skip
+
+def test_all_imports_are_exported() -> None:
+    """Every public name bound in the package is in ``__all__`` and nothing else is."""
+    included_private_members = {"__version__"}
+    public = {
+        name
+        for name, value in vars(esi_guard).items()
+        if (not name.startswith("_") or name in included_private_members)
+        and not isinstance(value, ModuleType)  # submodules bound by importing them
+    }
+    assert esi_guard.__all__ == sorted(public)
 
 
-def test_all_is_the_curated_public_api() -> None:
-    assert set(esi_guard.__all__) == PUBLIC
+def test_every_exported_class_says_what_it_is() -> None:
     for name in esi_guard.__all__:
-        assert getattr(esi_guard, name) is not None
+        value = getattr(esi_guard, name)
+        if isinstance(value, type):
+            assert value.__doc__, name
 
 
 def test_package_is_typed() -> None:
@@ -38,21 +43,6 @@ def test_import_does_not_load_torch_transformers_or_openai() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_every_error_is_an_esi_guard_error() -> None:
-    for name in (
-        "BackendError",
-        "ConfigurationError",
-        "InputError",
-        "ModelLoadError",
-        "ScoringError",
-        "ContextLengthError",
-        "APIError",
-    ):
-        assert issubclass(getattr(esi_guard, name), esi_guard.ESIGuardError)
-    assert issubclass(esi_guard.ContextLengthError, esi_guard.BackendError)
-    assert issubclass(esi_guard.ConfigurationError, ValueError)
 
 
 def test_tokenizer_without_chat_template_is_refused_with_the_fix() -> None:
