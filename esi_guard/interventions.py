@@ -23,9 +23,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from esi_guard._inputs import message_text
+from esi_guard._keywords import strict_keywords
 from esi_guard.exceptions import ConfigurationError, InputError, InterventionError
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "Typo",
     "rebuild_intervention",
 ]
+
+T = TypeVar("T")
 
 _WORD = re.compile(r"[^\W\d_]+")
 _REPHRASE = re.compile(r"^\s*\**\s*Rephrase\s*\d+\s*\**\s*:\s*\**\s*(.+?)\s*$", re.MULTILINE)
@@ -62,6 +65,12 @@ def _distinct(candidates: Sequence[str], question: str) -> list[str]:
             seen.add(key)
             kept.append(candidate.strip())
     return kept
+
+
+def strict(cls: type[T]) -> type[T]:
+    """Refuse unknown keywords to a dataclass's generated ``__init__`` (a ConfigurationError)."""
+    cls.__init__ = strict_keywords(cls.__init__)  # type: ignore[method-assign]
+    return cls
 
 
 class Intervention(ABC):
@@ -132,6 +141,7 @@ class _CharacterEdit(Intervention):
         return {"name": self.name, "p": self.p, "min_chars": self.min_chars}
 
 
+@strict
 @dataclass(frozen=True)
 class SkipOneChar(_CharacterEdit):
     """Skip-One-Char (SOC), the paper's character-level intervention.
@@ -172,6 +182,7 @@ def _keyboard_neighbours() -> dict[str, str]:
 _NEIGHBOURS = _keyboard_neighbours()
 
 
+@strict
 @dataclass(frozen=True)
 class Typo(_CharacterEdit):
     """Keyboard typo: like SOC, but the character is replaced by a QWERTY neighbour.
@@ -234,6 +245,7 @@ def _failed(exc: Exception) -> InterventionError:
     return InterventionError(f"the paraphrasing model failed: {type(exc).__name__}: {exc}")
 
 
+@strict
 @dataclass(frozen=True)
 class Paraphrase(Intervention):
     """Paraphrases written by an LLM with the paper's few-shot prompt.
@@ -341,6 +353,7 @@ class Paraphrase(Intervention):
         }
 
 
+@strict
 @dataclass(frozen=True)
 class FixedVariants(Intervention):
     """Precomputed paraphrases, looked up by question text.

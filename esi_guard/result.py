@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from esi_guard._keywords import check_keywords
+
 __all__ = ["Decision", "ESIResult", "ScoringConfig"]
 
 Decision = Literal["accept", "flag", "abstain", "route"]
@@ -24,6 +26,11 @@ class ScoringConfig(BaseModel):
     """How scores are computed; a guard must score the same way to use a threshold."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, **data: Any) -> None:
+        """Validate; an unknown field is a :class:`ConfigurationError` naming the nearest."""
+        check_keywords("ScoringConfig", data, type(self).model_fields)
+        super().__init__(**data)
 
     intervention: dict[str, Any]
     """The intervention's ``describe()``: its name and parameters."""
@@ -87,6 +94,10 @@ class ESIResult:
     """The :class:`ScoringConfig` the score was computed with, as a dict."""
     finish_reason: str | None = None
     """``stop`` or ``length`` when the guard generated the answer."""
+    work: dict[str, int] = field(default_factory=dict)
+    """ESI's work beyond the answer itself: ``forced_variants`` (prompts teacher-forced)
+    and ``forced_tokens`` (answer tokens forced after them); never part of the model's
+    ``usage_metadata``."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""

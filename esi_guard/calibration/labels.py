@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from esi_guard._inputs import message_text
+from esi_guard._keywords import strict_keywords
 from esi_guard.exceptions import ConfigurationError
 
 __all__ = [
@@ -140,6 +141,7 @@ class Containment(_PerAnswer):
 class TokenF1(_PerAnswer):
     """SQuAD token F1 with the best gold answer reaches ``threshold``."""
 
+    @strict_keywords
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = _check_threshold("TokenF1", threshold)
 
@@ -156,6 +158,7 @@ class TokenF1(_PerAnswer):
 class Semantic(Labeller):
     """Cosine similarity of all-MiniLM-L6-v2 embeddings to the best gold answer."""
 
+    @strict_keywords
     def __init__(self, threshold: float = 0.7, device: str = "cpu") -> None:
         self.threshold = _check_threshold("Semantic", threshold)
         self.device = device
@@ -231,6 +234,7 @@ Is the answer to grade correct, meaning it agrees with the gold answers?"""
 class LLMJudge(Labeller):
     """Any LangChain chat model (or runnable) judges each prediction against the gold."""
 
+    @strict_keywords
     def __init__(self, llm: Any, prompt: str = JUDGE_PROMPT) -> None:
         self.llm = llm
         self.prompt = prompt
