@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol, TypedDict, runtime_checkable
+from typing import ClassVar, Literal, Protocol, TypedDict, TypeVar, runtime_checkable
 
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK, ValueKind
@@ -33,7 +33,11 @@ __all__ = [
     "Messages",
     "Sample",
     "Sampler",
+    "stopped_length",
 ]
+
+
+Tok = TypeVar("Tok")
 
 
 class ChatMessage(TypedDict):
@@ -58,7 +62,10 @@ class Generation:
     topk: TopK
     """Top-k of the original distribution at each answer position."""
     finish_reason: Literal["stop", "length"]
-    """``stop``: an end-of-sequence token ended it; ``length``: ``max_new_tokens`` did."""
+    """``stop``: an end-of-sequence token or a stop sequence ended it; ``length``:
+    ``max_new_tokens`` did."""
+    prompt_tokens: int | None = None
+    """How many tokens the prompt took (the answer's usage), when the backend knows."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ class Forced:
 class Backend(ABC):
     """Base class of all backends."""
 
+    provider: ClassVar[str] = "unknown"
+    """Who runs the model, as LangChain's tracing names it (``ls_provider``)."""
     values_kind: ClassVar[ValueKind] = "logits"
     """What top-k values are: ``logits`` (white-box) or ``logprobs`` (black-box)."""
 
@@ -126,9 +135,17 @@ class Backend(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
     ) -> Sequence[Generation | BackendError]:
         """Greedy answers with the original top-k at each answer position.
+
+        An answer ends before the first of the ``stop`` sequences it would contain
+        (``finish_reason="stop"``); its tokens, text and distributions are the stopped ones.
 
         An item may be a :class:`BackendError` instead: that prompt failed (e.g. an API
         request after its retries) and the others keep their results. A failure of the
@@ -149,11 +166,16 @@ class Backend(ABC):
         """Token ids of an answer the user already has, as the model would emit them."""
 
     async def agenerate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
     ) -> Sequence[Generation | BackendError]:
         """Async :meth:`generate`; a worker thread by default."""
         return await asyncio.to_thread(
-            self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k
+            self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop
         )
 
     async def ateacher_force(
@@ -161,6 +183,30 @@ class Backend(ABC):
     ) -> Sequence[Forced | BackendError]:
         """Async :meth:`teacher_force`; a worker thread by default."""
         return await asyncio.to_thread(self.teacher_force, requests, top_k=top_k)
+
+
+def stopped_length(
+    tokens: Sequence[Tok], decode: Callable[[Sequence[Tok]], str], stop: Sequence[str]
+) -> int | None:
+    """How many of ``tokens`` to keep so that the answer ends before the first stop sequence.
+
+    ``None`` when no stop sequence occurs. Otherwise the longest prefix whose text does
+    not reach the stop sequence (a token that holds the sequence's first characters goes
+    with it), so the kept tokens, their text and their distributions stay aligned.
+    """
+    stops = [s for s in stop if s]
+    if not stops:
+        return None
+    for end in range(1, len(tokens) + 1):
+        text = decode(tokens[:end])
+        found = [text.find(s) for s in stops if s in text]
+        if found:
+            cut = text[: min(found)]
+            keep = end - 1
+            while keep > 0 and not cut.startswith(decode(tokens[:keep])):
+                keep -= 1
+            return keep
+    return None
 
 
 @runtime_checkable

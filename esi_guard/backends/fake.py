@@ -16,7 +16,15 @@ from typing import Literal
 
 import numpy as np
 
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard._keywords import strict_keywords
+from esi_guard.backends.base import (
+    Backend,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    stopped_length,
+)
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 
@@ -55,6 +63,7 @@ class FakeBackend(Backend):
     ``calls`` records ``(method, batch size)`` for each call, so tests can check batching.
     """
 
+    @strict_keywords
     def __init__(
         self,
         answers: Mapping[str, str] | None = None,
@@ -110,10 +119,17 @@ class FakeBackend(Backend):
         if self.error is not None:
             raise self.error
 
+    provider = "fake"
+
     def generate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
     ) -> list[Generation | BackendError]:
-        """Scripted answers, cut at ``max_new_tokens`` words."""
+        """Scripted answers, cut at ``max_new_tokens`` words or before a stop sequence."""
         self._record("generate", len(prompts))
         results: list[Generation | BackendError] = []
         for prompt in prompts:
@@ -124,12 +140,16 @@ class FakeBackend(Backend):
             ids = self._ids(self.answers.get(question, self.default_answer))
             finish: Literal["stop", "length"] = "length" if len(ids) > max_new_tokens else "stop"
             ids = ids[:max_new_tokens]
+            kept = stopped_length(ids, self._decode, stop)
+            if kept is not None:
+                ids, finish = ids[:kept], "stop"
             results.append(
                 Generation(
                     text=self._decode(ids),
                     token_ids=tuple(ids),
                     topk=self._topk(ids, top_k, 0.0, question),
                     finish_reason=finish,
+                    prompt_tokens=sum(len(m["content"].split()) for m in prompt),
                 )
             )
         return results

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from esi_guard._embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
+from esi_guard._keywords import strict_keywords
 from esi_guard.backends.base import (
     Backend,
     Forced,
@@ -31,6 +32,7 @@ from esi_guard.backends.base import (
     Generation,
     Messages,
     Sample,
+    stopped_length,
 )
 from esi_guard.exceptions import (
     BackendError,
@@ -119,8 +121,10 @@ class HFBackend(Backend):
             differs. Off: every row runs in full (same results, to float tolerance).
     """
 
+    provider = "huggingface"
     values_kind = "logits"
 
+    @strict_keywords
     def __init__(
         self,
         model: PreTrainedModel,
@@ -277,12 +281,19 @@ class HFBackend(Backend):
         )
 
     def generate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
     ) -> list[Generation | BackendError]:
         """Greedy answers, keeping the top-k of the raw logits at each step.
 
         A prompt that fills the context window gets a :class:`ContextLengthError` in
-        place; an answer stops at the window's end (``finish_reason="length"``).
+        place; an answer stops at the window's end (``finish_reason="length"``). ``stop``
+        sequences are found in the decoded answer after generation, which then keeps the
+        tokens before the first one.
         """
         results: list[Generation | BackendError | None] = [None] * len(prompts)
         with self._lock:
@@ -298,12 +309,13 @@ class HFBackend(Backend):
                 room = max_new_tokens
                 if self.context_length is not None:
                     room = min(room, self.context_length - max(len(r) for r in rows))
-                for (i, _), gen in zip(chunk, self._generate_chunk(rows, room, top_k), strict=True):
+                gens = self._generate_chunk(rows, room, top_k, stop)
+                for (i, _), gen in zip(chunk, gens, strict=True):
                     results[i] = gen
         return [r for r in results if r is not None]
 
     def _generate_chunk(
-        self, rows: list[list[int]], max_new_tokens: int, top_k: int
+        self, rows: list[list[int]], max_new_tokens: int, top_k: int, stop: Sequence[str]
     ) -> list[Generation | BackendError]:
         torch = _import_torch()
         from transformers import GenerationConfig
@@ -327,7 +339,10 @@ class HFBackend(Backend):
             )
         ids, values = self._topk_to_numpy(torch.stack(out.logits, dim=1), top_k)
         new_tokens = out.sequences[:, width:].cpu().tolist()
-        return [self._finish(tokens, ids[i], values[i]) for i, tokens in enumerate(new_tokens)]
+        return [
+            self._finish(tokens, ids[i], values[i], stop, len(rows[i]))
+            for i, tokens in enumerate(new_tokens)
+        ]
 
     def sample(
         self,
@@ -391,19 +406,31 @@ class HFBackend(Backend):
         return input_ids, attention
 
     def _finish(
-        self, tokens: list[int], ids: np.ndarray, values: np.ndarray
+        self,
+        tokens: list[int],
+        ids: np.ndarray,
+        values: np.ndarray,
+        stop: Sequence[str],
+        prompt_tokens: int,
     ) -> Generation | BackendError:
-        stop = next((t for t, token in enumerate(tokens) if token in self._eos_ids), None)
-        length = len(tokens) if stop is None else stop
+        eos = next((t for t, token in enumerate(tokens) if token in self._eos_ids), None)
+        length = len(tokens) if eos is None else eos
         if not np.isfinite(values[: length + 1]).all():
             return self._non_finite()
+        kept = stopped_length(tokens[:length], self._decode, stop)
+        stopped = eos is not None or kept is not None
+        length = length if kept is None else kept
         answer = tuple(tokens[:length])
         return Generation(
-            text=str(self.tokenizer.decode(list(answer), skip_special_tokens=True)).strip(),
+            text=self._decode(answer).strip(),
             token_ids=answer,
             topk=TopK(ids[:length], values[:length]),
-            finish_reason="length" if stop is None else "stop",
+            finish_reason="stop" if stopped else "length",
+            prompt_tokens=prompt_tokens,
         )
+
+    def _decode(self, tokens: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
     def _non_finite(self) -> BackendError:
         return BackendError(f"model {self.model_id!r} produced NaN or infinite logits")

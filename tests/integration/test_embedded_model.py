@@ -72,3 +72,20 @@ def test_a_prompt_past_the_context_window_is_withheld_and_the_batch_goes_on(
     esi = refused.response_metadata["esi"]
     assert esi["reason"].startswith("context_overflow: ") and str(window) in esi["reason"]
     assert esi["decision"] == "abstain" and refused.content == guard.abstain_message
+
+
+def test_a_stop_sequence_ends_the_real_models_answer(hf_backend: HFBackend) -> None:
+    guard = ESIGuard(backend=hf_backend, threshold=0.5, max_new_tokens=24)
+    question = "What is the capital of France?"
+    full = guard.invoke(question).response_metadata["esi"]
+    word = full["answer"].split()[2]  # "The capital of France is Paris." -> "of"
+    message = guard.invoke(question, stop=[word])
+    esi = message.response_metadata["esi"]
+    assert word not in esi["answer"] and full["answer"].startswith(esi["answer"])
+    assert esi["finish_reason"] == "stop" and esi["scored"]
+    assert esi["answer_token_ids"] == full["answer_token_ids"][: len(esi["answer_token_ids"])]
+    assert 0 < len(esi["answer_token_ids"]) < len(full["answer_token_ids"])
+    text = hf_backend.tokenizer.decode(esi["answer_token_ids"], skip_special_tokens=True)
+    assert text.strip() == esi["answer"] == message.content
+    assert message.usage_metadata is not None
+    assert message.usage_metadata["output_tokens"] == len(esi["answer_token_ids"])

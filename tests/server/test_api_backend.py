@@ -158,3 +158,21 @@ def test_echo_mode_agrees_with_the_transformers_backend(
     # weights: near-ties may flip, a clear top-1 (leading by > 1 logit) may not.
     assert not clear_mismatches, clear_mismatches
     assert agreement >= 0.95
+
+
+@pytest.mark.parametrize("mode", ["echo", "chat"])
+def test_the_server_stops_the_answer_and_the_guard_scores_the_stopped_one(
+    llama_server: LlamaServer, mode: str
+) -> None:
+    g = ESIGuard(backend=backend(llama_server, mode=mode), threshold=0.3, n_variants=2,
+                 top_k=20, max_new_tokens=12)  # fmt: skip
+    question = [SYSTEM, ("human", "What is the capital of France?")]
+    full = g.invoke(question).response_metadata["esi"]
+    word = next(w for w in full["answer"].split()[1:] if len(w) > 2)
+    message = g.invoke(question, stop=[word])
+    esi = message.response_metadata["esi"]
+    assert word not in esi["answer"]
+    assert full["answer"].strip().startswith(esi["answer"].strip())
+    assert esi["scored"], esi["reason"]
+    assert len(esi["answer_token_ids"]) < len(full["answer_token_ids"])
+    assert message.usage_metadata is not None and message.usage_metadata["input_tokens"] > 0

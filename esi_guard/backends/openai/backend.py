@@ -7,12 +7,21 @@ modes, the echo layouts, token ids and failures): requests are built and parsed 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from esi_guard._keywords import strict_keywords
 from esi_guard.backends._template import ChatTemplate, resolve_template
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import (
+    Backend,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    stopped_length,
+)
 from esi_guard.backends.openai._negotiate import Alignment, Mode, _Negotiator
 from esi_guard.backends.openai._transport import RequestStats, _Call, _Transport
 from esi_guard.backends.openai._wire import (
@@ -93,6 +102,7 @@ class OpenAIBackend(Backend):
         ConfigurationError: On an invalid option, or ``mode="echo"`` without a template.
     """
 
+    provider = "openai"
     values_kind = "logprobs"
 
     # Settings live in the part that uses them; reading or setting them here reaches it.
@@ -107,6 +117,7 @@ class OpenAIBackend(Backend):
     stats = _Kept[RequestStats]("_transport")
     template = _Kept[ChatTemplate | None]("_negotiator")
 
+    @strict_keywords
     def __init__(
         self,
         model: str,
@@ -202,21 +213,36 @@ class OpenAIBackend(Backend):
     # -- Backend API ------------------------------------------------------------------------
 
     def generate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
     ) -> list[Generation | BackendError]:
-        """Greedy answers with the top-k logprobs at each answer position."""
-        calls = self._generation_calls(prompts, max_new_tokens, top_k)
+        """Greedy answers with the top-k logprobs at each answer position.
+
+        ``stop`` goes to the server, which ends the answer before the first stop sequence.
+        """
+        calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = self._transport.send_all(calls)
-        return [self._guarded(self._parse_generation, r) for r in responses]
+        parse = functools.partial(self._parse_generation, stop=stop)
+        return [self._guarded(parse, r) for r in responses]
 
     async def agenerate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
     ) -> list[Generation | BackendError]:
         """Async :meth:`generate`, with the async client."""
         await self._negotiator.aresolve()
-        calls = self._generation_calls(prompts, max_new_tokens, top_k)
+        calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = await self._transport.asend_all(calls)
-        return [self._guarded(self._parse_generation, r) for r in responses]
+        parse = functools.partial(self._parse_generation, stop=stop)
+        return [self._guarded(parse, r) for r in responses]
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
@@ -264,14 +290,18 @@ class OpenAIBackend(Backend):
             raise ConfigurationError(msg)
 
     def _generation_calls(
-        self, prompts: Sequence[Messages], max_new_tokens: int, top_k: int
+        self, prompts: Sequence[Messages], max_new_tokens: int, top_k: int, stop: Sequence[str]
     ) -> list[_Call]:
+        extra = {"stop": list(stop)} if stop else {}
         if self._negotiator.resolve() == "echo":
             return [
-                _Call("completions", _completion_args(self._render(p), max_new_tokens, top_k))
+                _Call(
+                    "completions",
+                    {**_completion_args(self._render(p), max_new_tokens, top_k), **extra},
+                )
                 for p in prompts
             ]
-        return [_Call("chat", _chat_args(p, max_new_tokens, top_k)) for p in prompts]
+        return [_Call("chat", {**_chat_args(p, max_new_tokens, top_k), **extra}) for p in prompts]
 
     def _forcing_plan(
         self, requests: Sequence[ForcingRequest], top_k: int
@@ -310,7 +340,13 @@ class OpenAIBackend(Backend):
         except APIError as exc:
             return exc
 
-    def _parse_generation(self, response: Any) -> Generation:
+    def _parse_generation(self, response: Any, stop: Sequence[str] = ()) -> Generation:
+        """The answer; cut back to whole tokens when a stop sequence ended it.
+
+        Servers cut the text at the stop sequence but still return the logprobs of the
+        token that held it (llama.cpp: text ``"The "``, tokens ``The``, `` capital`` for
+        stop ``capital``): the answer keeps the tokens before that one, and their text.
+        """
         if self.mode == "echo":
             choice = _first_choice(response, chat=False)
             tokens = _completion_tokens(choice)
@@ -321,11 +357,15 @@ class OpenAIBackend(Backend):
             tokens, rows = _chat_logprobs(choice)
             text = str(choice.message.content or "")
         finish: Literal["stop", "length"] = "length" if choice.finish_reason == "length" else "stop"
+        kept = stopped_length(tokens, _joined, stop) if finish == "stop" else None
+        if kept is not None:
+            tokens, rows, text = tokens[:kept], rows[:kept], "".join(tokens[:kept])
         return Generation(
             text=text,
             token_ids=tuple(self._vocab.ids(tokens)),
             topk=self._topk(rows),
             finish_reason=finish,
+            prompt_tokens=getattr(getattr(response, "usage", None), "prompt_tokens", None),
         )
 
     def _parse_forced(
@@ -379,3 +419,7 @@ class OpenAIBackend(Backend):
     def _topk(self, rows: Sequence[Mapping[str, float]]) -> TopK:
         """Rows of ``token -> logprob`` as a ragged TopK (highest first, padded with -1)."""
         return _topk(rows, self._vocab)
+
+
+def _joined(tokens: Sequence[str]) -> str:
+    return "".join(tokens)
