@@ -7,15 +7,14 @@ come in a sync and an async form, and a failure of a whole call becomes every it
 error (:func:`shield`), so one bad call never takes a batch down. Everything else here
 is pure.
 
-The guard drives it::
+:meth:`Pipeline.run` (and ``arun``) drives it::
 
-    gens = pipeline.generate(items)          # Backend.generate
-    live = pipeline.generated(items, gens)   # the items whose answer exists
-    variants = pipeline.intervene(live)      # Intervention.batch_variants
-    pipeline.intervened(live, variants)
-    pipeline.force(live)                     # plan, Backend.teacher_force, assess
+    live = pipeline.generated(items, pipeline.generate(items))   # Backend.generate
+    pipeline.intervened(live, pipeline.intervene(live))          # the intervention
+    pipeline.force(live)          # plan, Backend.teacher_force, assess
 
-after which every item's ``outcome`` is set.
+after which every item's ``outcome`` is set. The guard calls the same steps one by one
+when it traces them.
 """
 
 from __future__ import annotations
@@ -84,10 +83,14 @@ class Item:
     """``stop`` or ``length`` for a generated answer."""
     original: TopK | None = None
     """The original distributions, when generation gave them."""
+    prompt_tokens: int | None = None
+    """How many tokens the prompt took, when the backend said."""
     variants: list[str] = field(default_factory=list)
     """The L question texts the intervention made."""
     outcome: Outcome | None = None
     """The result, or the error to raise; None while the item is still on its way."""
+    steps: dict[str, Any] = field(default_factory=dict)
+    """What each step gave this item (``generate``, ``intervene``, ``score``), for traces."""
 
     @property
     def changed(self) -> list[str]:
@@ -110,6 +113,20 @@ class Pipeline:
     threshold: float
     action: Action
     on_error: OnError
+    stop: tuple[str, ...] = ()
+    """Stop sequences for generation."""
+
+    def run(self, items: Sequence[Item]) -> None:
+        """Every step for all ``items`` (one backend call per step); each ends decided."""
+        live = self.generated(items, self.generate(items))
+        self.intervened(live, self.intervene(live))
+        self.force(live)
+
+    async def arun(self, items: Sequence[Item]) -> None:
+        """Async :meth:`run`."""
+        live = self.generated(items, await self.agenerate(items))
+        self.intervened(live, await self.aintervene(live))
+        await self.aforce(live)
 
     # -- generate ---------------------------------------------------------------------------
 
@@ -128,11 +145,13 @@ class Pipeline:
     ) -> list[Item]:
         """Record the answers; the items that have one go on."""
         for item, gen in zip(items, gens, strict=True):
+            item.steps["generate"] = gen
             if isinstance(gen, BackendError):
                 item.outcome = self.failure(item, gen)
                 continue
             item.answer, item.answer_ids = gen.text, gen.token_ids
             item.original, item.finish_reason = gen.topk, gen.finish_reason
+            item.prompt_tokens = gen.prompt_tokens
         return [item for item in items if item.outcome is None]
 
     # -- intervene --------------------------------------------------------------------------
@@ -156,6 +175,7 @@ class Pipeline:
     ) -> None:
         """Record the variants (or the intervention's failure)."""
         for item, texts in zip(items, variants, strict=True):
+            item.steps["intervene"] = texts
             if isinstance(texts, BackendError):
                 item.outcome = self.failure(item, texts)
             else:
@@ -214,6 +234,8 @@ class Pipeline:
             item.outcome = self.failure(item, out) if isinstance(out, BackendError) else (
                 self._scored(item, out)
             )  # fmt: skip
+        for item in items:
+            item.steps["score"] = item.outcome
         return [cast(Outcome, item.outcome) for item in items]
 
     def _scored(self, item: Item, forced: Forced) -> ESIResult:
@@ -248,7 +270,8 @@ class Pipeline:
             )
         except ScoringError as exc:
             return self.result(item, None, reason(exc))
-        return self.result(item, esi.score, None, [float(x) for x in esi.token_scores])
+        rows = len(changed) + (forced.original is not None)
+        return self.result(item, esi.score, None, [float(x) for x in esi.token_scores], rows)
 
     def _unscorable(self, item: Item) -> ScoringError | None:
         if not item.answer_ids:
@@ -275,6 +298,7 @@ class Pipeline:
         score: float | None,
         why: str | None,
         token_scores: list[float] | None = None,
+        forced: int = 0,
     ) -> ESIResult:
         """The item's result: scored, or unscored with ``why``; the decision it implies."""
         decision: Decision
@@ -295,6 +319,7 @@ class Pipeline:
             model=self.backend.model_id,
             scoring=self.config.as_metadata(),
             finish_reason=item.finish_reason,
+            work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
         )
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
@@ -302,6 +327,7 @@ class Pipeline:
             "prompts": [item.prompt.messages for item in items],
             "max_new_tokens": self.config.max_new_tokens,
             "top_k": self.config.top_k,
+            "stop": self.stop,
         }
 
 

@@ -1,31 +1,37 @@
-"""ESIGuard: the Runnable that generates, scores with ESI, decides and acts.
+"""ESIGuard: a guarded chat model that generates, scores with ESI, decides and acts.
 
 The guard knows no backend internals: it asks its backend for greedy answers and for
-teacher-forced distributions, its intervention for variants, and ``esi_score`` for the
-number. Each of those steps shows as a tagged child run (``esi:generate``,
-``esi:intervene``, ``esi:score``, and ``esi:fallback`` when routing).
+teacher-forced distributions, its intervention for variants, and the pipeline
+(:mod:`esi_guard._pipeline`) for the score. Each of those steps shows as a tagged child
+run (``esi:generate``, ``esi:intervene``, ``esi:score``, and ``esi:fallback`` when routing).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import PromptValue
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
-from langchain_core.runnables.config import patch_config
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from esi_guard import _tracing
-from esi_guard._inputs import message_text, parse_input
+from esi_guard._inputs import parse_input
+from esi_guard._keywords import check_keywords, unknown_keyword
+from esi_guard._messages import chat_result, decision, last_chunk
 from esi_guard._pipeline import Action, Item, OnError, Pipeline, raised
 from esi_guard.backends.base import Backend
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.exceptions import BackendError, ConfigurationError, InputError
+from esi_guard.exceptions import ConfigurationError, InputError
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
 from esi_guard.result import ESIResult, ScoringConfig
 from esi_guard.scoring import Distance
@@ -39,8 +45,11 @@ GuardInput: TypeAlias = (
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
 
+# The item ``batch`` already ran through the pipeline for the prompt being invoked now.
+_PREFETCHED: ContextVar[Item | None] = ContextVar("esi_guard_prefetched", default=None)
 
-class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
+
+class ESIGuard(BaseChatModel):
     """Guard a model's answers with the ESI uncertainty score.
 
     For each prompt the guard generates the greedy answer, builds ``n_variants``
@@ -75,8 +84,13 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     backend call is each of its prompts'. The guard holds no state between calls: one
     guard may serve many threads and tasks (backends bound their own concurrency).
 
-    ``batch``/``abatch`` send all prompts through the backend together. ``stream`` and
-    ``astream`` yield one chunk: the answer is held until it has been scored, since a
+    The guard is a LangChain chat model (it passes langchain-tests' standard suites):
+    ``invoke``, ``stream``, ``batch``, ``stream_events``, callbacks, ``stop``,
+    ``usage_metadata`` (the answer's own tokens; ESI's extra work is in
+    ``response_metadata["esi"]["work"]``) and ``output_version="v1"`` work as they do for
+    any chat model. ``batch``/``abatch`` run each step once for all prompts through the
+    backend, then give each prompt its run. ``stream`` and ``astream`` yield one chunk
+    (``chunk_position="last"``): the answer is held until it has been scored, since a
     guard cannot vouch for text it has not seen whole.
 
     Example:
@@ -107,22 +121,42 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
     """Runnable invoked with the original input when ``action="route"``."""
     abstain_message: str = DEFAULT_ABSTAIN_MESSAGE
     """Content returned in place of an untrusted answer when ``action="abstain"``."""
-    max_new_tokens: int = Field(default=64, ge=1)
-    """Most tokens generated per answer."""
+    max_new_tokens: int = Field(default=64, ge=1, alias="max_tokens")
+    """Most tokens generated per answer (``max_tokens``, LangChain's name, works too)."""
     seed: int = 0
     """Seed of the intervention; variants depend only on it and the question."""
     on_error: OnError = "abstain"
     """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    stop: list[str] | None = None
+    """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
+    temperature: float | None = None
+    """Only ``0`` or ``None``: ESI scores the greedy answer, so the guard never samples."""
+    streaming: bool = False
+    """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        """Validate the configuration; any invalid field is a :class:`ConfigurationError`."""
+        """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
+            extra = [e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"]
+            if extra:
+                names = [*type(self).model_fields, "max_tokens"]
+                error = unknown_keyword("ESIGuard", str(extra[0]), names)
+                raise error from exc
             msg = f"invalid ESIGuard configuration: {exc}"
             raise ConfigurationError(msg) from exc
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and {"max_tokens", "max_new_tokens"} <= data.keys():
+            msg = "max_tokens and max_new_tokens are one setting: give one of them"
+            raise ValueError(msg)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
@@ -131,6 +165,9 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             raise ConfigurationError(msg)
         if self.action == "route" and self.fallback is None:
             msg = "action='route' needs a fallback runnable"
+            raise ConfigurationError(msg)
+        if self.temperature not in (None, 0):
+            msg = f"ESI scores the greedy answer: temperature must be 0, got {self.temperature}"
             raise ConfigurationError(msg)
         return self
 
@@ -192,61 +229,43 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             max_new_tokens=self.max_new_tokens,
         )
 
-    # -- public Runnable API ------------------------------------------------------------
-
-    def invoke(
-        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> AIMessage:
-        """Answer, score and act on one prompt."""
-        return self._call_with_config(self._invoke, input, config, **kwargs)
-
-    async def ainvoke(
-        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> AIMessage:
-        """Async :meth:`invoke`."""
-        return await self._acall_with_config(self._ainvoke, input, config, **kwargs)
+    # -- public methods ---------------------------------------------------------------------
 
     def batch(
         self,
-        inputs: list[GuardInput],
+        inputs: list[LanguageModelInput],
         config: RunnableConfig | list[RunnableConfig] | None = None,
         *,
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:
-        """Guard many prompts with one batched pass through the backend per step."""
-        if not inputs:
-            return []
-        return self._batch_with_config(
-            self._batch, inputs, config, return_exceptions=return_exceptions, **kwargs
-        )
+        """Guard many prompts: each step runs once for all of them through the backend."""
+        items = self._prefetchable(inputs, kwargs)
+        self._pipeline(kwargs.get("stop")).run([i for i in items if i is not None])
+        out: list[Any] = []
+        configs = get_config_list(config, len(inputs))
+        for value, each, item in zip(inputs, configs, items, strict=True):
+            with _prefetched(item), _kept(out, return_exceptions):
+                out.append(self.invoke(value, each, **kwargs))
+        return out
 
     async def abatch(
         self,
-        inputs: list[GuardInput],
+        inputs: list[LanguageModelInput],
         config: RunnableConfig | list[RunnableConfig] | None = None,
         *,
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:
         """Async :meth:`batch`."""
-        if not inputs:
-            return []
-        return await self._abatch_with_config(
-            self._abatch, inputs, config, return_exceptions=return_exceptions, **kwargs
-        )
-
-    def stream(
-        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Iterator[AIMessage]:
-        """Yield the guarded answer as ONE chunk: it is held until it has been scored."""
-        yield self.invoke(input, config, **kwargs)
-
-    async def astream(
-        self, input: GuardInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> AsyncIterator[AIMessage]:
-        """Async :meth:`stream`: one chunk, after scoring."""
-        yield await self.ainvoke(input, config, **kwargs)
+        items = self._prefetchable(inputs, kwargs)
+        await self._pipeline(kwargs.get("stop")).arun([i for i in items if i is not None])
+        out: list[Any] = []
+        configs = get_config_list(config, len(inputs))
+        for value, each, item in zip(inputs, configs, items, strict=True):
+            with _prefetched(item), _kept(out, return_exceptions):
+                out.append(await self.ainvoke(value, each, **kwargs))
+        return out
 
     def score(self, prompt: GuardInput, answer: str) -> ESIResult:
         """Score an answer the user already has, without generating.
@@ -263,60 +282,91 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             return outcome
         raise raised(outcome)
 
-    # -- the work: two mirrored drivers over the pipeline ---------------------------------
+    # -- the chat-model surface -------------------------------------------------------------
 
-    def _invoke(
-        self, input: GuardInput, run_manager: CallbackManagerForChainRun, config: RunnableConfig
-    ) -> AIMessage:
-        return _single(self._batch([input], [run_manager], [config]))
+    @property
+    def _llm_type(self) -> str:
+        return "esi-guard"
 
-    async def _ainvoke(
-        self,
-        input: GuardInput,
-        run_manager: AsyncCallbackManagerForChainRun,
-        config: RunnableConfig,
-    ) -> AIMessage:
-        return _single(await self._abatch([input], [run_manager], [config]))
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.backend.model_id,
+            "threshold": self.threshold,
+            "action": self.action,
+            "on_error": self.on_error,
+            **self.scoring_config.as_metadata(),
+        }
 
-    def _batch(
-        self,
-        inputs: list[GuardInput],
-        run_manager: list[CallbackManagerForChainRun],
-        config: list[RunnableConfig],
-    ) -> list[Any]:
-        # _abatch mirrors these steps one for one (sync and async callbacks, backends and
-        # fallbacks); everything between the calls is the pipeline's.
-        pipeline, parsed, items = self._pipeline(), *_parse_all(inputs)
-        gens = _tracing.traced(run_manager, "generate", items, lambda: pipeline.generate(items))
-        live = pipeline.generated(items, gens)
-        variants = _tracing.traced(run_manager, "intervene", live, lambda: pipeline.intervene(live))
-        pipeline.intervened(live, variants)
-        _tracing.traced(run_manager, "score", live, lambda: pipeline.force(live))
-        routed, fallback_inputs, fallback_configs = _routing(inputs, items, run_manager, config)
-        answers = self._fallback().batch(fallback_inputs, fallback_configs) if routed else []
-        return self._assemble(parsed, items, dict(zip(routed, answers, strict=True)))
-
-    async def _abatch(
-        self,
-        inputs: list[GuardInput],
-        run_manager: list[AsyncCallbackManagerForChainRun],
-        config: list[RunnableConfig],
-    ) -> list[Any]:
-        pipeline, parsed, items = self._pipeline(), *_parse_all(inputs)
-        gens = await _tracing.atraced(
-            run_manager, "generate", items, lambda: pipeline.agenerate(items)
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider=self.backend.provider,
+            ls_model_name=str(kwargs.get("model") or self.backend.model_id),
+            ls_model_type="chat",
+            ls_temperature=0.0,
+            ls_max_tokens=self.max_new_tokens,
         )
-        live = pipeline.generated(items, gens)
-        variants = await _tracing.atraced(
-            run_manager, "intervene", live, lambda: pipeline.aintervene(live)
-        )
-        pipeline.intervened(live, variants)
-        await _tracing.atraced(run_manager, "score", live, lambda: pipeline.aforce(live))
-        routed, fallback_inputs, fallback_configs = _routing(inputs, items, run_manager, config)
-        answers = await self._fallback().abatch(fallback_inputs, fallback_configs) if routed else []
-        return self._assemble(parsed, items, dict(zip(routed, answers, strict=True)))
+        if stop or self.stop:
+            params["ls_stop"] = list(stop or self.stop or [])
+        return params
 
-    def _pipeline(self) -> Pipeline:
+    def _convert_input(self, model_input: LanguageModelInput) -> PromptValue:
+        parse_input(model_input)  # an InputError naming the problem, whatever the policy
+        return super()._convert_input(model_input)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        item, pipeline = self._start(messages, stop, kwargs)
+        _tracing.run(pipeline, item, run_manager)
+        routed = None
+        if decision(item) == "route":
+            callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
+            routed = self._fallback().invoke(messages, {"callbacks": callbacks})
+        return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        item, pipeline = self._start(messages, stop, kwargs)
+        await _tracing.arun(pipeline, item, run_manager)
+        routed = None
+        if decision(item) == "route":
+            callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
+            routed = await self._fallback().ainvoke(messages, {"callbacks": callbacks})
+        return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """One chunk, the last, once the answer has been scored."""
+        yield last_chunk(self._generate(messages, stop, run_manager, **kwargs))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """Async :meth:`_stream`."""
+        yield last_chunk(await self._agenerate(messages, stop, run_manager, **kwargs))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _pipeline(self, stop: Sequence[str] | None = None) -> Pipeline:
         return Pipeline(
             backend=self.backend,
             intervention=self.intervention,
@@ -324,80 +374,54 @@ class ESIGuard(RunnableSerializable[GuardInput, AIMessage]):
             threshold=self.threshold,
             action=self.action,
             on_error=self.on_error,
+            stop=tuple(stop if stop is not None else self.stop or ()),
         )
+
+    def _prefetchable(
+        self, inputs: Sequence[LanguageModelInput], kwargs: dict[str, Any]
+    ) -> list[Item | None]:
+        """An item per input that parses (the others fail again, by name, when invoked)."""
+        check_keywords("ESIGuard call", kwargs, ("stop",))
+        items: list[Item | None] = []
+        for index, value in enumerate(inputs):
+            try:
+                items.append(Item(parse_input(value), index=index))
+            except InputError:
+                items.append(None)
+        return items
+
+    def _start(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[Item, Pipeline]:
+        """This call's item (the one batch ran, when it is this prompt's) and pipeline."""
+        check_keywords("ESIGuard call", kwargs, ())
+        prompt = parse_input(messages)
+        prefetched = _PREFETCHED.get()
+        if prefetched is not None and prefetched.prompt == prompt:
+            return prefetched, self._pipeline(stop)
+        return Item(prompt), self._pipeline(stop)
 
     def _fallback(self) -> Runnable[Any, Any]:
         assert self.fallback is not None  # the validator requires one for action="route"
         return self.fallback
 
-    def _assemble(
-        self, parsed: list[Any], items: list[Item], fallback_out: dict[int, Any]
-    ) -> list[Any]:
-        """One AIMessage per input (or its InputError / BackendError), in input order."""
-        out: list[Any] = list(parsed)
-        for item in items:
-            result = item.outcome
-            assert result is not None  # the pipeline decides every item
-            if isinstance(result, BackendError):
-                out[item.index] = result
-            elif not result.scored and self.on_error == "raise":
-                out[item.index] = raised(result)
-            else:
-                fallback = fallback_out.get(item.index)
-                out[item.index] = _message(result, fallback, self.abstain_message)
-        return out
+
+@contextmanager
+def _prefetched(item: Item | None) -> Iterator[None]:
+    """While invoking one prompt of a batch: the item the batch ran for it."""
+    token = _PREFETCHED.set(item)
+    try:
+        yield
+    finally:
+        _PREFETCHED.reset(token)
 
 
-# -- helpers shared by the sync and async drivers ------------------------------------------
-
-
-def _parse_all(inputs: list[GuardInput]) -> tuple[list[Any], list[Item]]:
-    """Parsed prompts (or the InputError in place) and an item for each that parsed."""
-    parsed: list[Any] = []
-    for value in inputs:
-        try:
-            parsed.append(parse_input(value))
-        except InputError as exc:
-            parsed.append(exc)
-    items = [Item(p, index=i) for i, p in enumerate(parsed) if not isinstance(p, InputError)]
-    return parsed, items
-
-
-def _single(results: list[Any]) -> AIMessage:
-    first = results[0]
-    if isinstance(first, Exception):
-        raise first
-    assert isinstance(first, AIMessage)
-    return first
-
-
-def _routing(
-    inputs: list[GuardInput],
-    items: list[Item],
-    run_managers: Sequence[Any],
-    configs: list[RunnableConfig],
-) -> tuple[list[int], list[GuardInput], list[RunnableConfig]]:
-    """Which inputs go to the fallback, with their child configs."""
-    routed = [
-        item.index
-        for item in items
-        if isinstance(item.outcome, ESIResult) and item.outcome.decision == "route"
-    ]
-    child_configs = [
-        patch_config(configs[i], callbacks=run_managers[i].get_child("esi:fallback"))
-        for i in routed
-    ]
-    return routed, [inputs[i] for i in routed], child_configs
-
-
-def _message(result: ESIResult, fallback: Any, abstain_message: str) -> AIMessage:
-    meta = result.as_dict()
-    if result.decision == "abstain":
-        return AIMessage(content=abstain_message, response_metadata={"esi": meta})
-    if result.decision == "route":
-        inherited = dict(getattr(fallback, "response_metadata", {}) or {})
-        meta["fallback_used"] = True
-        return AIMessage(
-            content=message_text(fallback), response_metadata={**inherited, "esi": meta}
-        )
-    return AIMessage(content=result.answer, response_metadata={"esi": meta})
+@contextmanager
+def _kept(out: list[Any], return_exceptions: bool) -> Iterator[None]:
+    """With ``return_exceptions``, a prompt's error takes its place in ``out``."""
+    try:
+        yield
+    except Exception as exc:
+        if not return_exceptions:
+            raise
+        out.append(exc)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.models import embedded_backend
 from tests.shared_data import SharedDataMissing
 from tests.shared_data import shared_data as find_shared_data
 
@@ -35,6 +36,4 @@ def sciq_questions(shared_data: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def hf_backend() -> HFBackend:
     """The embedded default model, SmolLM2-135M-Instruct, loaded once per session on CPU."""
-    from esi_guard import HFBackend
-
-    return HFBackend.default(device="cpu")
+    return embedded_backend()

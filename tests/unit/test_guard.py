@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
 
@@ -346,3 +346,63 @@ def test_only_distinct_changed_variants_reach_the_backend() -> None:
                      n_variants=4)  # fmt: skip
     guard.invoke(UNSURE)
     assert seen == [2]
+
+
+# -- the chat-model contract beyond LangChain's standard suites ----------------------------
+
+LONG = "Who painted the ceiling of the Sistine Chapel?"
+
+
+def test_stop_ends_the_answer_and_the_stopped_answer_is_the_one_scored() -> None:
+    backend = FakeBackend({LONG: "Michelangelo painted it you know"}, sensitivity={LONG: 1.0})
+    for guard, kwargs in (
+        (ESIGuard(backend=backend, threshold=10.0), {"stop": ["you"]}),
+        (ESIGuard(backend=backend, threshold=10.0, stop=["you"]), {}),
+    ):
+        message = guard.invoke(LONG, **kwargs)
+        esi = message.response_metadata["esi"]
+        assert message.content == esi["answer"] == "Michelangelo painted it"
+        assert len(esi["answer_token_ids"]) == len(esi["token_scores"]) == 3
+        assert esi["finish_reason"] == "stop" and esi["scored"]
+    assert guard._get_ls_params()["ls_stop"] == ["you"]
+
+
+def test_usage_is_the_answers_own_and_esis_work_is_reported_apart() -> None:
+    message = make_guard().invoke([("system", "Be brief."), ("human", UNSURE)])
+    assert message.usage_metadata == {
+        "input_tokens": 2 + len(UNSURE.split()), "output_tokens": 3,
+        "total_tokens": 2 + len(UNSURE.split()) + 3,
+    }  # fmt: skip
+    work = message.response_metadata["esi"]["work"]
+    assert 1 <= work["forced_variants"] <= 10
+    assert work["forced_tokens"] == 3 * work["forced_variants"]
+    assert message.response_metadata["model_name"] == "fake"
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+async def test_a_stream_is_one_last_chunk_once_scored(mode: str) -> None:
+    guard = make_guard(action="abstain", abstain_message="I do not know")
+    if mode == "stream":
+        chunks = list(guard.stream(UNSURE))
+    else:
+        chunks = [chunk async for chunk in guard.astream(UNSURE)]
+    assert len(chunks) == 1 and isinstance(chunks[0], AIMessageChunk)
+    (chunk,) = chunks
+    assert chunk.chunk_position == "last" and chunk.content == "I do not know"
+    assert chunk.response_metadata["esi"]["decision"] == "abstain"
+    assert chunk.usage_metadata is not None and chunk.usage_metadata["output_tokens"] == 3
+
+
+def test_langchain_settings_mean_what_they_say() -> None:
+    assert make_guard(max_tokens=7).max_new_tokens == 7
+    assert make_guard(temperature=0).invoke(SURE).content == "Paris"
+    with pytest.raises(ConfigurationError, match="temperature must be 0"):
+        make_guard(temperature=0.7)
+    with pytest.raises(ConfigurationError, match="one setting"):
+        make_guard(max_tokens=7, max_new_tokens=8)
+    with pytest.raises(ConfigurationError, match="unknown keyword 'top_p'"):
+        make_guard().invoke(SURE, top_p=0.9)
+    params = make_guard()._get_ls_params()
+    assert (params["ls_provider"], params["ls_model_name"], params["ls_model_type"]) == (
+        "fake", "fake", "chat",
+    )  # fmt: skip

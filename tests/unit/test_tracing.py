@@ -40,6 +40,13 @@ class Recorder(BaseCallbackHandler):
             "inputs": inputs,
         }
 
+    def on_chat_model_start(
+        self, serialized: Any, messages: Any, *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        """The guard's own run: a chat-model run, like any chat model's."""
+        self.on_chain_start(serialized, messages, run_id=run_id, **kwargs)
+        self.runs[run_id]["kind"] = "chat_model"
+
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self.runs[run_id]["outputs"] = outputs
 
@@ -78,6 +85,7 @@ async def test_config_and_callbacks_propagate_to_tagged_child_runs(mode: str) ->
     await call(guard, mode, UNSURE, config)
     (root_id,) = [i for i, r in recorder.runs.items() if r["parent"] is None]
     assert recorder.runs[root_id]["name"] == "guarded"
+    assert recorder.runs[root_id]["kind"] == "chat_model"
     children = {r["name"]: r for r in recorder.runs.values() if r["parent"] == root_id}
     assert {"esi_generate", "esi_intervene", "esi_score"} <= set(children)
     assert "esi:score" in children["esi_score"]["tags"]

@@ -1,0 +1,70 @@
+"""The guard's answer as LangChain messages: content by decision, metadata, usage, chunks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.ai import UsageMetadata, add_usage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from esi_guard._inputs import message_text
+from esi_guard._pipeline import Item, OnError, raised
+from esi_guard.exceptions import BackendError
+from esi_guard.result import ESIResult
+
+__all__ = ["chat_result", "decision", "last_chunk"]
+
+
+def decision(item: Item) -> str | None:
+    """The decision on a decided item (None when its outcome is an error to raise)."""
+    return item.outcome.decision if isinstance(item.outcome, ESIResult) else None
+
+
+def chat_result(
+    item: Item, fallback: Any, on_error: OnError, abstain_message: str, model_name: str
+) -> ChatResult:
+    """The chat result for a decided item, or the error ``on_error="raise"`` raises.
+
+    ``usage_metadata`` counts the answer's own prompt and answer tokens (plus the
+    fallback's usage when routed); ESI's extra work is in ``response_metadata["esi"]``.
+    """
+    result = item.outcome
+    if isinstance(result, BackendError):
+        raise result
+    assert result is not None  # the pipeline decides every item
+    if not result.scored and on_error == "raise":
+        raise raised(result)
+    meta: dict[str, Any] = {"model_name": model_name}
+    prompt_tokens = item.prompt_tokens or 0
+    usage = UsageMetadata(
+        input_tokens=prompt_tokens,
+        output_tokens=len(item.answer_ids),
+        total_tokens=prompt_tokens + len(item.answer_ids),
+    )
+    content = result.answer
+    esi = result.as_dict()
+    if result.decision == "abstain":
+        content = abstain_message
+    elif result.decision == "route":
+        meta.update(getattr(fallback, "response_metadata", {}) or {})
+        if getattr(fallback, "usage_metadata", None):
+            usage = add_usage(usage, fallback.usage_metadata)
+        content = message_text(fallback)
+        esi["fallback_used"] = True
+    message = AIMessage(
+        content=content, response_metadata={**meta, "esi": esi}, usage_metadata=usage
+    )
+    return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def last_chunk(result: ChatResult) -> ChatGenerationChunk:
+    """The one chunk a held stream yields: the whole scored message, marked last."""
+    message = result.generations[0].message
+    chunk = AIMessageChunk(
+        content=message.content,
+        response_metadata=message.response_metadata,
+        usage_metadata=getattr(message, "usage_metadata", None),
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=chunk)
