@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-fast fuzz load lint install-demo install-test clean
+.PHONY: demo test test-fast fuzz load lint docs install-demo install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(PIP) -e ".[hf,demo,api,cli,dev]"
+	$(PIP) -e ".[hf,demo,api,cli,dev,docs]"
 	touch $@
 
 install-demo: $(VENV)/.demo-installed
@@ -50,11 +50,16 @@ fuzz: install-test
 load: install-test
 	$(BIN)/python tests/server/load.py --requests 1000
 
-## ruff (lint + format check) and mypy --strict on the package.
+## ruff (lint + format check), mypy --strict on the package, and the strict docs build.
 lint: install-test
 	$(BIN)/ruff check esi_guard tests examples benchmarks integrations
 	$(BIN)/ruff format --check esi_guard tests examples benchmarks integrations
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
+
+## The documentation site (docs/, mkdocs.yml) into site/.
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -261,3 +261,11 @@ def test_a_missing_or_corrupt_threshold_file_is_a_clear_error(
         path.write_text(content, encoding="utf-8")
     with pytest.raises(ConfigurationError, match=problem):
         ThresholdFile.read(path)
+
+
+def test_the_docs_example_of_a_users_own_data_loads() -> None:
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "my_qa.jsonl"
+    examples = load_examples(
+        path, question_field="question", answers_field="answers", incorrect_field="wrong"
+    )
+    assert len(examples) == 4 and examples[1].incorrect == ("Charlotte Bronte",)
