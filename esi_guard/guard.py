@@ -29,7 +29,9 @@ from esi_guard._inputs import parse_input
 from esi_guard._keywords import check_keywords, unknown_keyword
 from esi_guard._messages import chat_result, decision, last_chunk
 from esi_guard._pipeline import Action, Item, OnError, Pipeline, raised
+from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
+from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, InputError
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
@@ -103,8 +105,14 @@ class ESIGuard(BaseChatModel):
             message.response_metadata["esi"]["score"]
     """
 
-    backend: Backend
-    """The model engine (``HFBackend``, ``FakeBackend``...)."""
+    backend: Backend = Field(default_factory=EmbeddedBackend)
+    """The model engine (``HFBackend``, ``OpenAIBackend``...). Default: the small embedded
+    model, loaded on first use and shared by every guard that uses it (for trying the
+    guard; pass your own model with ``llm=`` or ``backend=``)."""
+    llm: Any = Field(default=None, exclude=True, repr=False)
+    """The model object you already have (a model id, a transformers pipeline,
+    ``HuggingFacePipeline``, ``ChatHuggingFace``, ``ChatOpenAI``...): the guard builds its
+    backend from it, sharing the loaded weights (see :mod:`esi_guard.backends.adapters`)."""
     threshold: float
     """Scores strictly above it are untrusted; calibrate it on labelled data."""
     intervention: Intervention = Field(default_factory=SkipOneChar)
@@ -139,6 +147,11 @@ class ESIGuard(BaseChatModel):
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
+        if kwargs.get("llm") is not None:
+            if kwargs.get("backend") is not None:
+                msg = "give backend= or llm=, not both"
+                raise ConfigurationError(msg)
+            kwargs["backend"] = backend_for(kwargs["llm"])
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
@@ -176,7 +189,7 @@ class ESIGuard(BaseChatModel):
         cls,
         path: str | Path,
         *,
-        backend: Backend,
+        backend: Backend | None = None,
         intervention: Intervention | None = None,
         **kwargs: Any,
     ) -> ESIGuard:
@@ -197,16 +210,17 @@ class ESIGuard(BaseChatModel):
         settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
         if intervention is None:
             intervention = rebuild_intervention(expected.intervention)
+        if backend is not None:
+            kwargs["backend"] = backend
         guard = cls(
-            backend=backend,
             threshold=calibrated.threshold,
             intervention=intervention,
             **settings,
             **kwargs,
         )
         problems = expected.differences(guard.scoring_config, ignore=("system_prompt",))
-        if backend.model_id != calibrated.model:
-            problems.insert(0, f"model: {calibrated.model!r} vs {backend.model_id!r}")
+        if guard.backend.model_id != calibrated.model:
+            problems.insert(0, f"model: {calibrated.model!r} vs {guard.backend.model_id!r}")
         if problems:
             msg = (
                 f"threshold file {path} does not match this guard (calibrated vs given): "

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from esi_guard import HFBackend
 
 
-@functools.cache
 def embedded_backend() -> HFBackend:
-    """The embedded default model, SmolLM2-135M-Instruct, on CPU."""
-    from esi_guard import HFBackend
+    """The embedded default model, SmolLM2-135M-Instruct, on CPU: the process's one copy,
+    the same one a guard built without a model uses."""
+    from esi_guard.backends.default import embedded_backend as shared
 
-    return HFBackend.default(device="cpu")
+    return shared()

@@ -176,3 +176,24 @@ def test_the_server_stops_the_answer_and_the_guard_scores_the_stopped_one(
     assert esi["scored"], esi["reason"]
     assert len(esi["answer_token_ids"]) < len(full["answer_token_ids"])
     assert message.usage_metadata is not None and message.usage_metadata["input_tokens"] > 0
+
+
+def test_a_users_chat_openai_is_guarded_through_the_same_server(
+    llama_server: LlamaServer,
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(model=llama_server.model, base_url=llama_server.base_url, api_key="none")
+    guarded = ESIGuard(llm=chat, threshold=0.3, n_variants=2, top_k=20, max_new_tokens=8)
+    direct = ESIGuard(
+        backend=OpenAIBackend(llama_server.model, base_url=llama_server.base_url),
+        threshold=0.3, n_variants=2, top_k=20, max_new_tokens=8,
+    )  # fmt: skip
+    asked = ("What is the capital of France?", "Who wrote Hamlet?", "What gas do plants absorb?")
+    questions = [[SYSTEM, ("human", q)] for q in asked]
+    for ours, theirs in zip(guarded.batch(questions), direct.batch(questions), strict=True):
+        a, b = ours.response_metadata["esi"], theirs.response_metadata["esi"]
+        assert a["scored"] and b["scored"], (a["reason"], b["reason"])
+        assert a["answer"] == b["answer"]
+        assert a["score"] == pytest.approx(b["score"], abs=1e-6)
+    assert guarded.backend.mode == "echo"  # type: ignore[attr-defined]

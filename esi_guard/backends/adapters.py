@@ -1,0 +1,94 @@
+"""A backend from the model object a LangChain user already has (``ESIGuard(llm=...)``).
+
+The backend shares the loaded weights (never a second copy) or, for a client of an
+OpenAI-compatible server, the same server, model name and key. What is accepted:
+
+* a model id, local path or ``.gguf`` file (``str``) -> :meth:`HFBackend.from_pretrained`;
+* a transformers ``PreTrainedModel`` with its tokenizer, as a ``(model, tokenizer)`` pair,
+  or a transformers text-generation ``pipeline``;
+* langchain-huggingface's ``HuggingFacePipeline`` and ``ChatHuggingFace`` (around a
+  pipeline: an inference endpoint exposes no logits to score);
+* langchain-openai's ``ChatOpenAI`` and ``OpenAI`` -> :class:`OpenAIBackend` with
+  ``mode="auto"``.
+
+Objects are recognised by their class and module, so none of these packages is imported
+here; anything else is a :class:`ConfigurationError` naming its type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from esi_guard.backends.base import Backend
+from esi_guard.exceptions import ConfigurationError
+
+__all__ = ["ACCEPTED", "backend_for"]
+
+ACCEPTED = (
+    "a model id or path (str), a (PreTrainedModel, tokenizer) pair, a transformers "
+    "text-generation pipeline, langchain-huggingface HuggingFacePipeline or ChatHuggingFace, "
+    "langchain-openai ChatOpenAI or OpenAI, or a Backend"
+)
+
+
+def _kind(value: Any) -> set[str]:
+    """``module.Class`` names of the value's class and its bases."""
+    return {f"{c.__module__.split('.')[0]}.{c.__name__}" for c in type(value).__mro__}
+
+
+def backend_for(llm: Any) -> Backend:
+    """The backend that scores answers of ``llm`` (see the module for what it takes)."""
+    from esi_guard.backends.hf import HFBackend
+
+    kinds = _kind(llm)
+    if isinstance(llm, Backend):
+        return llm
+    if isinstance(llm, str):
+        return HFBackend.from_pretrained(llm)
+    if isinstance(llm, tuple) and len(llm) == 2:
+        return HFBackend(llm[0], llm[1])
+    if "transformers.Pipeline" in kinds:
+        return _from_pipeline(llm)
+    if "langchain_huggingface.HuggingFacePipeline" in kinds:
+        return _from_pipeline(llm.pipeline)
+    if "langchain_huggingface.ChatHuggingFace" in kinds:
+        inner = llm.llm
+        if "langchain_huggingface.HuggingFacePipeline" not in _kind(inner):
+            msg = (
+                f"ChatHuggingFace around a {type(inner).__name__} cannot be guarded: an "
+                "inference endpoint gives no logits; use a HuggingFacePipeline or an "
+                "OpenAI-compatible server (OpenAIBackend)"
+            )
+            raise ConfigurationError(msg)
+        return _from_pipeline(inner.pipeline)
+    if kinds & {"langchain_openai.ChatOpenAI", "langchain_openai.OpenAI"}:
+        return _from_openai(llm)
+    msg = f"ESIGuard(llm=...) cannot guard a {type(llm).__module__}.{type(llm).__name__}; "
+    msg += f"it takes {ACCEPTED}"
+    raise ConfigurationError(msg)
+
+
+def _from_pipeline(pipeline: Any) -> Backend:
+    from esi_guard.backends.hf import HFBackend
+
+    task = getattr(pipeline, "task", "text-generation")
+    if task != "text-generation":
+        msg = f"a transformers pipeline for {task!r} cannot be guarded; need text-generation"
+        raise ConfigurationError(msg)
+    return HFBackend(pipeline.model, pipeline.tokenizer)
+
+
+def _from_openai(llm: Any) -> Backend:
+    from esi_guard.backends.openai import OpenAIBackend
+
+    key: Any = getattr(llm, "openai_api_key", None)
+    secret = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+    if secret is not None and not isinstance(secret, str):
+        msg = "a ChatOpenAI whose api_key is a callable cannot be guarded; pass the key itself"
+        raise ConfigurationError(msg)
+    return OpenAIBackend(
+        str(getattr(llm, "model_name", None) or getattr(llm, "model", "")),
+        base_url=getattr(llm, "openai_api_base", None),
+        api_key=secret,
+        mode="auto",
+    )
