@@ -13,7 +13,7 @@ from esi_guard._pipeline import Item, OnError, raised
 from esi_guard.exceptions import BackendError
 from esi_guard.result import ESIResult
 
-__all__ = ["chat_result", "decision", "last_chunk"]
+__all__ = ["chat_result", "decision", "last_chunk", "piece_chunk"]
 
 
 def decision(item: Item) -> str | None:
@@ -58,13 +58,24 @@ def chat_result(
     return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def last_chunk(result: ChatResult) -> ChatGenerationChunk:
-    """The one chunk a held stream yields: the whole scored message, marked last."""
+def last_chunk(result: ChatResult, sent: str = "") -> ChatGenerationChunk:
+    """The last chunk of a stream: the message's text not yet ``sent``, metadata, usage.
+
+    A held stream sends nothing before it, so there it is the whole message.
+    """
     message = result.generations[0].message
+    content = message.content
+    if sent and isinstance(content, str) and content.startswith(sent):
+        content = content[len(sent) :]
     chunk = AIMessageChunk(
-        content=message.content,
+        content=content,
         response_metadata=message.response_metadata,
         usage_metadata=getattr(message, "usage_metadata", None),
         chunk_position="last",
     )
     return ChatGenerationChunk(message=chunk)
+
+
+def piece_chunk(text: str) -> ChatGenerationChunk:
+    """A chunk of a live stream: answer text as it is generated, before any score."""
+    return ChatGenerationChunk(message=AIMessageChunk(content=text))

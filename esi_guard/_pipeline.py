@@ -19,7 +19,7 @@ when it traces them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
@@ -153,6 +153,42 @@ class Pipeline:
             item.original, item.finish_reason = gen.topk, gen.finish_reason
             item.prompt_tokens = gen.prompt_tokens
         return [item for item in items if item.outcome is None]
+
+    def stream(self, item: Item) -> Iterator[str]:
+        """One item's answer as text pieces while it is generated; then it is recorded."""
+        gen: Generation | BackendError | None = None
+        try:
+            for piece in self.backend.stream_generate(item.prompt.messages, **self._stream_args()):
+                if isinstance(piece, str):
+                    yield piece
+                else:
+                    gen = piece
+        except (ConfigurationError, InputError):
+            raise
+        except Exception as exc:  # the engine failed: this answer fails closed
+            gen = _wrapped(exc, "generate", BackendError)
+        self.generated([item], [gen or BackendError("the backend streamed no answer")])
+
+    async def astream(self, item: Item) -> AsyncIterator[str]:
+        """Async :meth:`stream`."""
+        gen: Generation | BackendError | None = None
+        pieces = self.backend.astream_generate(item.prompt.messages, **self._stream_args())
+        try:
+            async for piece in pieces:
+                if isinstance(piece, str):
+                    yield piece
+                else:
+                    gen = piece
+        except (ConfigurationError, InputError):
+            raise
+        except Exception as exc:  # the engine failed: this answer fails closed
+            gen = _wrapped(exc, "generate", BackendError)
+        self.generated([item], [gen or BackendError("the backend streamed no answer")])
+
+    def _stream_args(self) -> dict[str, Any]:
+        args = self._generate_args([])
+        del args["prompts"]
+        return args
 
     # -- intervene --------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from what the steps gave (their timings are not the steps').
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -19,11 +19,12 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 
+from esi_guard._messages import piece_chunk
 from esi_guard._pipeline import Item, Pipeline
 from esi_guard.backends.base import Generation
 from esi_guard.result import ESIResult
 
-__all__ = ["achild", "arun", "atraced", "child", "run", "traced"]
+__all__ = ["achild", "arun", "astreamed", "atraced", "child", "run", "streamed", "traced"]
 
 STEPS = ("generate", "intervene", "score")
 
@@ -95,38 +96,122 @@ async def atraced(
         await run.on_chain_end(_summary(output))
 
 
-def run(pipeline: Pipeline, item: Item, run_manager: CallbackManagerForLLMRun | None) -> None:
-    """Every step for one prompt, each a child run (replayed when a batch ran them)."""
+def run(
+    pipeline: Pipeline,
+    item: Item,
+    run_manager: CallbackManagerForLLMRun | None,
+    *,
+    live: bool = False,
+) -> None:
+    """Every step for one prompt, each a child run (replayed when a batch ran them).
+
+    ``live``: the answer's pieces go to the run's token callbacks as they are generated.
+    """
     if item.outcome is not None:
         replay(run_manager, item)
         return
-    live = [item]
-    traced(run_manager, "generate", item, lambda: pipeline.generated(live, pipeline.generate(live)))
+    if live:
+        for piece in streamed(pipeline, item, run_manager):
+            if run_manager is not None:
+                run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
+        return
+    one = [item]
+    traced(run_manager, "generate", item, lambda: pipeline.generated(one, pipeline.generate(one)))
     if item.outcome is None:
-        intervene = lambda: pipeline.intervened(live, pipeline.intervene(live))  # noqa: E731
+        intervene = lambda: pipeline.intervened(one, pipeline.intervene(one))  # noqa: E731
         traced(run_manager, "intervene", item, intervene)
-        traced(run_manager, "score", item, lambda: pipeline.force(live))
+        traced(run_manager, "score", item, lambda: pipeline.force(one))
 
 
 async def arun(
-    pipeline: Pipeline, item: Item, run_manager: AsyncCallbackManagerForLLMRun | None
+    pipeline: Pipeline,
+    item: Item,
+    run_manager: AsyncCallbackManagerForLLMRun | None,
+    *,
+    live: bool = False,
 ) -> None:
     """Async :func:`run`."""
     if item.outcome is not None:
         await areplay(run_manager, item)
         return
-    live = [item]
+    if live:
+        async for piece in astreamed(pipeline, item, run_manager):
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
+        return
+    one = [item]
 
     async def generate() -> None:
-        pipeline.generated(live, await pipeline.agenerate(live))
+        pipeline.generated(one, await pipeline.agenerate(one))
 
     async def intervene() -> None:
-        pipeline.intervened(live, await pipeline.aintervene(live))
+        pipeline.intervened(one, await pipeline.aintervene(one))
 
     await atraced(run_manager, "generate", item, generate)
     if item.outcome is None:
         await atraced(run_manager, "intervene", item, intervene)
-        await atraced(run_manager, "score", item, lambda: pipeline.aforce(live))
+        await atraced(run_manager, "score", item, lambda: pipeline.aforce(one))
+
+
+def streamed(
+    pipeline: Pipeline, item: Item, run_manager: CallbackManagerForLLMRun | None
+) -> Iterator[str]:
+    """The answer's pieces as they are generated, then the other steps: all child runs."""
+    # The generate run stays open while the pieces flow out to the caller.
+    run = None
+    if run_manager is not None:
+        run = child(run_manager, "esi:generate").on_chain_start(
+            None, {"question": item.prompt.question}, name="esi_generate"
+        )
+    try:
+        yield from pipeline.stream(item)
+    except BaseException as exc:
+        if run is not None:
+            run.on_chain_error(exc)
+        raise
+    if run is not None:
+        output = item.steps.get("generate")
+        if isinstance(output, BaseException):
+            run.on_chain_error(output)
+        else:
+            run.on_chain_end(_summary(output))
+    if item.outcome is None:
+        one = [item]
+        intervene = lambda: pipeline.intervened(one, pipeline.intervene(one))  # noqa: E731
+        traced(run_manager, "intervene", item, intervene)
+        traced(run_manager, "score", item, lambda: pipeline.force(one))
+
+
+async def astreamed(
+    pipeline: Pipeline, item: Item, run_manager: AsyncCallbackManagerForLLMRun | None
+) -> AsyncIterator[str]:
+    """Async :func:`streamed`."""
+    run = None
+    if run_manager is not None:
+        run = await achild(run_manager, "esi:generate").on_chain_start(
+            None, {"question": item.prompt.question}, name="esi_generate"
+        )
+    try:
+        async for piece in pipeline.astream(item):
+            yield piece
+    except BaseException as exc:
+        if run is not None:
+            await run.on_chain_error(exc)
+        raise
+    if run is not None:
+        output = item.steps.get("generate")
+        if isinstance(output, BaseException):
+            await run.on_chain_error(output)
+        else:
+            await run.on_chain_end(_summary(output))
+    if item.outcome is None:
+        one = [item]
+
+        async def intervene() -> None:
+            pipeline.intervened(one, await pipeline.aintervene(one))
+
+        await atraced(run_manager, "intervene", item, intervene)
+        await atraced(run_manager, "score", item, lambda: pipeline.aforce(one))
 
 
 def replay(run_manager: CallbackManagerForLLMRun | None, item: Item) -> None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
@@ -24,16 +22,16 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from esi_guard import _tracing
+from esi_guard import _batching, _tracing
 from esi_guard._inputs import parse_input
 from esi_guard._keywords import check_keywords, unknown_keyword
-from esi_guard._messages import chat_result, decision, last_chunk
+from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
 from esi_guard._pipeline import Action, Item, OnError, Pipeline, raised
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.exceptions import ConfigurationError, InputError
+from esi_guard.exceptions import ConfigurationError
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
 from esi_guard.result import ESIResult, ScoringConfig
 from esi_guard.scoring import Distance
@@ -47,62 +45,38 @@ GuardInput: TypeAlias = (
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
 
-# The item ``batch`` already ran through the pipeline for the prompt being invoked now.
-_PREFETCHED: ContextVar[Item | None] = ContextVar("esi_guard_prefetched", default=None)
-
 
 class ESIGuard(BaseChatModel):
-    """Guard a model's answers with the ESI uncertainty score.
+    """Guard a model's answers with the ESI uncertainty score: a guarded chat model.
 
     For each prompt the guard generates the greedy answer, builds ``n_variants``
     intervened copies of the question (the last human message only), teacher-forces
     the same answer after each, and scores how much the token distributions move.
     Above ``threshold`` it acts: ``flag`` returns the answer marked untrusted,
     ``abstain`` replaces it with ``abstain_message``, ``route`` returns ``fallback``'s
-    answer to the original input. An answer that cannot be scored (empty, or no
-    variant differs from the question) is never passed as trusted: the action is
-    handled by ``on_error`` and ``reason`` says why.
+    answer. The result is in ``response_metadata["esi"]`` (see :class:`ESIResult`).
 
-    **Failure policy** (``on_error``), for every answer that cannot be scored (the
-    backend or the intervention failed, the prompt does not fit the context, the answer
-    is empty, no variant differs from the question, NaN/inf distributions; the codes
-    are drawn in :mod:`esi_guard.exceptions`):
+    **Failure policy** (``on_error``): an answer that cannot be scored (backend or
+    intervention failure, context overflow, empty answer, no variant differs, NaN/inf;
+    codes in :mod:`esi_guard.exceptions`) is withheld (``"abstain"``, the default),
+    flagged (``"flag"``) or raised (``"raise"``; returned in place by
+    ``batch(..., return_exceptions=True)``), always with ``scored: false`` and a
+    ``reason``: never passed as trusted. An input that is not a prompt at all raises
+    :class:`InputError` whatever the policy. One prompt's failure never touches the
+    others of a batch; the guard keeps no state between calls.
 
-    * ``"abstain"`` (default): ``abstain_message`` is returned in its place;
-    * ``"flag"``: the answer (empty when none was generated) is returned flagged;
-    * ``"raise"``: the error is raised (``invoke``) or returned in place
-      (``batch(..., return_exceptions=True)``): the backend's :class:`BackendError`
-      or a :class:`ScoringError` whose ``result`` holds the answer.
-
-    Either way ``response_metadata["esi"]`` has ``scored: false`` and ``reason``
-    (``"<code>: <message>"``): an unscored answer is never passed as trusted. Inputs
-    that are not a prompt at all (wrong type, no human message, empty question) raise
-    :class:`InputError` whatever the policy.
-
-    The output is an ``AIMessage`` whose ``response_metadata["esi"]`` holds the score,
-    decision, variants, token scores and configuration (see :class:`ESIResult`).
-
-    A failure of one prompt's request is that prompt's alone; a failure of a whole
-    backend call is each of its prompts'. The guard holds no state between calls: one
-    guard may serve many threads and tasks (backends bound their own concurrency).
-
-    The guard is a LangChain chat model (it passes langchain-tests' standard suites):
-    ``invoke``, ``stream``, ``batch``, ``stream_events``, callbacks, ``stop``,
-    ``usage_metadata`` (the answer's own tokens; ESI's extra work is in
-    ``response_metadata["esi"]["work"]``) and ``output_version="v1"`` work as they do for
-    any chat model. ``batch``/``abatch`` run each step once for all prompts through the
-    backend, then give each prompt its run. ``stream`` and ``astream`` yield one chunk
-    (``chunk_position="last"``): the answer is held until it has been scored, since a
-    guard cannot vouch for text it has not seen whole.
+    As a LangChain chat model it passes langchain-tests' standard suites: ``batch`` runs
+    each step once for all prompts through the backend, then gives each prompt its run;
+    ``stream`` holds the answer until it is scored (one last chunk) unless
+    ``stream_mode="live"``. Honest limit: langchain-core 1.7 does not hand
+    ``_stream`` its run manager, so in ``stream``/``astream`` the steps run untraced
+    (the chat-model run and its tokens are traced; ``invoke`` traces every step).
 
     Example:
         .. code-block:: python
 
-            from esi_guard import ESIGuard, HFBackend
-
-            guard = ESIGuard(backend=HFBackend.default(), threshold=0.3, action="abstain")
-            message = guard.invoke("What is the capital of France?")
-            message.response_metadata["esi"]["score"]
+            guard = ESIGuard(threshold=0.3, action="abstain")   # or llm=your_model
+            guard.invoke("What is the capital of France?").response_metadata["esi"]
     """
 
     backend: Backend = Field(default_factory=EmbeddedBackend)
@@ -140,6 +114,11 @@ class ESIGuard(BaseChatModel):
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
     temperature: float | None = None
     """Only ``0`` or ``None``: ESI scores the greedy answer, so the guard never samples."""
+    stream_mode: Literal["hold", "live"] = "hold"
+    """``hold``: ``stream`` yields the answer once it is scored. ``live``: it yields the
+    answer's text as it is generated, then a last chunk with the score and metadata; only
+    with ``action="flag"`` and ``on_error`` ``"flag"`` or ``"raise"``, since an answer
+    already shown cannot be withheld."""
     streaming: bool = False
     """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
 
@@ -178,6 +157,13 @@ class ESIGuard(BaseChatModel):
             raise ConfigurationError(msg)
         if self.action == "route" and self.fallback is None:
             msg = "action='route' needs a fallback runnable"
+            raise ConfigurationError(msg)
+        if self.stream_mode == "live" and (self.action != "flag" or self.on_error == "abstain"):
+            msg = (
+                "stream_mode='live' shows the answer before it is scored, so it needs "
+                f"action='flag' and on_error='flag' or 'raise' (got action={self.action!r}, "
+                f"on_error={self.on_error!r}): an answer already shown cannot be withheld"
+            )
             raise ConfigurationError(msg)
         if self.temperature not in (None, 0):
             msg = f"ESI scores the greedy answer: temperature must be 0, got {self.temperature}"
@@ -254,12 +240,12 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> list[AIMessage]:
         """Guard many prompts: each step runs once for all of them through the backend."""
-        items = self._prefetchable(inputs, kwargs)
+        items = _batching.items(inputs, kwargs)
         self._pipeline(kwargs.get("stop")).run([i for i in items if i is not None])
         out: list[Any] = []
         configs = get_config_list(config, len(inputs))
         for value, each, item in zip(inputs, configs, items, strict=True):
-            with _prefetched(item), _kept(out, return_exceptions):
+            with _batching.prefetched(item), _batching.kept(out, return_exceptions):
                 out.append(self.invoke(value, each, **kwargs))
         return out
 
@@ -272,12 +258,12 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> list[AIMessage]:
         """Async :meth:`batch`."""
-        items = self._prefetchable(inputs, kwargs)
+        items = _batching.items(inputs, kwargs)
         await self._pipeline(kwargs.get("stop")).arun([i for i in items if i is not None])
         out: list[Any] = []
         configs = get_config_list(config, len(inputs))
         for value, each, item in zip(inputs, configs, items, strict=True):
-            with _prefetched(item), _kept(out, return_exceptions):
+            with _batching.prefetched(item), _batching.kept(out, return_exceptions):
                 out.append(await self.ainvoke(value, each, **kwargs))
         return out
 
@@ -324,6 +310,13 @@ class ESIGuard(BaseChatModel):
             params["ls_stop"] = list(stop or self.stop or [])
         return params
 
+    def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        # Live: invoke (and astream_events) stream through _generate, which has the run
+        # manager for token callbacks and child runs; stream() still goes to _stream.
+        if self.stream_mode == "live" and not kwargs.get("stream"):
+            return False
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
+
     def _convert_input(self, model_input: LanguageModelInput) -> PromptValue:
         parse_input(model_input)  # an InputError naming the problem, whatever the policy
         return super()._convert_input(model_input)
@@ -336,12 +329,12 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         item, pipeline = self._start(messages, stop, kwargs)
-        _tracing.run(pipeline, item, run_manager)
+        _tracing.run(pipeline, item, run_manager, live=self.stream_mode == "live")
         routed = None
         if decision(item) == "route":
             callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
             routed = self._fallback().invoke(messages, {"callbacks": callbacks})
-        return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)
+        return self._decided(item, routed)
 
     async def _agenerate(
         self,
@@ -351,12 +344,12 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         item, pipeline = self._start(messages, stop, kwargs)
-        await _tracing.arun(pipeline, item, run_manager)
+        await _tracing.arun(pipeline, item, run_manager, live=self.stream_mode == "live")
         routed = None
         if decision(item) == "route":
             callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
             routed = await self._fallback().ainvoke(messages, {"callbacks": callbacks})
-        return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)
+        return self._decided(item, routed)
 
     def _stream(
         self,
@@ -365,8 +358,19 @@ class ESIGuard(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        """One chunk, the last, once the answer has been scored."""
-        yield last_chunk(self._generate(messages, stop, run_manager, **kwargs))
+        """One chunk, the last, once the answer has been scored.
+
+        With ``stream_mode="live"``: the answer's text as it is generated, then that chunk.
+        """
+        if self.stream_mode == "hold":
+            yield last_chunk(self._generate(messages, stop, run_manager, **kwargs))
+            return
+        item, pipeline = self._start(messages, stop, kwargs)
+        sent = ""
+        for piece in _tracing.streamed(pipeline, item, run_manager):
+            sent += piece
+            yield piece_chunk(piece)
+        yield last_chunk(self._decided(item), sent)
 
     async def _astream(
         self,
@@ -376,7 +380,15 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         """Async :meth:`_stream`."""
-        yield last_chunk(await self._agenerate(messages, stop, run_manager, **kwargs))
+        if self.stream_mode == "hold":
+            yield last_chunk(await self._agenerate(messages, stop, run_manager, **kwargs))
+            return
+        item, pipeline = self._start(messages, stop, kwargs)
+        sent = ""
+        async for piece in _tracing.astreamed(pipeline, item, run_manager):
+            sent += piece
+            yield piece_chunk(piece)
+        yield last_chunk(self._decided(item), sent)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -391,51 +403,16 @@ class ESIGuard(BaseChatModel):
             stop=tuple(stop if stop is not None else self.stop or ()),
         )
 
-    def _prefetchable(
-        self, inputs: Sequence[LanguageModelInput], kwargs: dict[str, Any]
-    ) -> list[Item | None]:
-        """An item per input that parses (the others fail again, by name, when invoked)."""
-        check_keywords("ESIGuard call", kwargs, ("stop",))
-        items: list[Item | None] = []
-        for index, value in enumerate(inputs):
-            try:
-                items.append(Item(parse_input(value), index=index))
-            except InputError:
-                items.append(None)
-        return items
-
     def _start(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> tuple[Item, Pipeline]:
         """This call's item (the one batch ran, when it is this prompt's) and pipeline."""
         check_keywords("ESIGuard call", kwargs, ())
-        prompt = parse_input(messages)
-        prefetched = _PREFETCHED.get()
-        if prefetched is not None and prefetched.prompt == prompt:
-            return prefetched, self._pipeline(stop)
-        return Item(prompt), self._pipeline(stop)
+        return _batching.item_for(parse_input(messages)), self._pipeline(stop)
+
+    def _decided(self, item: Item, routed: Any = None) -> ChatResult:
+        return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)
 
     def _fallback(self) -> Runnable[Any, Any]:
         assert self.fallback is not None  # the validator requires one for action="route"
         return self.fallback
-
-
-@contextmanager
-def _prefetched(item: Item | None) -> Iterator[None]:
-    """While invoking one prompt of a batch: the item the batch ran for it."""
-    token = _PREFETCHED.set(item)
-    try:
-        yield
-    finally:
-        _PREFETCHED.reset(token)
-
-
-@contextmanager
-def _kept(out: list[Any], return_exceptions: bool) -> Iterator[None]:
-    """With ``return_exceptions``, a prompt's error takes its place in ``out``."""
-    try:
-        yield
-    except Exception as exc:
-        if not return_exceptions:
-            raise
-        out.append(exc)

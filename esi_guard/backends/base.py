@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol, TypedDict, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypedDict, TypeVar, runtime_checkable
 
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK, ValueKind
@@ -33,6 +33,7 @@ __all__ = [
     "Messages",
     "Sample",
     "Sampler",
+    "StreamedText",
     "stopped_length",
 ]
 
@@ -178,6 +179,32 @@ class Backend(ABC):
             self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop
         )
 
+    def stream_generate(
+        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+    ) -> Generator[str | Generation | BackendError, None, None]:
+        """One prompt's answer as text pieces while it is generated, then its Generation.
+
+        The last item is the whole :class:`Generation` (or the prompt's error); the pieces
+        join to its ``text``. By default the answer comes in one piece, after
+        :meth:`generate`; backends that can stream override this.
+        """
+        (gen,) = self.generate([prompt], max_new_tokens=max_new_tokens, top_k=top_k, stop=stop)
+        if isinstance(gen, Generation) and gen.text:
+            yield gen.text
+        yield gen
+
+    async def astream_generate(
+        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+    ) -> AsyncIterator[str | Generation | BackendError]:
+        """Async :meth:`stream_generate`: each piece fetched in a worker thread."""
+        pieces = self.stream_generate(prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop)
+        done = object()
+        try:
+            while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
+                yield piece  # type: ignore[misc]
+        finally:
+            await asyncio.to_thread(pieces.close)
+
     async def ateacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
     ) -> Sequence[Forced | BackendError]:
@@ -207,6 +234,48 @@ def stopped_length(
                 keep -= 1
             return keep
     return None
+
+
+class StreamedText:
+    """The text of an answer piece by piece as its tokens arrive, never ahead of the answer.
+
+    A piece is sent only once no later token can take it back: the newest token waits
+    (a stop sequence may yet drop it), trailing whitespace waits (the answer is stripped),
+    and so does text that could be the start of a stop sequence. :meth:`rest` gives what
+    is left of the final answer, so the pieces always join to it.
+    """
+
+    def __init__(
+        self, decode: Callable[[Sequence[Any]], str], stop: Sequence[str], *, strip: bool = True
+    ) -> None:
+        self._decode = decode
+        self._stop = [s for s in stop if s]
+        self._strip = strip
+        self._tokens: list[Any] = []
+        self.sent = ""
+        """The text sent so far."""
+
+    def add(self, tokens: Sequence[Any]) -> str:
+        """The new piece of text these tokens make safe to send ("" when none)."""
+        self._tokens.extend(tokens)
+        safe = self._decode(self._tokens[:-1])
+        safe = safe.lstrip() if self._strip else safe
+        for stop in self._stop:
+            safe = safe.split(stop, 1)[0]
+        safe = safe.rstrip() if self._strip else safe
+        for stop in self._stop:
+            for size in range(min(len(stop) - 1, len(safe)), 0, -1):
+                if safe.endswith(stop[:size]):
+                    safe = safe[:-size].rstrip() if self._strip else safe[:-size]
+                    break
+        if not safe.startswith(self.sent) or len(safe) <= len(self.sent):
+            return ""
+        piece, self.sent = safe[len(self.sent) :], safe
+        return piece
+
+    def rest(self, final: str) -> str:
+        """What of the final answer has not been sent."""
+        return final[len(self.sent) :] if final.startswith(self.sent) else final
 
 
 @runtime_checkable

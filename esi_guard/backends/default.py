@@ -10,7 +10,7 @@ for the same load.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING
 
 from esi_guard._embedded import EMBEDDED_MODEL_ID
@@ -62,6 +62,14 @@ class EmbeddedBackend(Backend):
     ) -> list[Generation | BackendError]:
         """See :meth:`HFBackend.generate`."""
         return self.loaded.generate(prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop)
+
+    def stream_generate(
+        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+    ) -> Generator[str | Generation | BackendError, None, None]:
+        """See :meth:`HFBackend.stream_generate`."""
+        return self.loaded.stream_generate(
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop
+        )
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,8 @@ import numpy as np
 
 from esi_guard._embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._hf_sample import sample_answers
+from esi_guard.backends._hf_stream import stream_answer
 from esi_guard.backends.base import (
     Backend,
     Forced,
@@ -314,8 +316,24 @@ class HFBackend(Backend):
                     results[i] = gen
         return [r for r in results if r is not None]
 
+    def stream_generate(
+        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+    ) -> Generator[str | Generation | BackendError, None, None]:
+        """The answer's text as it is generated, then its :class:`Generation`.
+
+        The raw-logit top-k is still kept at every step; closing the stream early stops
+        the generation and leaves the backend ready for the next call.
+        """
+        return stream_answer(self, prompt, max_new_tokens, top_k, stop)
+
     def _generate_chunk(
-        self, rows: list[list[int]], max_new_tokens: int, top_k: int, stop: Sequence[str]
+        self,
+        rows: list[list[int]],
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str],
+        streamer: Any = None,
+        halt: Any = None,
     ) -> list[Generation | BackendError]:
         torch = _import_torch()
         from transformers import GenerationConfig
@@ -336,6 +354,8 @@ class HFBackend(Backend):
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=config,
+                streamer=streamer,
+                stopping_criteria=halt,
             )
         ids, values = self._topk_to_numpy(torch.stack(out.logits, dim=1), top_k)
         new_tokens = out.sequences[:, width:].cpu().tolist()
@@ -358,42 +378,7 @@ class HFBackend(Backend):
         Each token's log-probability is the model's own (raw logits, temperature 1).
         ``seed`` seeds torch's global generator for the call (under the backend's lock).
         """
-        if n < 1 or temperature <= 0:
-            msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
-            raise ConfigurationError(msg)
-        torch = _import_torch()
-        from transformers import GenerationConfig
-
-        config = GenerationConfig(  # type: ignore[no-untyped-call]
-            max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0,
-            top_p=1.0, num_return_sequences=n, eos_token_id=self._eos_ids,
-            pad_token_id=self._pad_id, output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
-        results: list[list[Sample]] = []
-        step = max(1, self.max_batch_rows // n)
-        with self._lock:
-            torch.manual_seed(seed)
-            for start in range(0, len(prompts), step):
-                rows = [self.render(p) for p in prompts[start : start + step]]
-                input_ids, attention = self._left_padded(rows)
-                with torch.inference_mode():
-                    out = self.model.generate(
-                        input_ids=input_ids.to(self.device),
-                        attention_mask=attention.to(self.device),
-                        generation_config=config,
-                    )
-                    new = out.sequences[:, input_ids.shape[1] :]
-                    logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
-                    picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
-                tokens = new.cpu().tolist()
-                samples = [self._sample(t, lp) for t, lp in zip(tokens, picked, strict=True)]
-                results.extend(samples[i : i + n] for i in range(0, len(samples), n))
-        return results
-
-    def _sample(self, tokens: list[int], logprobs: list[float]) -> Sample:
-        stop = next((t for t, token in enumerate(tokens) if token in self._eos_ids), len(tokens))
-        text = str(self.tokenizer.decode(tokens[:stop], skip_special_tokens=True)).strip()
-        return Sample(text=text, token_logprobs=tuple(logprobs[:stop]))
+        return sample_answers(self, prompts, n, temperature, max_new_tokens, seed)
 
     def _left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
         torch = _import_torch()

@@ -197,3 +197,26 @@ def test_a_users_chat_openai_is_guarded_through_the_same_server(
         assert a["answer"] == b["answer"]
         assert a["score"] == pytest.approx(b["score"], abs=1e-6)
     assert guarded.backend.mode == "echo"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["echo", "chat"])
+async def test_the_server_streams_the_answer_live_and_the_pieces_join_to_it(
+    llama_server: LlamaServer, mode: str
+) -> None:
+    g = ESIGuard(backend=backend(llama_server, mode=mode), threshold=0.3, n_variants=2,
+                 top_k=20, max_new_tokens=12, stream_mode="live", on_error="flag")  # fmt: skip
+    question = [SYSTEM, ("human", "What is the capital of France?")]
+    chunks = list(g.stream(question))
+    achunks = [c async for c in g.astream(question)]
+    message = g.invoke(question)
+    for got in (chunks, achunks):
+        assert len(got) > 2 and got[-1].chunk_position == "last"
+        assert "".join(str(c.content) for c in got) == message.content
+        esi = got[-1].response_metadata["esi"]
+        assert esi["scored"] and esi["score"] == pytest.approx(
+            message.response_metadata["esi"]["score"], abs=1e-9
+        )
+    stream = g.stream(question)
+    next(stream)
+    stream.close()  # closing midway closes the server's stream; the backend goes on
+    assert g.invoke(question).response_metadata["esi"]["scored"]

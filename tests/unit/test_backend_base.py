@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from esi_guard.backends import Sampler
-from esi_guard.backends.base import stopped_length
+from esi_guard.backends.base import StreamedText, stopped_length
 
 PIECES = {1: "Mich", 2: "el", 3: "angelo", 4: " y", 5: "ou", 6: " know"}
 
@@ -34,3 +34,34 @@ def test_sampling_is_a_protocol_the_fake_does_not_claim() -> None:
 
     assert not isinstance(FakeBackend(), Sampler)
     assert issubclass(HFBackend, Sampler)
+
+
+WORDS = {1: "The", 2: " capital", 3: " is", 4: " Par", 5: "is", 6: ".", 7: " "}
+
+
+def words(ids: object) -> str:
+    return "".join(WORDS[i] for i in ids)  # type: ignore[attr-defined]
+
+
+def stream(ids: list[int], stop: list[str], *, strip: bool = True) -> tuple[list[str], str]:
+    text = StreamedText(words, stop, strip=strip)
+    return [piece for i in ids if (piece := text.add([i]))], text.sent
+
+
+def test_streamed_text_never_runs_ahead_of_the_answer() -> None:
+    pieces, _ = stream([1, 2, 3, 4, 5, 6], [])
+    assert pieces == ["The", " capital", " is", " Par", "is"]  # the newest token waits
+    assert StreamedText(words, []).rest("The capital is Paris.") == "The capital is Paris."
+    text = StreamedText(words, [])
+    for i in [1, 2, 3, 4, 5, 6]:
+        text.add([i])
+    assert text.sent + text.rest("The capital is Paris.") == "The capital is Paris."
+
+
+def test_streamed_text_holds_back_what_a_stop_sequence_may_take() -> None:
+    _, sent = stream([1, 2, 3, 4, 5, 6], ["Paris"])
+    assert sent == "The capital is"  # " Par" could begin the stop sequence: never sent
+    _, sent = stream([1, 7, 2], [])
+    assert sent == "The"  # trailing whitespace waits: the answer is stripped
+    _, sent = stream([1, 7, 2], [], strip=False)
+    assert sent == "The "

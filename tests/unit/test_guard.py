@@ -406,3 +406,32 @@ def test_langchain_settings_mean_what_they_say() -> None:
     assert (params["ls_provider"], params["ls_model_name"], params["ls_model_type"]) == (
         "fake", "fake", "chat",
     )  # fmt: skip
+
+
+def live(**kwargs: Any) -> ESIGuard:
+    return make_guard(stream_mode="live", action="flag", on_error="flag", **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+async def test_a_live_stream_joins_to_the_invoked_message_and_ends_with_the_score(
+    mode: str,
+) -> None:
+    guard = live()
+    if mode == "stream":
+        chunks = list(guard.stream(UNSURE))
+    else:
+        chunks = [chunk async for chunk in guard.astream(UNSURE)]
+    assert [c.chunk_position for c in chunks][-1] == "last"
+    assert all("esi" not in c.response_metadata for c in chunks[:-1])
+    assert "".join(str(c.content) for c in chunks) == guard.invoke(UNSURE).content
+    assert chunks[-1].response_metadata["esi"]["decision"] == "flag"
+
+
+@pytest.mark.parametrize(
+    "settings", [{"action": "abstain"}, {"action": "flag", "on_error": "abstain"}]
+)
+def test_a_live_stream_is_refused_where_a_shown_answer_could_be_withheld(
+    settings: dict[str, Any],
+) -> None:
+    with pytest.raises(ConfigurationError, match="cannot be withheld"):
+        make_guard(stream_mode="live", **settings)

@@ -11,6 +11,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -251,3 +252,56 @@ def _topk(rows: Sequence[Mapping[str, float]], vocab: _Vocab) -> TopK:
         ids[t, : len(kept)] = vocab.ids([k for _, k in kept])
         values[t, : len(kept)] = [v for v, _ in kept]
     return TopK(ids, values)
+
+
+class _Streamed:
+    """A streamed generation's chunks gathered into the shape of a whole response.
+
+    Each chunk carries its new text and the logprobs of its new tokens; :meth:`add` returns
+    those tokens' strings and :meth:`response` the whole answer as the non-streamed
+    parsers read it.
+    """
+
+    def __init__(self, *, chat: bool) -> None:
+        self.chat = chat
+        self.text = ""
+        self.tokens: list[str] = []
+        self.top: list[Any] = []
+        self.content: list[Any] = []
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+
+    def add(self, chunk: Any) -> list[str]:
+        """Take in one chunk; the strings of the tokens it adds."""
+        self.usage = getattr(chunk, "usage", None) or self.usage
+        choices = getattr(chunk, "choices", None) or []
+        if not choices:
+            return []
+        choice = choices[0]
+        self.finish_reason = getattr(choice, "finish_reason", None) or self.finish_reason
+        logprobs = getattr(choice, "logprobs", None)
+        if self.chat:
+            self.text += str(getattr(choice.delta, "content", None) or "")
+            new = list(getattr(logprobs, "content", None) or [])
+            self.content += new
+            return [str(getattr(item, "token", "")) for item in new]
+        self.text += str(getattr(choice, "text", None) or "")
+        tokens = list(getattr(logprobs, "tokens", None) or [])
+        self.tokens += tokens
+        self.top += list(getattr(logprobs, "top_logprobs", None) or [])
+        return [str(t) for t in tokens]
+
+    def response(self) -> Any:
+        """The gathered answer as a (non-streamed) response object."""
+        if self.chat:
+            logprobs = SimpleNamespace(content=self.content)
+            choice = SimpleNamespace(
+                message=SimpleNamespace(content=self.text), logprobs=logprobs,
+                finish_reason=self.finish_reason,
+            )  # fmt: skip
+        else:
+            logprobs = SimpleNamespace(tokens=self.tokens, top_logprobs=self.top)
+            choice = SimpleNamespace(
+                text=self.text, logprobs=logprobs, finish_reason=self.finish_reason
+            )
+        return SimpleNamespace(choices=[choice], usage=self.usage)

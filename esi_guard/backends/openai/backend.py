@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from esi_guard._keywords import strict_keywords
@@ -20,10 +20,11 @@ from esi_guard.backends.base import (
     ForcingRequest,
     Generation,
     Messages,
+    StreamedText,
     stopped_length,
 )
 from esi_guard.backends.openai._negotiate import Alignment, Mode, _Negotiator
-from esi_guard.backends.openai._transport import RequestStats, _Call, _Transport
+from esi_guard.backends.openai._transport import RequestStats, _Call, _mapped, _Transport
 from esi_guard.backends.openai._wire import (
     _chat_args,
     _chat_logprobs,
@@ -35,6 +36,7 @@ from esi_guard.backends.openai._wire import (
     _echo_entries,
     _first_choice,
     _locate,
+    _Streamed,
     _tail_text,
     _topk,
     _Vocab,
@@ -243,6 +245,39 @@ class OpenAIBackend(Backend):
         responses = await self._transport.asend_all(calls)
         parse = functools.partial(self._parse_generation, stop=stop)
         return [self._guarded(parse, r) for r in responses]
+
+    def stream_generate(
+        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+    ) -> Generator[str | Generation | BackendError, None, None]:
+        """The answer's text from the server's stream (with logprobs), then its Generation.
+
+        Opening the stream is retried like any request; a stream that breaks off midway is
+        the prompt's :class:`APIError`. Closing the iterator early closes the stream.
+        """
+        (call,) = self._generation_calls([prompt], max_new_tokens, top_k, stop)
+        endpoint, args = call.endpoint, call.kwargs
+        gathered = _Streamed(chat=endpoint == "chat")
+        text = StreamedText(_joined, stop, strip=False)
+        try:
+            stream = self._transport.send(_Call(endpoint, {**args, "stream": True}))
+        except APIError as exc:
+            yield exc
+            return
+        try:
+            for chunk in stream:
+                if piece := text.add(gathered.add(chunk)):
+                    yield piece
+        except Exception as exc:  # the stream broke off: this prompt's failure
+            yield _mapped(exc, self.timeout)
+            return
+        finally:
+            getattr(stream, "close", lambda: None)()
+        gen = self._guarded(
+            functools.partial(self._parse_generation, stop=stop), gathered.response()
+        )
+        if isinstance(gen, Generation) and (rest := text.rest(gen.text)):
+            yield rest
+        yield gen
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int

@@ -1,0 +1,64 @@
+"""How ``batch`` stays batched through the backend while each prompt keeps its own run.
+
+``batch`` first runs every step once for all the prompts (:meth:`Pipeline.run`), then
+invokes each prompt as any chat model would (its own chat-model run, callbacks, cache,
+``output_version``); while it does, the prompt's already-decided item is in a context
+variable, and the guard's ``_generate`` takes it from there instead of running again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from esi_guard._inputs import parse_input
+from esi_guard._keywords import check_keywords
+from esi_guard._pipeline import GuardedPrompt, Item
+from esi_guard.exceptions import InputError
+
+__all__ = ["item_for", "items", "kept", "prefetched"]
+
+_PREFETCHED: ContextVar[Item | None] = ContextVar("esi_guard_prefetched", default=None)
+
+
+def items(inputs: Sequence[Any], kwargs: dict[str, Any]) -> list[Item | None]:
+    """An item per input that parses (the others fail again, by name, when invoked)."""
+    check_keywords("ESIGuard call", kwargs, ("stop",))
+    out: list[Item | None] = []
+    for index, value in enumerate(inputs):
+        try:
+            out.append(Item(parse_input(value), index=index))
+        except InputError:
+            out.append(None)
+    return out
+
+
+def item_for(prompt: GuardedPrompt) -> Item:
+    """The item batch ran for this prompt, when it is the one being invoked; else a new one."""
+    prefetched = _PREFETCHED.get()
+    if prefetched is not None and prefetched.prompt == prompt:
+        return prefetched
+    return Item(prompt)
+
+
+@contextmanager
+def prefetched(item: Item | None) -> Iterator[None]:
+    """While invoking one prompt of a batch: the item the batch ran for it."""
+    token = _PREFETCHED.set(item)
+    try:
+        yield
+    finally:
+        _PREFETCHED.reset(token)
+
+
+@contextmanager
+def kept(out: list[Any], return_exceptions: bool) -> Iterator[None]:
+    """With ``return_exceptions``, a prompt's error takes its place in ``out``."""
+    try:
+        yield
+    except Exception as exc:
+        if not return_exceptions:
+            raise
+        out.append(exc)

@@ -1,0 +1,62 @@
+"""Sampled answers from a transformers model, for the sampling baselines (not for ESI)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from esi_guard.backends.base import Messages, Sample
+from esi_guard.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from esi_guard.backends.hf import HFBackend
+
+__all__ = ["sample_answers"]
+
+
+def sample_answers(
+    backend: HFBackend,
+    prompts: Sequence[Messages],
+    n: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> list[list[Sample]]:
+    """:meth:`HFBackend.sample`'s work (under the backend's lock)."""
+    if n < 1 or temperature <= 0:
+        msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
+        raise ConfigurationError(msg)
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0,
+        top_p=1.0, num_return_sequences=n, eos_token_id=backend._eos_ids,
+        pad_token_id=backend._pad_id, output_logits=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    results: list[list[Sample]] = []
+    step = max(1, backend.max_batch_rows // n)
+    with backend._lock:
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), step):
+            rows = [backend.render(p) for p in prompts[start : start + step]]
+            input_ids, attention = backend._left_padded(rows)
+            with torch.inference_mode():
+                out = backend.model.generate(
+                    input_ids=input_ids.to(backend.device),
+                    attention_mask=attention.to(backend.device),
+                    generation_config=config,
+                )
+                new = out.sequences[:, input_ids.shape[1] :]
+                logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+                picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
+            tokens = new.cpu().tolist()
+            samples = [_sample(backend, t, lp) for t, lp in zip(tokens, picked, strict=True)]
+            results.extend(samples[i : i + n] for i in range(0, len(samples), n))
+    return results
+
+
+def _sample(backend: HFBackend, tokens: list[int], logprobs: list[float]) -> Sample:
+    stop = next((t for t, token in enumerate(tokens) if token in backend._eos_ids), len(tokens))
+    text = str(backend.tokenizer.decode(tokens[:stop], skip_special_tokens=True)).strip()
+    return Sample(text=text, token_logprobs=tuple(logprobs[:stop]))

@@ -1,0 +1,108 @@
+"""Streaming one answer out of transformers' ``generate`` while it runs in a worker thread.
+
+``generate`` hands each new token to a streamer (here: a queue) and checks a stopping
+criterion (here: an event) before each step, so the consumer reads tokens as they come and
+can end the generation early by closing the stream; the raw-logit top-k is still taken
+from ``generate``'s output when it returns.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from esi_guard.backends.base import Generation, Messages, StreamedText
+
+if TYPE_CHECKING:
+    from esi_guard.backends.hf import HFBackend
+    from esi_guard.exceptions import BackendError
+
+__all__ = ["stream_answer", "stream_tokens"]
+
+
+class _QueueStreamer:
+    """transformers' streamer interface: the prompt first (skipped), then each new token."""
+
+    def __init__(self, tokens: queue.Queue[list[int] | None]) -> None:
+        self._tokens = tokens
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self._tokens.put([int(t) for t in value.reshape(-1).tolist()])
+
+    def end(self) -> None:
+        self._tokens.put(None)
+
+
+def _halt_criterion(halt: threading.Event) -> Any:
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Halt(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return torch.full((input_ids.shape[0],), halt.is_set(), device=input_ids.device)
+
+    return StoppingCriteriaList([Halt()])
+
+
+def stream_tokens(run: Callable[[Any, Any], Any]) -> Iterator[list[int] | tuple[str, Any]]:
+    """New token ids as ``run(streamer, stopping_criterion)`` generates them.
+
+    Then ``("result", value)`` or ``("error", exception)`` once it has returned.
+    Closing the iterator early sets the criterion, so generation stops at the next step.
+    """
+    tokens: queue.Queue[list[int] | None] = queue.Queue()
+    halt = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = run(_QueueStreamer(tokens), _halt_criterion(halt))
+        except Exception as exc:  # handed to the consumer, which decides
+            outcome["error"] = exc
+        finally:
+            tokens.put(None)
+
+    thread = threading.Thread(target=work, name="esi-guard-stream", daemon=True)
+    thread.start()
+    try:
+        while (ids := tokens.get()) is not None:
+            yield ids
+    finally:
+        halt.set()
+        thread.join()
+    yield ("error", outcome["error"]) if "error" in outcome else ("result", outcome["result"])
+
+
+def stream_answer(
+    backend: HFBackend, prompt: Messages, max_new_tokens: int, top_k: int, stop: Sequence[str]
+) -> Generator[str | Generation | BackendError, None, None]:
+    """:meth:`HFBackend.stream_generate`'s work (under the backend's lock)."""
+    with backend._lock:
+        row = backend.render(prompt)
+        too_long = backend._too_long(len(row) + 1, "the prompt (plus one answer token)")
+        if too_long is not None:
+            yield too_long
+            return
+        room = max_new_tokens
+        if backend.context_length is not None:
+            room = min(room, backend.context_length - len(row))
+        text = StreamedText(backend._decode, stop)
+        for piece in stream_tokens(
+            lambda streamer, halt: backend._generate_chunk([row], room, top_k, stop, streamer, halt)
+        ):
+            if isinstance(piece, list):
+                if delta := text.add(piece):
+                    yield delta
+            elif piece[0] == "error":
+                raise piece[1]
+            else:
+                gen = piece[1][0]
+                if isinstance(gen, Generation) and (rest := text.rest(gen.text)):
+                    yield rest
+                yield gen
