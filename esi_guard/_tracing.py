@@ -19,6 +19,7 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 
+from esi_guard import _live
 from esi_guard._messages import piece_chunk
 from esi_guard._pipeline import Item, Pipeline
 from esi_guard.backends.base import Generation
@@ -114,6 +115,7 @@ def run(
         for piece in streamed(pipeline, item, run_manager):
             if run_manager is not None:
                 run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
+            _live.emit(piece)
         return
     one = [item]
     traced(run_manager, "generate", item, lambda: pipeline.generated(one, pipeline.generate(one)))
@@ -138,6 +140,7 @@ async def arun(
         async for piece in astreamed(pipeline, item, run_manager):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
+            _live.emit(piece)
         return
     one = [item]
 

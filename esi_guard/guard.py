@@ -15,14 +15,14 @@ from typing import Any, Literal, TypeAlias
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from esi_guard import _batching, _tracing
+from esi_guard import _batching, _live, _tracing
 from esi_guard._inputs import parse_input
 from esi_guard._keywords import check_keywords, unknown_keyword
 from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
@@ -68,9 +68,7 @@ class ESIGuard(BaseChatModel):
     As a LangChain chat model it passes langchain-tests' standard suites: ``batch`` runs
     each step once for all prompts through the backend, then gives each prompt its run;
     ``stream`` holds the answer until it is scored (one last chunk) unless
-    ``stream_mode="live"``. Honest limit: langchain-core 1.7 does not hand
-    ``_stream`` its run manager, so in ``stream``/``astream`` the steps run untraced
-    (the chat-model run and its tokens are traced; ``invoke`` traces every step).
+    ``stream_mode="live"``, and traces every step either way.
 
     Example:
         .. code-block:: python
@@ -266,6 +264,33 @@ class ESIGuard(BaseChatModel):
             with _batching.prefetched(item), _batching.kept(out, return_exceptions):
                 out.append(await self.ainvoke(value, each, **kwargs))
         return out
+
+    def stream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        """The answer as one last chunk, once scored; live: its text first, as generated.
+
+        Either way it runs the traced ``invoke`` (see :mod:`esi_guard._live`), so the
+        chat-model run, its tokens and every step show in callbacks and traces.
+        """
+        yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs))
+
+    async def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        """Async :meth:`stream`."""
+        async for chunk in _live.astream(lambda: self.ainvoke(input, config, stop=stop, **kwargs)):
+            yield chunk
 
     def score(self, prompt: GuardInput, answer: str) -> ESIResult:
         """Score an answer the user already has, without generating.

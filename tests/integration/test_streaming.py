@@ -34,11 +34,16 @@ def test_pieces_come_before_the_score_and_join_to_the_invoked_answer(guard: ESIG
     assert esi["score"] == pytest.approx(message.response_metadata["esi"]["score"], abs=1e-9)
 
 
-async def test_astream_events_show_the_answer_tokens_as_they_come(guard: ESIGuard) -> None:
+async def test_astream_events_show_the_answer_tokens_and_the_steps(guard: ESIGuard) -> None:
     events = [event async for event in guard.astream_events(QUESTION, version="v2")]
-    kinds = [event["event"] for event in events]
-    assert kinds.count("on_chat_model_stream") > 2
-    assert kinds.index("on_chat_model_stream") < kinds.index("on_chat_model_end")
+    kinds = [(event["event"], event["name"]) for event in events]
+    tokens = [i for i, (kind, _) in enumerate(kinds) if kind == "on_chat_model_stream"]
+    assert len(tokens) > 2
+    steps = [name for kind, name in kinds if kind == "on_chain_start"]
+    assert steps == ["esi_generate", "esi_intervene", "esi_score"]
+    # the answer's tokens stream while the generate step runs, before any scoring
+    assert kinds.index(("on_chain_start", "esi_generate")) < tokens[0]
+    assert tokens[1] < kinds.index(("on_chain_start", "esi_intervene"))
 
 
 class Tokens(AsyncCallbackHandler):

@@ -120,3 +120,19 @@ async def test_a_failed_step_ends_its_child_run_with_the_error(mode: str) -> Non
     steps = {r["name"]: r for r in recorder.runs.values() if r["parent"] is not None}
     assert set(steps) == {"esi_generate"}  # nothing after a failed generation
     assert "scripted generate failure" in str(steps["esi_generate"]["error"])
+
+
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+async def test_a_live_stream_traces_every_step_under_the_chat_model_run(mode: str) -> None:
+    recorder = Recorder()
+    guard = make_guard(stream_mode="live", action="flag", on_error="flag")
+    config: Any = {"callbacks": [recorder]}
+    if mode == "stream":
+        chunks = list(guard.stream(UNSURE, config))
+    else:
+        chunks = [chunk async for chunk in guard.astream(UNSURE, config)]
+    assert chunks[-1].chunk_position == "last" and chunks[-1].response_metadata["esi"]
+    (root_id,) = [i for i, r in recorder.runs.items() if r["parent"] is None]
+    assert recorder.runs[root_id]["kind"] == "chat_model"
+    children = {r["name"] for r in recorder.runs.values() if r["parent"] == root_id}
+    assert {"esi_generate", "esi_intervene", "esi_score"} <= children

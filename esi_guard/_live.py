@@ -1,0 +1,113 @@
+"""The guard's ``stream``: the answer's pieces to the caller while ``invoke`` runs.
+
+``stream`` runs the ordinary traced ``invoke`` (so the chat-model run, its token
+callbacks and the guard's child runs are all reported, which langchain-core's own
+streaming path cannot do: it does not hand ``_stream`` its run manager) and hands each
+piece of the answer over as the backend generates it, through a sink in a context
+variable (only with ``stream_mode="live"``; held, no piece comes before the end). The last
+chunk is the scored message itself, less the text already sent.
+Closing the stream midway makes the next piece raise inside the guard, which stops the
+generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk
+
+__all__ = ["astream", "emit", "stream"]
+
+_SINK: ContextVar[Callable[[str], None] | None] = ContextVar("esi_guard_sink", default=None)
+_END = object()
+
+
+class _Gone(Exception):
+    """The caller closed the stream: stop generating."""
+
+
+def emit(piece: str) -> None:
+    """Hand one piece of the answer to the live stream being served, if any."""
+    sink = _SINK.get()
+    if sink is not None:
+        sink(piece)
+
+
+def _last(message: AIMessage, sent: str) -> AIMessageChunk:
+    content = message.content
+    if isinstance(content, str) and content.startswith(sent):
+        content = content[len(sent) :]
+    return AIMessageChunk(
+        content=content,
+        id=message.id,
+        response_metadata=message.response_metadata,
+        usage_metadata=message.usage_metadata,
+        chunk_position="last",
+    )
+
+
+def stream(invoke: Callable[[], AIMessage]) -> Iterator[AIMessageChunk]:
+    """Pieces of ``invoke()``'s answer while it runs in a worker thread, then the rest."""
+    pieces: queue.Queue[Any] = queue.Queue()
+    gone = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def sink(piece: str) -> None:
+        if gone.is_set():
+            raise _Gone
+        pieces.put(piece)
+
+    def work() -> None:
+        _SINK.set(sink)
+        try:
+            outcome["message"] = invoke()
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+        finally:
+            pieces.put(_END)
+
+    thread = threading.Thread(target=work, name="esi-guard-live", daemon=True)
+    thread.start()
+    sent = ""
+    try:
+        while (piece := pieces.get()) is not _END:
+            sent += piece
+            yield AIMessageChunk(content=piece)
+    finally:
+        gone.set()
+        thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield _last(outcome["message"], sent)
+
+
+async def astream(ainvoke: Callable[[], Awaitable[AIMessage]]) -> AsyncIterator[AIMessageChunk]:
+    """Async :func:`stream`: ``ainvoke()`` runs as a task; closing the stream cancels it."""
+    pieces: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def work() -> AIMessage:
+        _SINK.set(pieces.put_nowait)
+        try:
+            return await ainvoke()
+        finally:
+            pieces.put_nowait(_END)
+
+    task = asyncio.ensure_future(work())
+    sent = ""
+    try:
+        while (piece := await pieces.get()) is not _END:
+            sent += piece
+            yield AIMessageChunk(content=piece)
+        message = await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    yield _last(message, sent)
