@@ -84,6 +84,13 @@ class Ends(BaseCallbackHandler):
             with self._lock:
                 self.index[run_id] = int(metadata["load_index"])
 
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID,
+                            parent_run_id: UUID | None = None, metadata: Any = None,
+                            **kwargs: Any) -> None:  # fmt: skip
+        """The guard is a chat model: its top-level run is a chat-model run."""
+        self.on_chain_start(serialized, messages, run_id=run_id, parent_run_id=parent_run_id,
+                            metadata=metadata)  # fmt: skip
+
     def _end(self, run_id: UUID) -> None:
         with self._lock:
             if run_id in self.index:
@@ -93,6 +100,12 @@ class Ends(BaseCallbackHandler):
         self._end(run_id)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._end(run_id)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._end(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id)
 
 
