@@ -22,6 +22,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
 
+from esi_guard._messages import last_message_chunk
+
 __all__ = ["astream", "emit", "stream"]
 
 _SINK: ContextVar[Callable[[str], None] | None] = ContextVar("esi_guard_sink", default=None)
@@ -37,19 +39,6 @@ def emit(piece: str) -> None:
     sink = _SINK.get()
     if sink is not None:
         sink(piece)
-
-
-def _last(message: AIMessage, sent: str) -> AIMessageChunk:
-    content = message.content
-    if isinstance(content, str) and content.startswith(sent):
-        content = content[len(sent) :]
-    return AIMessageChunk(
-        content=content,
-        id=message.id,
-        response_metadata=message.response_metadata,
-        usage_metadata=message.usage_metadata,
-        chunk_position="last",
-    )
 
 
 def stream(invoke: Callable[[], AIMessage]) -> Iterator[AIMessageChunk]:
@@ -84,7 +73,7 @@ def stream(invoke: Callable[[], AIMessage]) -> Iterator[AIMessageChunk]:
         thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    yield _last(outcome["message"], sent)
+    yield last_message_chunk(outcome["message"], sent)
 
 
 async def astream(ainvoke: Callable[[], Awaitable[AIMessage]]) -> AsyncIterator[AIMessageChunk]:
@@ -110,4 +99,4 @@ async def astream(ainvoke: Callable[[], Awaitable[AIMessage]]) -> AsyncIterator[
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    yield _last(message, sent)
+    yield last_message_chunk(message, sent)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
@@ -13,7 +13,7 @@ from esi_guard._pipeline import Item, OnError, raised
 from esi_guard.exceptions import BackendError
 from esi_guard.result import ESIResult
 
-__all__ = ["chat_result", "decision", "last_chunk", "piece_chunk"]
+__all__ = ["chat_result", "decision", "last_chunk", "last_message_chunk", "piece_chunk"]
 
 
 def decision(item: Item) -> str | None:
@@ -58,22 +58,26 @@ def chat_result(
     return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def last_chunk(result: ChatResult, sent: str = "") -> ChatGenerationChunk:
+def last_message_chunk(message: BaseMessage, sent: str = "") -> AIMessageChunk:
     """The last chunk of a stream: the message's text not yet ``sent``, metadata, usage.
 
     A held stream sends nothing before it, so there it is the whole message.
     """
-    message = result.generations[0].message
     content = message.content
     if sent and isinstance(content, str) and content.startswith(sent):
         content = content[len(sent) :]
-    chunk = AIMessageChunk(
+    return AIMessageChunk(
         content=content,
+        id=message.id,
         response_metadata=message.response_metadata,
         usage_metadata=getattr(message, "usage_metadata", None),
         chunk_position="last",
     )
-    return ChatGenerationChunk(message=chunk)
+
+
+def last_chunk(result: ChatResult, sent: str = "") -> ChatGenerationChunk:
+    """:func:`last_message_chunk` of a chat result, as a generation chunk."""
+    return ChatGenerationChunk(message=last_message_chunk(result.generations[0].message, sent))
 
 
 def piece_chunk(text: str) -> ChatGenerationChunk:

@@ -186,9 +186,11 @@ class Pipeline:
         self.generated([item], [gen or BackendError("the backend streamed no answer")])
 
     def _stream_args(self) -> dict[str, Any]:
-        args = self._generate_args([])
-        del args["prompts"]
-        return args
+        return {
+            "max_new_tokens": self.config.max_new_tokens,
+            "top_k": self.config.top_k,
+            "stop": self.stop,
+        }
 
     # -- intervene --------------------------------------------------------------------------
 
@@ -359,12 +361,7 @@ class Pipeline:
         )
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
-        return {
-            "prompts": [item.prompt.messages for item in items],
-            "max_new_tokens": self.config.max_new_tokens,
-            "top_k": self.config.top_k,
-            "stop": self.stop,
-        }
+        return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}
 
 
 def raised(outcome: Outcome) -> BackendError | ScoringError:

@@ -10,7 +10,7 @@ from what the steps gave (their timings are not the steps').
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -32,20 +32,25 @@ STEPS = ("generate", "intervene", "score")
 
 def child(run_manager: CallbackManagerForLLMRun, tag: str) -> CallbackManager:
     """A callback manager for runs under ``run_manager``'s run, tagged ``tag``."""
-    manager = CallbackManager(handlers=[], parent_run_id=run_manager.run_id)
-    manager.set_handlers(run_manager.inheritable_handlers)
-    manager.add_tags(run_manager.inheritable_tags)
-    manager.add_metadata(run_manager.inheritable_metadata)
-    manager.add_tags([tag], inherit=False)
-    return manager
+    return _inherit(
+        CallbackManager(handlers=[], parent_run_id=run_manager.run_id), run_manager, tag
+    )
 
 
 def achild(run_manager: AsyncCallbackManagerForLLMRun, tag: str) -> AsyncCallbackManager:
     """Async :func:`child`."""
     manager = AsyncCallbackManager(handlers=[], parent_run_id=run_manager.run_id)
-    manager.set_handlers(run_manager.inheritable_handlers)
-    manager.add_tags(run_manager.inheritable_tags)
-    manager.add_metadata(run_manager.inheritable_metadata)
+    return _inherit(manager, run_manager, tag)
+
+
+M = TypeVar("M", CallbackManager, AsyncCallbackManager)
+
+
+def _inherit(manager: M, parent: Any, tag: str) -> M:
+    """What langchain-core's ``get_child`` does, for a chat-model run, which lacks it."""
+    manager.set_handlers(parent.inheritable_handlers)
+    manager.add_tags(parent.inheritable_tags)
+    manager.add_metadata(parent.inheritable_metadata)
     manager.add_tags([tag], inherit=False)
     return manager
 

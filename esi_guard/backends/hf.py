@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from esi_guard._embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._hf_force import Rendered, force_group, pack
 from esi_guard.backends._hf_sample import sample_answers
 from esi_guard.backends._hf_stream import stream_answer
 from esi_guard.backends.base import (
@@ -78,29 +78,6 @@ def _resolve_dtype(dtype: Any) -> Any:
         msg = f"unknown dtype {dtype!r}; expected e.g. 'float32', 'bfloat16' or 'auto'"
         raise ConfigurationError(msg)
     return resolved
-
-
-_MIN_PREFIX = 8
-"""Shorter shared prefixes are not worth a separate forward pass."""
-
-
-def _common_prefix(rows: Sequence[Sequence[int]], *, limit: int) -> int:
-    """Length of the longest prefix all rows share, at most ``limit``."""
-    length = 0
-    for column in zip(*rows, strict=False):
-        if length >= limit or any(token != column[0] for token in column[1:]):
-            break
-        length += 1
-    return length
-
-
-@dataclass(frozen=True)
-class _Rendered:
-    """A forcing request with its rows' prompt token ids, and its place in the call."""
-
-    index: int
-    request: ForcingRequest
-    rows: list[list[int]]
 
 
 class HFBackend(Backend):
@@ -430,102 +407,16 @@ class HFBackend(Backend):
         """
         results: list[Forced | BackendError | None] = [None] * len(requests)
         with self._lock:
-            fits: list[_Rendered] = []
+            fits: list[Rendered] = []
             for i, request in enumerate(requests):
                 extra = [request.prompt] if request.include_original else []
                 rows = [self.render(messages) for messages in [*extra, *request.variants]]
                 longest = max(len(row) for row in rows) + len(request.answer_ids)
                 results[i] = self._too_long(longest, "a variant plus the answer")
                 if results[i] is None:
-                    fits.append(_Rendered(i, request, rows))
-            for group in self._groups(fits):
-                forced = self._force_group(group, top_k)
+                    fits.append(Rendered(i, request, rows))
+            for group in pack(fits, self.max_batch_rows):
+                forced = force_group(self, group, top_k)
                 for item, result in zip(group, forced, strict=True):
                     results[item.index] = result
         return [r for r in results if r is not None]
-
-    def _groups(self, requests: Sequence[_Rendered]) -> list[list[_Rendered]]:
-        """Pack whole requests into passes of at most ``max_batch_rows`` sequences."""
-        groups: list[list[_Rendered]] = []
-        rows = 0
-        for request in requests:
-            size = len(request.rows)
-            if not groups or rows + size > self.max_batch_rows:
-                groups.append([])
-                rows = 0
-            groups[-1].append(request)
-            rows += size
-        return groups
-
-    def _force_group(self, group: list[_Rendered], top_k: int) -> list[Forced | BackendError]:
-        torch = _import_torch()
-        prompts: list[list[int]] = []
-        answers: list[list[int]] = []
-        for item in group:
-            prompts += item.rows
-            answers += [list(item.request.answer_ids)] * len(item.rows)
-        # A shared prefix is run once; each row keeps at least its last prompt token,
-        # whose logits predict the first answer token.
-        shared = _common_prefix(prompts, limit=min(len(p) for p in prompts) - 1)
-        if not self.reuse_prefix or len(prompts) < 2 or shared < _MIN_PREFIX:
-            shared = 0
-        rows = [(p + a)[shared:] for p, a in zip(prompts, answers, strict=True)]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
-        attention[:, :shared] = 1
-        for i, row in enumerate(rows):
-            input_ids[i, : len(row)] = torch.tensor(row)
-            attention[i, shared : shared + len(row)] = 1
-        # Only positions from the shortest prompt's last token on carry answer logits.
-        first = min(len(p) for p in prompts) - 1 - shared if self._can_trim else 0
-        n_answer = max(len(a) for a in answers)
-        index = torch.tensor(
-            [
-                [min(len(p) - 1 + t - shared, width - 1) - first for t in range(n_answer)]
-                for p in prompts
-            ]
-        )
-        positions = torch.arange(shared, shared + width).expand(len(rows), width)
-        trim = {"logits_to_keep": width - first} if self._can_trim else {}
-        device = self.device
-        with torch.inference_mode():
-            cache = None
-            if shared:
-                prefix = torch.tensor([prompts[0][:shared]], device=device)
-                cache = self.model(input_ids=prefix, use_cache=True).past_key_values
-                cache.batch_repeat_interleave(len(rows))
-            logits = self.model(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                position_ids=positions.to(device),
-                past_key_values=cache,
-                use_cache=cache is not None,
-                **trim,
-            ).logits
-            picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))
-        ids, values = self._topk_to_numpy(picked, top_k)
-        return self._split([item.request for item in group], ids, values)
-
-    def _split(
-        self, group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray
-    ) -> list[Forced | BackendError]:
-        results: list[Forced | BackendError] = []
-        row = 0
-        for request in group:
-            n = len(request.answer_ids)
-            size = len(request.variants) + int(request.include_original)
-            if not np.isfinite(values[row : row + size, :n]).all():
-                results.append(self._non_finite())
-                row += size
-                continue
-            original = None
-            if request.include_original:
-                original = TopK(ids[row, :n], values[row, :n])
-                row += 1
-            variants = [
-                TopK(ids[row + i, :n], values[row + i, :n]) for i in range(len(request.variants))
-            ]
-            row += len(request.variants)
-            results.append(Forced(variants=variants, original=original))
-        return results

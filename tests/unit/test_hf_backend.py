@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from esi_guard import BackendError, ContextLengthError, ESIGuard, HFBackend
+from esi_guard.backends._hf_force import Rendered, pack
 from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
-from esi_guard.backends.hf import _Rendered
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -94,11 +94,11 @@ def test_requests_are_never_split_and_results_do_not_depend_on_grouping(backend:
         for i in range(3)
     ]  # fmt: skip
     rendered = [
-        _Rendered(i, r, [backend.render(v) for v in r.variants]) for i, r in enumerate(requests)
+        Rendered(i, r, [backend.render(v) for v in r.variants]) for i, r in enumerate(requests)
     ]
-    assert [len(group) for group in backend._groups(rendered)] == [3]
+    assert [len(group) for group in pack(rendered, backend.max_batch_rows)] == [3]
     small = HFBackend(backend.model, backend.tokenizer, max_batch_rows=3)
-    assert [len(group) for group in small._groups(rendered)] == [1, 1, 1]
+    assert [len(group) for group in pack(rendered, small.max_batch_rows)] == [1, 1, 1]
     together = backend.teacher_force(requests, top_k=5)
     apart = small.teacher_force(requests, top_k=5)
     for a, b in zip(together, apart, strict=True):

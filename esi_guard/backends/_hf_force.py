@@ -1,0 +1,139 @@
+"""Teacher forcing on a transformers model: many answers after many prompts, few passes.
+
+Requests are packed whole into passes of at most ``max_batch_rows`` rows; in a pass the
+prompt prefix every row shares runs once and its KV cache is expanded over the rows, and
+logits are computed only from the first answer position on; only the top-k ids and values
+leave the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from esi_guard.backends.base import Forced, ForcingRequest
+from esi_guard.scoring import TopK
+
+if TYPE_CHECKING:
+    from esi_guard.backends.hf import HFBackend
+    from esi_guard.exceptions import BackendError
+
+__all__ = ["Rendered", "force_group", "pack"]
+
+_MIN_PREFIX = 8
+"""Shorter shared prefixes are not worth a separate forward pass."""
+
+
+def _common_prefix(rows: Sequence[Sequence[int]], *, limit: int) -> int:
+    """Length of the longest prefix all rows share, at most ``limit``."""
+    length = 0
+    for column in zip(*rows, strict=False):
+        if length >= limit or any(token != column[0] for token in column[1:]):
+            break
+        length += 1
+    return length
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A forcing request with its rows' prompt token ids, and its place in the call."""
+
+    index: int
+    request: ForcingRequest
+    rows: list[list[int]]
+
+
+def pack(requests: Sequence[Rendered], max_rows: int) -> list[list[Rendered]]:
+    """Pack whole requests into passes of at most ``max_rows`` sequences."""
+    groups: list[list[Rendered]] = []
+    rows = 0
+    for request in requests:
+        size = len(request.rows)
+        if not groups or rows + size > max_rows:
+            groups.append([])
+            rows = 0
+        groups[-1].append(request)
+        rows += size
+    return groups
+
+
+def force_group(
+    backend: HFBackend, group: list[Rendered], top_k: int
+) -> list[Forced | BackendError]:
+    """One forward pass over a group's rows: the top-k at each answer position."""
+    import torch
+
+    prompts: list[list[int]] = []
+    answers: list[list[int]] = []
+    for item in group:
+        prompts += item.rows
+        answers += [list(item.request.answer_ids)] * len(item.rows)
+    # A shared prefix is run once; each row keeps at least its last prompt token,
+    # whose logits predict the first answer token.
+    shared = _common_prefix(prompts, limit=min(len(p) for p in prompts) - 1)
+    if not backend.reuse_prefix or len(prompts) < 2 or shared < _MIN_PREFIX:
+        shared = 0
+    rows = [(p + a)[shared:] for p, a in zip(prompts, answers, strict=True)]
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), backend._pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
+    attention[:, :shared] = 1
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention[i, shared : shared + len(row)] = 1
+    # Only positions from the shortest prompt's last token on carry answer logits.
+    first = min(len(p) for p in prompts) - 1 - shared if backend._can_trim else 0
+    n_answer = max(len(a) for a in answers)
+    index = torch.tensor(
+        [
+            [min(len(p) - 1 + t - shared, width - 1) - first for t in range(n_answer)]
+            for p in prompts
+        ]
+    )
+    positions = torch.arange(shared, shared + width).expand(len(rows), width)
+    trim = {"logits_to_keep": width - first} if backend._can_trim else {}
+    device = backend.device
+    with torch.inference_mode():
+        cache = None
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]], device=device)
+            cache = backend.model(input_ids=prefix, use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(rows))
+        logits = backend.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            position_ids=positions.to(device),
+            past_key_values=cache,
+            use_cache=cache is not None,
+            **trim,
+        ).logits
+        picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))
+    ids, values = backend._topk_to_numpy(picked, top_k)
+    return _split(backend, [item.request for item in group], ids, values)
+
+
+def _split(
+    backend: HFBackend, group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray
+) -> list[Forced | BackendError]:
+    results: list[Forced | BackendError] = []
+    row = 0
+    for request in group:
+        n = len(request.answer_ids)
+        size = len(request.variants) + int(request.include_original)
+        if not np.isfinite(values[row : row + size, :n]).all():
+            results.append(backend._non_finite())
+            row += size
+            continue
+        original = None
+        if request.include_original:
+            original = TopK(ids[row, :n], values[row, :n])
+            row += 1
+        variants = [
+            TopK(ids[row + i, :n], values[row + i, :n]) for i in range(len(request.variants))
+        ]
+        row += len(request.variants)
+        results.append(Forced(variants=variants, original=original))
+    return results
