@@ -16,6 +16,7 @@ from esi_guard.exceptions import (
     InterventionError,
     ModelLoadError,
     ScoringError,
+    WholeMessageWarning,
 )
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import FixedVariants, Intervention, Paraphrase, SkipOneChar, Typo
@@ -51,6 +52,7 @@ __all__ = [
     "SkipOneChar",
     "TopK",
     "Typo",
+    "WholeMessageWarning",
     "__version__",
     "esi_score",
 ]

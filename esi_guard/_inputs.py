@@ -2,22 +2,35 @@
 
 * a string is one user message, and the whole string is the question;
 * a PromptValue or a list of messages keeps every message; the question is the last
-  human message. System and earlier messages are never intervened on.
+  human message. System and earlier messages are never intervened on;
+* a prompt rendered by ``ESIGuard.with_prompt`` (:class:`TemplatedPromptValue`) keeps
+  its template: the question is the template's question variable, and only it changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, cast
 
 from langchain_core.messages import BaseMessage, convert_to_messages
-from langchain_core.prompt_values import PromptValue
+from langchain_core.prompt_values import ChatPromptValue, PromptValue
+from pydantic import Field
 
 from esi_guard._pipeline import GuardedPrompt
 from esi_guard.backends.base import ChatMessage
 from esi_guard.exceptions import InputError
 
-__all__ = ["GuardedPrompt", "message_text", "parse_input"]
+__all__ = [
+    "GuardedPrompt",
+    "TemplatedPromptValue",
+    "chat_messages",
+    "message_text",
+    "parse_input",
+    "rendered",
+    "resolve",
+]
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
 
@@ -67,6 +80,41 @@ def _role(message: BaseMessage) -> str:
     return str(role)
 
 
+class TemplatedPromptValue(ChatPromptValue):
+    """A prompt rendered by ``ESIGuard.with_prompt``: its messages, and where the question is.
+
+    ``guarded`` carries the :class:`GuardedPrompt` whose template renders the variants.
+    """
+
+    guarded: Any = Field(default=None, exclude=True)
+
+
+_RENDERED: ContextVar[GuardedPrompt | None] = ContextVar("esi_guard_rendered", default=None)
+
+
+@contextmanager
+def rendered(value: Any) -> Iterator[None]:
+    """While the guard runs on ``value``: its template, if ``with_prompt`` rendered it.
+
+    The chat-model machinery hands ``_generate`` plain messages; :func:`resolve` finds
+    the template again from them.
+    """
+    guarded = value.guarded if isinstance(value, TemplatedPromptValue) else None
+    token = _RENDERED.set(guarded)
+    try:
+        yield
+    finally:
+        _RENDERED.reset(token)
+
+
+def resolve(prompt: GuardedPrompt) -> GuardedPrompt:
+    """The templated prompt being run, when ``prompt`` is its messages; else ``prompt``."""
+    templated = _RENDERED.get()
+    if templated is not None and templated.messages == prompt.messages:
+        return templated
+    return prompt
+
+
 def parse_input(value: Any) -> GuardedPrompt:
     """Chat messages and question of a guard input.
 
@@ -74,6 +122,22 @@ def parse_input(value: Any) -> GuardedPrompt:
         InputError: Unsupported type, a message that is not text, invalid Unicode (lone
             surrogates), no human message, or an empty or whitespace-only question.
     """
+    if isinstance(value, TemplatedPromptValue) and value.guarded is not None:
+        return cast(GuardedPrompt, value.guarded)
+    chat = chat_messages(value)
+    users = [i for i, message in enumerate(chat) if message["role"] == "user"]
+    if not users:
+        msg = "the prompt has no human message to use as the question"
+        raise InputError(msg)
+    prompt = GuardedPrompt(messages=chat, question_index=users[-1])
+    if not prompt.question.strip():
+        msg = "the question (last human message) is empty"
+        raise InputError(msg)
+    return prompt
+
+
+def chat_messages(value: Any) -> tuple[ChatMessage, ...]:
+    """A guard input as chat messages (see :func:`parse_input` for the errors)."""
     chat: tuple[ChatMessage, ...]
     if isinstance(value, str):
         chat = (ChatMessage(role="user", content=value),)
@@ -98,12 +162,4 @@ def parse_input(value: Any) -> GuardedPrompt:
         raise InputError(msg)
     for message in chat:
         _check_text(message["content"])
-    users = [i for i, message in enumerate(chat) if message["role"] == "user"]
-    if not users:
-        msg = "the prompt has no human message to use as the question"
-        raise InputError(msg)
-    prompt = GuardedPrompt(messages=chat, question_index=users[-1])
-    if not prompt.question.strip():
-        msg = "the question (last human message) is empty"
-        raise InputError(msg)
-    return prompt
+    return chat

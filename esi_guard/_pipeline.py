@@ -20,7 +20,7 @@ when it traces them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation
@@ -38,12 +38,33 @@ from esi_guard.scoring import Distance, TopK, esi_score
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
 
-__all__ = ["Action", "GuardedPrompt", "Item", "OnError", "Pipeline", "raised", "shield"]
+__all__ = [
+    "Action",
+    "GuardedPrompt",
+    "Item",
+    "OnError",
+    "Pipeline",
+    "Templated",
+    "raised",
+    "shield",
+]
 
 Action = Literal["flag", "abstain", "route"]
 OnError = Literal["abstain", "flag", "raise"]
 Outcome = ESIResult | BackendError
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Templated:
+    """A prompt rendered from a template whose question is one of its variables."""
+
+    question: str
+    """The question variable's value: the only text the intervention changes."""
+    render: Callable[[str], list[ChatMessage]]
+    """The prompt rendered again with the question variable replaced (all else as given)."""
+    without_context: list[ChatMessage] | None = None
+    """The prompt rendered with the context variable emptied, for ``context_reliance``."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +74,22 @@ class GuardedPrompt:
     messages: tuple[ChatMessage, ...]
     """The whole prompt."""
     question_index: int
-    """Index of the message that is intervened on."""
+    """Index of the message that holds the question."""
+    template: Templated | None = None
+    """Set when the prompt came from a template: the question is then a variable's value
+    inside that message, and variants are rendered by the template."""
 
     @property
     def question(self) -> str:
-        """The question text."""
+        """The question text: the whole message, or the template's question variable."""
+        if self.template is not None:
+            return self.template.question
         return self.messages[self.question_index]["content"]
 
     def with_question(self, text: str) -> list[ChatMessage]:
         """The same prompt with the question replaced by ``text``."""
+        if self.template is not None:
+            return self.template.render(text)
         messages = list(self.messages)
         messages[self.question_index] = ChatMessage(role="user", content=text)
         return messages
@@ -115,6 +143,9 @@ class Pipeline:
     on_error: OnError
     stop: tuple[str, ...] = ()
     """Stop sequences for generation."""
+    decide_on: Literal["esi", "context_reliance"] = "esi"
+    """The signal compared with the threshold: the score (untrusted above it), or the
+    context reliance (untrusted below it)."""
 
     def run(self, items: Sequence[Item]) -> None:
         """Every step for all ``items`` (one backend call per step); each ends decided."""
@@ -242,7 +273,12 @@ class Pipeline:
     def plan(
         self, items: Sequence[Item], *, include_original: bool
     ) -> list[tuple[Item, ForcingRequest]]:
-        """The forcing request of each item that can be scored; the others are decided."""
+        """The forcing requests of the items that can be scored; the others are decided.
+
+        An item whose template has a context gets a second request right after its own:
+        the answer forced once after the prompt without its context (``context_reliance``).
+        It is a request of its own so that the variants keep their shared prefix.
+        """
         planned = []
         for item in items:
             if item.outcome is not None:
@@ -259,6 +295,10 @@ class Pipeline:
                 include_original=include_original,
             )
             planned.append((item, request))
+            template = item.prompt.template
+            if template is not None and template.without_context is not None:
+                planned.append((item, replace(request, variants=[template.without_context],
+                                              include_original=False)))  # fmt: skip
         return planned
 
     def assess(
@@ -268,15 +308,24 @@ class Pipeline:
         forced: Sequence[Forced | BackendError],
     ) -> list[Outcome]:
         """Score each planned item from its forced distributions; every item's outcome."""
+        by_item: dict[int, list[Forced | BackendError]] = {}
         for (item, _), out in zip(planned, forced, strict=True):
-            item.outcome = self.failure(item, out) if isinstance(out, BackendError) else (
-                self._scored(item, out)
-            )  # fmt: skip
+            by_item.setdefault(id(item), []).append(out)
+        for item in items:
+            if id(item) not in by_item:
+                continue
+            out, *context = by_item[id(item)]
+            if isinstance(out, BackendError):
+                item.outcome = self.failure(item, out)
+            else:
+                item.outcome = self._scored(item, out, context[0] if context else None)
         for item in items:
             item.steps["score"] = item.outcome
         return [cast(Outcome, item.outcome) for item in items]
 
-    def _scored(self, item: Item, forced: Forced) -> ESIResult:
+    def _scored(
+        self, item: Item, forced: Forced, context: Forced | BackendError | None
+    ) -> ESIResult:
         base = item.original if item.original is not None else forced.original
         changed = item.changed
         question = item.prompt.question
@@ -306,10 +355,26 @@ class Pipeline:
                 kind=self.backend.values_kind,
                 observed=observed,
             )
+            reliance = None if context is None else self._reliance(base, context)
         except ScoringError as exc:
             return self.result(item, None, reason(exc))
-        rows = len(changed) + (forced.original is not None)
-        return self.result(item, esi.score, None, [float(x) for x in esi.token_scores], rows)
+        rows = len(changed) + (forced.original is not None) + (context is not None)
+        return self.result(
+            item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance
+        )
+
+    def _reliance(self, base: TopK, context: Forced | BackendError) -> float:
+        """How far the answer's distributions move when the context is taken away."""
+        if isinstance(context, BackendError):
+            msg = f"context reliance: {context}"
+            raise ScoringError(msg, code=context.code)
+        if len(context.variants) != 1:
+            msg = f"context reliance: the backend returned {len(context.variants)} rows for 1"
+            raise ScoringError(msg)
+        distance = cast(Distance, self.config.distance)
+        kind = self.backend.values_kind
+        return esi_score(base, context.variants, distance=distance, kind=kind,
+                         observed=context.observed).score  # fmt: skip
 
     def _unscorable(self, item: Item) -> ScoringError | None:
         if not item.answer_ids:
@@ -337,11 +402,20 @@ class Pipeline:
         why: str | None,
         token_scores: list[float] | None = None,
         forced: int = 0,
+        context_reliance: float | None = None,
     ) -> ESIResult:
         """The item's result: scored, or unscored with ``why``; the decision it implies."""
         decision: Decision
+        if score is not None and self.decide_on == "context_reliance" and context_reliance is None:
+            score, token_scores = None, None
+            why = (
+                "scoring_error: decide_on='context_reliance' needs a prompt with a context "
+                "(ESIGuard.with_prompt(..., context_key=...))"
+            )
         if score is None:
             decision = "flag" if self.on_error == "flag" else "abstain"
+        elif context_reliance is not None and self.decide_on == "context_reliance":
+            decision = "accept" if context_reliance >= self.threshold else self.action
         else:
             decision = "accept" if score <= self.threshold else self.action
         return ESIResult(
@@ -358,6 +432,7 @@ class Pipeline:
             scoring=self.config.as_metadata(),
             finish_reason=item.finish_reason,
             work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
+            context_reliance=context_reliance,
         )
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.runner import run_header, score_examples, scoring_config
 from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_risk, by_youden
-from esi_guard.exceptions import ESIGuardError
+from esi_guard.exceptions import ESIGuardError, InputError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
 
@@ -49,6 +49,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 console = Console()
 
 DEFAULT_SYSTEM = "Please directly answer the following question with one or few words."
+DECLINE_PHRASE = "I don't know"
+RAG_TEMPLATE = (
+    "Answer the question using only the passage below, in a few words. If the passage does "
+    f"not contain the answer, reply exactly: {DECLINE_PHRASE}\n\nPassage: {{context}}\n\n"
+    "Question: {question}"
+)
+"""The default prompt for data with passages (SQuAD 2.0): one human message, the passage
+before the question (so ESI's variants share the passage's prefix), and a fixed phrase to
+decline with (see :func:`esi_guard.calibration.labels.declined`)."""
 
 
 class LabelMethod(str, Enum):
@@ -98,7 +107,22 @@ Cache = Annotated[
     Path | None, typer.Option(help="JSONL cache of per-example results; reruns resume from it.")
 ]
 BatchSize = Annotated[int, typer.Option(help="Questions per batched guard call.")]
-System = Annotated[str, typer.Option(help="System prompt before each question ('' for none).")]
+System = Annotated[
+    str | None,
+    typer.Option(
+        help="System prompt before each question ('' for none). Default: a short-answer "
+        "instruction for closed-book data, none with a --prompt template or passage data."
+    ),
+]
+PromptFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--prompt",
+        help="Template file with {question} (and {context} for data with passages, such as "
+        "SQuAD 2.0); only {question} is intervened on. Default for passage data: the "
+        "built-in RAG template.",
+    ),
+]
 Labels = Annotated[LabelMethod, typer.Option(help="Correctness labels.")]
 LabelThreshold = Annotated[
     float | None, typer.Option(help="Threshold of f1 (0.5) or semantic (0.7) labels.")
@@ -144,11 +168,12 @@ def _score(
     *,
     cache: Path | None,
     system: str | None,
+    template: str | None,
     batch_size: int,
     digest: str,
     data: Path,
 ) -> list[dict[str, Any]]:
-    header = run_header(guard, digest, system)
+    header = run_header(guard, digest, system, template)
     if cache is None:  # in the working directory, never beside the (shared) data
         run_id = hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:12]
         cache = Path(f"esi-cache-{data.stem}-{run_id}.jsonl")
@@ -171,7 +196,7 @@ def _score(
 
         records = score_examples(
             guard, examples, cache=cache, header=header, system_prompt=system,
-            batch_size=batch_size, on_batch=advance,
+            template=template, batch_size=batch_size, on_batch=advance,
         )  # fmt: skip
     console.print(f"per-example results: {cache}")
     return records
@@ -200,6 +225,38 @@ class _Run(NamedTuple):
     scores: list[float]
     wrong: list[int]
     unscored: int
+    system: str | None
+    template: str | None
+    records: list[dict[str, Any]]
+
+
+def _prompts(
+    examples: list[Example], system: str | None, prompt_file: Path | None, template: str | None
+) -> tuple[str | None, str | None]:
+    """The run's system prompt and template, checked against the data (passages or not)."""
+    if prompt_file is not None:
+        try:
+            template = prompt_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            msg = f"cannot read the prompt template {prompt_file}: {exc.strerror}"
+            raise InputError(msg) from exc
+    passages = any(e.context is not None for e in examples)
+    if passages and template is None:
+        template = RAG_TEMPLATE
+    if template is not None:
+        where = prompt_file or "the built-in RAG template"
+        if "{question}" not in template:
+            msg = f"{where} has no {{question}} variable"
+            raise InputError(msg)
+        if passages and "{context}" not in template:
+            msg = f"{where} has no {{context}} variable: the data has passages to put there"
+            raise InputError(msg)
+        if not passages and "{context}" in template:
+            msg = f"{where} has a {{context}} variable but the data has no passages"
+            raise InputError(msg)
+    if system is None:
+        system = None if template is not None else DEFAULT_SYSTEM
+    return system or None, template
 
 
 def _run(
@@ -212,7 +269,9 @@ def _run(
     labeller: Callable[[], Any],
     cache: Path | None,
     system: str | None,
+    prompt_file: Path | None,
     batch_size: int,
+    template: str | None = None,
 ) -> tuple[ESIGuard, _Run]:
     """Load, score (resumably) and label; any esi_guard error ends the command with code 2."""
     try:
@@ -221,9 +280,12 @@ def _run(
             data, question_field=question_field, answers_field=answers_field,
             incorrect_field=incorrect_field, limit=limit, seed=seed,
         )  # fmt: skip
+        system, template = _prompts(examples, system, prompt_file, template)
         digest = dataset_hash(examples)
         the_guard, the_labeller = guard(), labeller()
-        records = _score(the_guard, examples, cache=cache, system=system,
+        if any(not e.answerable for e in examples):
+            the_labeller = label_methods.Declines(the_labeller)
+        records = _score(the_guard, examples, cache=cache, system=system, template=template,
                          batch_size=batch_size, digest=digest, data=data)  # fmt: skip
         scores, wrong, unscored = _label(records, examples, the_labeller)
     except ESIGuardError as exc:
@@ -232,7 +294,8 @@ def _run(
     if not scores:
         console.print("[red]error:[/red] no example could be scored")
         raise typer.Exit(2)
-    return the_guard, _Run(examples, digest, the_labeller, scores, wrong, unscored)
+    run = _Run(examples, digest, the_labeller, scores, wrong, unscored, system, template, records)
+    return the_guard, run
 
 
 def _report(run: _Run, data: Path, resamples: int) -> dict[str, Estimate]:
@@ -245,7 +308,20 @@ def _report(run: _Run, data: Path, resamples: int) -> dict[str, Estimate]:
         console.print(
             f"[yellow]{run.unscored} example(s) could not be scored and are left out[/yellow]"
         )
+    if any(not e.answerable for e in run.examples):
+        console.print(_by_answerability(run))
     return metrics
+
+
+def _by_answerability(run: _Run) -> str:
+    """Accuracy on answerable and unanswerable questions apart (scored examples)."""
+    scored = [e for e, r in zip(run.examples, run.records, strict=True) if r["scored"]]
+    parts = []
+    for name, answerable in (("answerable", True), ("unanswerable (declined)", False)):
+        wrong = [w for e, w in zip(scored, run.wrong, strict=True) if e.answerable is answerable]
+        if wrong:
+            parts.append(f"{name}: {1 - sum(wrong) / len(wrong):.3f} of {len(wrong)}")
+    return "accuracy " + "; ".join(parts)
 
 
 def _metrics_table(metrics: dict[str, Estimate], title: str) -> Table:
@@ -302,7 +378,8 @@ def calibrate(
         str, typer.Option(help="hellinger, squared_hellinger, kl...")
     ] = "hellinger",
     max_new_tokens: Annotated[int, typer.Option()] = 24,
-    system: System = DEFAULT_SYSTEM,
+    system: System = None,
+    prompt: PromptFile = None,
     labels: Labels = LabelMethod.containment,
     label_threshold: LabelThreshold = None,
     judge: Judge = None,
@@ -323,7 +400,7 @@ def calibrate(
                        top_k, distance, max_new_tokens, 0),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
-        system=system or None, batch_size=batch_size,
+        system=system, prompt_file=prompt, batch_size=batch_size,
     )  # fmt: skip
     examples, digest, labeller, scores, wrong = (
         run.examples, run.digest, run.labeller, run.scores, run.wrong
@@ -344,7 +421,7 @@ def calibrate(
             None if math.isnan(choice.selective_risk) else choice.selective_risk
         ),
         model=guard.backend.model_id,
-        scoring=scoring_config(guard, system or None),
+        scoring=scoring_config(guard, run.system, run.template),
         label_method=labeller.name,
         dataset=DatasetInfo(path=str(data), sha256=digest, n=len(examples), limit=limit,
                             seed=seed or 0),
@@ -418,7 +495,8 @@ def evaluate(
         ),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
-        system=calibrated.scoring.system_prompt, batch_size=batch_size,
+        system=calibrated.scoring.system_prompt or "", prompt_file=None, batch_size=batch_size,
+        template=calibrated.scoring.prompt_template,
     )  # fmt: skip
     scores, wrong = run.scores, run.wrong
     _report(run, data, resamples)

@@ -28,6 +28,12 @@ answer's metadata and acts on it (flag, abstain, route). An answer that cannot b
 scored follows the guard's ``on_error`` policy: withheld (``abstain``, the default) or
 flagged with the reason in its metadata, or, with ``on_error="raise"``, one of these
 errors (``ScoringError`` carries the unscored result in ``.result``).
+
+One warning class, for what is not an error but is rarely what the user meant:
+``WholeMessageWarning`` (a ``UserWarning``), issued once per guard when the text taken as
+the question is long (over 512 characters): the whole human message (instructions,
+retrieved passages) is being intervened on; ``ESIGuard.with_prompt`` intervenes on the
+question variable alone.
 """
 
 from __future__ import annotations
@@ -43,8 +49,13 @@ __all__ = [
     "InterventionError",
     "ModelLoadError",
     "ScoringError",
+    "WholeMessageWarning",
     "reason",
 ]
+
+
+class WholeMessageWarning(UserWarning):
+    """A long human message is being intervened on as a whole (see the module)."""
 
 
 class ESIGuardError(Exception):

@@ -9,6 +9,7 @@ run (``esi:generate``, ``esi:intervene``, ``esi:score``, and ``esi:fallback`` wh
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -18,20 +19,21 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams, Langu
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import PromptValue
+from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from esi_guard import _batching, _live, _tracing
-from esi_guard._inputs import parse_input
+from esi_guard._inputs import parse_input, rendered, resolve
 from esi_guard._keywords import check_keywords, unknown_keyword
 from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
-from esi_guard._pipeline import Action, Item, OnError, Pipeline, raised
+from esi_guard._pipeline import Action, GuardedPrompt, Item, OnError, Pipeline, raised
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.exceptions import ConfigurationError
+from esi_guard.exceptions import ConfigurationError, WholeMessageWarning
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
 from esi_guard.result import ESIResult, ScoringConfig
 from esi_guard.scoring import Distance
@@ -44,6 +46,8 @@ GuardInput: TypeAlias = (
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
+LONG_QUESTION = 512
+"""A question longer than this (characters) is probably a whole RAG message: warn once."""
 
 
 class ESIGuard(BaseChatModel):
@@ -107,6 +111,11 @@ class ESIGuard(BaseChatModel):
     """Seed of the intervention; variants depend only on it and the question."""
     on_error: OnError = "abstain"
     """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
+    decide_on: Literal["esi", "context_reliance"] = "esi"
+    """The signal compared with ``threshold``: the ESI ``score`` (default; untrusted
+    above it), or ``context_reliance`` (untrusted *below* it: the answer barely depends
+    on the retrieved context; needs ``with_prompt(..., context_key=...)``, else every
+    answer is unscored)."""
 
     stop: list[str] | None = None
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
@@ -121,6 +130,7 @@ class ESIGuard(BaseChatModel):
     """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
+    _warned: bool = PrivateAttr(default=False)
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
@@ -190,7 +200,7 @@ class ESIGuard(BaseChatModel):
         """
         calibrated = ThresholdFile.read(path)
         expected = calibrated.scoring
-        options = ("n_variants", "top_k", "distance", "seed", "max_new_tokens")
+        options = ("n_variants", "top_k", "distance", "seed", "max_new_tokens", "decide_on")
         settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
         if intervention is None:
             intervention = rebuild_intervention(expected.intervention)
@@ -202,7 +212,9 @@ class ESIGuard(BaseChatModel):
             **settings,
             **kwargs,
         )
-        problems = expected.differences(guard.scoring_config, ignore=("system_prompt",))
+        problems = expected.differences(
+            guard.scoring_config, ignore=("system_prompt", "prompt_template")
+        )
         if guard.backend.model_id != calibrated.model:
             problems.insert(0, f"model: {calibrated.model!r} vs {guard.backend.model_id!r}")
         if problems:
@@ -225,9 +237,67 @@ class ESIGuard(BaseChatModel):
             approximate=self.backend.approximate,
             seed=self.seed,
             max_new_tokens=self.max_new_tokens,
+            decide_on=self.decide_on,
         )
 
     # -- public methods ---------------------------------------------------------------------
+
+    def with_prompt(
+        self,
+        prompt: BasePromptTemplate[Any],
+        question_key: str = "question",
+        *,
+        context_key: str | None = None,
+    ) -> Runnable[dict[str, Any], AIMessage]:
+        """This guard behind ``prompt``, intervening on the ``question_key`` variable only.
+
+        The returned Runnable takes the prompt's variables (a dict) and returns the
+        guard's ``AIMessage``. The prompt is rendered once as given and once per variant
+        with only the question replaced, so instructions, retrieved context and history
+        are the same bytes in every row. With ``context_key`` the answer is also forced
+        once after the prompt with that variable emptied, and ``response_metadata["esi"]``
+        reports ``context_reliance``. A RAG chain::
+
+            {"context": retriever | format_docs, "question": RunnablePassthrough()}
+            | guard.with_prompt(prompt, context_key="context") | StrOutputParser()
+
+        Raises:
+            ConfigurationError: ``question_key`` or ``context_key`` is not one of the
+                prompt's input variables, or ``decide_on="context_reliance"`` without
+                ``context_key``.
+        """
+        from esi_guard._templates import TemplatedPrompt
+
+        if self.decide_on == "context_reliance" and context_key is None:
+            msg = "decide_on='context_reliance' needs with_prompt(..., context_key=...)"
+            raise ConfigurationError(msg)
+        templated = TemplatedPrompt(prompt=prompt, question_key=question_key,
+                                    context_key=context_key)  # fmt: skip
+        return templated | self
+
+    def invoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        """Guard one prompt (see the class)."""
+        with rendered(input):
+            return super().invoke(input, config, stop=stop, **kwargs)
+
+    async def ainvoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        """Async :meth:`invoke`."""
+        with rendered(input):
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
 
     def batch(
         self,
@@ -298,7 +368,7 @@ class ESIGuard(BaseChatModel):
         The original distributions come from teacher forcing ``answer`` after the
         original prompt, in the same pass as the variants.
         """
-        parsed = parse_input(prompt)
+        parsed = self._checked(parse_input(prompt))
         ids = self.backend.encode_answer(parsed.messages, answer)
         variants = self.intervention.variants(parsed.question, self.n_variants, seed=self.seed)
         item = Item(parsed, answer=answer, answer_ids=tuple(ids), variants=variants)
@@ -426,6 +496,7 @@ class ESIGuard(BaseChatModel):
             action=self.action,
             on_error=self.on_error,
             stop=tuple(stop if stop is not None else self.stop or ()),
+            decide_on=self.decide_on,
         )
 
     def _start(
@@ -433,7 +504,23 @@ class ESIGuard(BaseChatModel):
     ) -> tuple[Item, Pipeline]:
         """This call's item (the one batch ran, when it is this prompt's) and pipeline."""
         check_keywords("ESIGuard call", kwargs, ())
-        return _batching.item_for(parse_input(messages)), self._pipeline(stop)
+        prompt = self._checked(resolve(parse_input(messages)))
+        return _batching.item_for(prompt), self._pipeline(stop)
+
+    def _checked(self, prompt: GuardedPrompt) -> GuardedPrompt:
+        """``prompt``; warn (once per guard) when a long whole message is the question."""
+        if prompt.template is None and len(prompt.question) > LONG_QUESTION and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"ESIGuard is intervening on a {len(prompt.question)}-character human "
+                "message as the question: instructions and retrieved context in it are "
+                "changed too, which is not ESI and costs a pass over the whole message per "
+                "variant. Use guard.with_prompt(prompt, question_key='question') to "
+                "intervene on the question alone.",
+                WholeMessageWarning,
+                stacklevel=4,
+            )
+        return prompt
 
     def _decided(self, item: Item, routed: Any = None) -> ChatResult:
         return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)

@@ -48,9 +48,16 @@ class ScoringConfig(BaseModel):
     """Seed of the intervention."""
     max_new_tokens: int = Field(ge=1)
     """Most tokens generated per answer."""
+    decide_on: Literal["esi", "context_reliance"] = "esi"
+    """The signal the threshold applies to: the ESI score (untrusted above it), or the
+    context reliance (untrusted below it)."""
     system_prompt: str | None = None
     """The system prompt a calibration run put before each question (None for a guard,
     which takes whatever prompt the chain hands it)."""
+    prompt_template: str | None = None
+    """The template a calibration run rendered each question with (``{question}``, and
+    ``{context}`` for data with passages), through ``ESIGuard.with_prompt``; None when the
+    question was its own message."""
 
     def differences(self, other: ScoringConfig, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """One ``"<field>: <this> vs <other>"`` line per field whose values differ."""
@@ -62,8 +69,11 @@ class ScoringConfig(BaseModel):
         ]
 
     def as_metadata(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (``system_prompt`` left out when there is none)."""
-        return self.model_dump(exclude={"system_prompt"} if self.system_prompt is None else None)
+        """A JSON-serialisable dict (the calibration run's prompts left out when unset)."""
+        unset = {
+            name for name in ("system_prompt", "prompt_template") if getattr(self, name) is None
+        }
+        return self.model_dump(exclude=unset)
 
 
 @dataclass
@@ -98,6 +108,10 @@ class ESIResult:
     """ESI's work beyond the answer itself: ``forced_variants`` (prompts teacher-forced)
     and ``forced_tokens`` (answer tokens forced after them); never part of the model's
     ``usage_metadata``."""
+    context_reliance: float | None = None
+    """How far the answer's distributions move when the prompt's context is emptied (the
+    same entropy-weighted distance, one row): low means the answer barely depends on the
+    passage. Only with ``ESIGuard.with_prompt(..., context_key=...)``; None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""

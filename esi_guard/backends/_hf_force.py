@@ -25,6 +25,8 @@ __all__ = ["Rendered", "force_group", "pack"]
 
 _MIN_PREFIX = 8
 """Shorter shared prefixes are not worth a separate forward pass."""
+_PASS_COST = 32
+"""A forward pass's fixed cost, in token positions: a little padding is worth one pass fewer."""
 
 
 def _common_prefix(rows: Sequence[Sequence[int]], *, limit: int) -> int:
@@ -46,17 +48,47 @@ class Rendered:
     rows: list[list[int]]
 
 
-def pack(requests: Sequence[Rendered], max_rows: int) -> list[list[Rendered]]:
-    """Pack whole requests into passes of at most ``max_rows`` sequences."""
+def _shared(prompts: Sequence[Sequence[int]], reuse: bool) -> int:
+    """The prefix a pass over ``prompts`` runs once (0 when not worth a separate pass)."""
+    if not reuse or len(prompts) < 2:
+        return 0
+    shared = _common_prefix(prompts, limit=min(len(p) for p in prompts) - 1)
+    return shared if shared >= _MIN_PREFIX else 0
+
+
+def _cost(group: Sequence[Rendered], reuse: bool) -> int:
+    """Token positions a pass over ``group`` computes.
+
+    The shared prefix once, then every row padded to the longest.
+    """
+    prompts = [row for item in group for row in item.rows]
+    shared = _shared(prompts, reuse)
+    width = max(len(row) + len(item.request.answer_ids) for item in group for row in item.rows)
+    return _PASS_COST + shared + len(prompts) * (width - shared)
+
+
+def pack(
+    requests: Sequence[Rendered], max_rows: int, *, reuse_prefix: bool = True
+) -> list[list[Rendered]]:
+    """Pack whole requests into passes of at most ``max_rows`` sequences.
+
+    A request joins the first pass it fits in where that costs no more positions than
+    a pass of its own: requests after different long prefixes (RAG prompts with their
+    passages before the question) each keep their own shared prefix instead of padding
+    one pass to the longest of them.
+    """
     groups: list[list[Rendered]] = []
-    rows = 0
     for request in requests:
-        size = len(request.rows)
-        if not groups or rows + size > max_rows:
-            groups.append([])
-            rows = 0
-        groups[-1].append(request)
-        rows += size
+        alone = _cost([request], reuse_prefix)
+        for group in groups:
+            rows = sum(len(item.rows) for item in group) + len(request.rows)
+            if rows <= max_rows and _cost([*group, request], reuse_prefix) <= (
+                _cost(group, reuse_prefix) + alone
+            ):
+                group.append(request)
+                break
+        else:
+            groups.append([request])
     return groups
 
 
@@ -73,9 +105,7 @@ def force_group(
         answers += [list(item.request.answer_ids)] * len(item.rows)
     # A shared prefix is run once; each row keeps at least its last prompt token,
     # whose logits predict the first answer token.
-    shared = _common_prefix(prompts, limit=min(len(p) for p in prompts) - 1)
-    if not backend.reuse_prefix or len(prompts) < 2 or shared < _MIN_PREFIX:
-        shared = 0
+    shared = _shared(prompts, backend.reuse_prefix)
     rows = [(p + a)[shared:] for p, a in zip(prompts, answers, strict=True)]
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), backend._pad_id, dtype=torch.long)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -34,25 +35,32 @@ def sample_answers(
         top_p=1.0, num_return_sequences=n, eos_token_id=backend._eos_ids,
         pad_token_id=backend._pad_id, output_logits=True, return_dict_in_generate=True,
     )  # fmt: skip
+    expanded = copy.deepcopy(config)  # the prompt already copied n times
+    expanded.num_return_sequences = 1
     results: list[list[Sample]] = []
-    step = max(1, backend.max_batch_rows // n)
     with backend._lock:
         torch.manual_seed(seed)
-        for start in range(0, len(prompts), step):
-            rows = [backend.render(p) for p in prompts[start : start + step]]
-            input_ids, attention = backend._left_padded(rows)
+        for prompt in prompts:
+            row = backend.render(prompt)
+            ids = torch.tensor([row], device=backend.device)
             with torch.inference_mode():
+                cache = None
+                if backend.reuse_prefix and len(row) > 1:
+                    # The prompt runs once; its KV cache is copied over the n samples.
+                    cache = backend.model(input_ids=ids[:, :-1], use_cache=True).past_key_values
+                    cache.batch_repeat_interleave(n)
+                    ids = ids.repeat(n, 1)  # contiguous: an expanded view decodes slower
                 out = backend.model.generate(
-                    input_ids=input_ids.to(backend.device),
-                    attention_mask=attention.to(backend.device),
-                    generation_config=config,
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    past_key_values=cache,
+                    generation_config=config if cache is None else expanded,
                 )
-                new = out.sequences[:, input_ids.shape[1] :]
+                new = out.sequences[:, len(row) :]
                 logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
                 picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
             tokens = new.cpu().tolist()
-            samples = [_sample(backend, t, lp) for t, lp in zip(tokens, picked, strict=True)]
-            results.extend(samples[i : i + n] for i in range(0, len(samples), n))
+            results.append([_sample(backend, t, lp) for t, lp in zip(tokens, picked, strict=True)])
     return results
 
 

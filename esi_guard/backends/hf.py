@@ -415,7 +415,7 @@ class HFBackend(Backend):
                 results[i] = self._too_long(longest, "a variant plus the answer")
                 if results[i] is None:
                     fits.append(Rendered(i, request, rows))
-            for group in pack(fits, self.max_batch_rows):
+            for group in pack(fits, self.max_batch_rows, reuse_prefix=self.reuse_prefix):
                 forced = force_group(self, group, top_k)
                 for item, result in zip(group, forced, strict=True):
                     results[item.index] = result

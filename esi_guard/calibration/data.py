@@ -11,7 +11,12 @@ TriviaQA (JSONL)                  ``context`` (``Question:``   ``aliases`` (list
                                   ... ``Answer:`` stripped)
 TruthfulQA (CSV)                  ``Question``                 ``Correct Answers``
                                                                (``; ``-separated)
+SQuAD 2.0 (JSON: ``data[]``       ``qas[].question``, with     ``qas[].answers[].text``;
+``.paragraphs[]``)                its paragraph's ``context``  none when ``is_impossible``
 ================================  ===========================  ===========================
+
+SQuAD 2.0 examples carry their passage (``Example.context``); an unanswerable question has
+no gold answer (``Example.answerable`` is False): the right reply is to decline.
 
 The TruthfulQA CSV also carries ``Incorrect Answers``: they become ``Example.incorrect``,
 which the semantic and LLM-judge labels use (an answer closer to a known falsehood than to
@@ -50,6 +55,13 @@ class Example:
     """Gold answers; a prediction matching any of them is right."""
     incorrect: tuple[str, ...] = ()
     """Known wrong answers, where the data set has them (TruthfulQA)."""
+    context: str | None = None
+    """The passage the question is asked about (SQuAD 2.0); None for closed-book sets."""
+
+    @property
+    def answerable(self) -> bool:
+        """False for a question its passage does not answer (no gold answer)."""
+        return bool(self.answers)
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -127,6 +139,9 @@ def load_examples(
         msg = f"data file not found: {where}"
         raise InputError(msg)
     csv_file = where.suffix.lower() == ".csv"
+    squad = _squad(where)
+    if squad is not None:
+        return _shuffled(squad, limit, seed)
     examples = []
     fields: tuple[str, str] | None = None
     for number, record in _rows(where):
@@ -148,17 +163,59 @@ def load_examples(
     if not examples:
         msg = f"{where}: no examples"
         raise InputError(msg)
+    return _shuffled(examples, limit, seed)
+
+
+def _shuffled(examples: list[Example], limit: int | None, seed: int | None) -> list[Example]:
     if seed is not None:
         random.Random(seed).shuffle(examples)
     return examples[:limit] if limit else examples
 
 
+def _squad(path: Path) -> list[Example] | None:
+    """The examples of a SQuAD 2.0 JSON file, or None when ``path`` is not one."""
+    if path.suffix.lower() != ".json":
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None  # maybe JSON lines in a .json file: read as such
+    articles = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(articles, list) or not all(
+        isinstance(a, dict) and isinstance(a.get("paragraphs"), list) for a in articles
+    ):
+        msg = f"{path}: a JSON file must be SQuAD 2.0 (data[].paragraphs[]) or JSON lines"
+        raise InputError(msg)
+    examples = []
+    for a, article in enumerate(articles):
+        for p, paragraph in enumerate(article["paragraphs"]):
+            where = f"{path}: data[{a}].paragraphs[{p}]"
+            context = paragraph.get("context")
+            if not isinstance(context, str) or not context.strip():
+                msg = f"{where}: no context"
+                raise InputError(msg)
+            for q, qa in enumerate(paragraph.get("qas", [])):
+                question = str(qa.get("question", "")).strip()
+                texts = [str(x.get("text", "")).strip() for x in qa.get("answers", [])]
+                answers = tuple(dict.fromkeys(t for t in texts if t))
+                if not question or (not answers and not qa.get("is_impossible")):
+                    msg = f"{where}.qas[{q}]: empty question, or no answer and not is_impossible"
+                    raise InputError(msg)
+                examples.append(Example(question, answers, context=context))
+    if not examples:
+        msg = f"{path}: no examples"
+        raise InputError(msg)
+    return examples
+
+
 def dataset_hash(examples: list[Example]) -> str:
-    """SHA-256 of the examples (questions, answers and known wrong answers, in order)."""
+    """SHA-256 of the examples (questions, answers, known wrong answers and passages)."""
     digest = hashlib.sha256()
     for example in examples:
-        fields = [example.question, list(example.answers)]
+        fields: list[object] = [example.question, list(example.answers)]
         if example.incorrect:
             fields.append(list(example.incorrect))
+        if example.context is not None:
+            fields.append({"context": example.context})
         digest.update(json.dumps(fields).encode())
     return digest.hexdigest()

@@ -13,7 +13,20 @@ has them (TruthfulQA):
   similarity to every one of them (TruthfulQA's "closer to a true answer than to a false
   one": on-topic falsehoods embed close to the truth);
 * ``LLMJudge(llm)``: any LangChain chat model asked whether the prediction answers the
-  question as the gold answers do (shown the known wrong answers too).
+  question as the gold answers do (shown the known wrong answers too);
+* ``Declines(inner)``: for RAG sets with unanswerable questions (SQuAD 2.0, no gold
+  answer): an unanswerable question is right only when the model declines
+  (:func:`declined`), an answerable one is wrong when it declines and otherwise labelled
+  by ``inner``.
+
+**The decline rule** (:func:`declined`): the reply, lower-cased with curly apostrophes
+straightened, says it does not know (``I don't know``, ``I do not know``), that the
+question cannot be answered (``unanswerable``, ``cannot be answered``, ``no answer``),
+that there is no or not enough information, that something is not mentioned / stated /
+provided / specified / given in the passage, or that the passage (context, text, article)
+does not mention / say / state / provide / contain... it; or the whole reply is
+``unknown``, ``none`` or ``n/a``. A reply that states a fact in the negative ("the base
+did not fall") is not a decline.
 """
 
 from __future__ import annotations
@@ -33,11 +46,13 @@ from esi_guard.exceptions import ConfigurationError
 
 __all__ = [
     "Containment",
+    "Declines",
     "ExactMatch",
     "LLMJudge",
     "Labeller",
     "Semantic",
     "TokenF1",
+    "declined",
     "normalise",
     "token_f1",
 ]
@@ -62,6 +77,33 @@ def token_f1(prediction: str, gold: str) -> float:
         return 0.0
     precision, recall = common / len(pred), common / len(ref)
     return 2 * precision * recall / (precision + recall)
+
+
+_SOURCE = r"(passage|context|text|article|paragraph|document|information|it)"
+_NEGATED = r"(does not|doesn't|do not|don't|did not|didn't|is not|isn't|cannot|can't|can not)"
+_VERBS = (
+    r"(mention|say|state|specify|provide|contain|include|give|tell|indicate|answer|discuss"
+    r"|describe|refer|address|know|be determined)"
+)
+_DECLINES = [
+    re.compile(pattern)
+    for pattern in (
+        r"\bi (do not|don't|dont) know\b",
+        r"\bunanswerable\b",
+        r"\b(cannot|can't|can not|unable to) (be )?(answer|determine|tell|say)",
+        r"\bno (answer|mention)\b",
+        r"\b(no|not enough|insufficient|no relevant|no specific) information\b",
+        r"\bnot (mentioned|stated|provided|specified|given|included|known|available)\b",
+        rf"\b{_SOURCE}\b[^.]{{0,60}}\b{_NEGATED} (explicitly |directly |specifically )?{_VERBS}",
+        r"^\W*(unknown|none|n/?a)\W*$",
+    )
+]
+
+
+def declined(text: str) -> bool:
+    """Whether a reply declines to answer (the module's decline rule)."""
+    reply = text.lower().replace("\u2019", "'").replace("\u2018", "'").strip()
+    return any(pattern.search(reply) for pattern in _DECLINES)
 
 
 class Labeller(ABC):
@@ -265,3 +307,38 @@ class LLMJudge(Labeller):
             message_text(reply, skip_other_blocks=True).strip().lower().startswith("correct")
             for reply in replies
         ]
+
+
+class Declines(Labeller):
+    """RAG labels: an unanswerable question (no gold answer) must be declined.
+
+    An answerable one must not be, and is otherwise labelled by ``inner``.
+    """
+
+    def __init__(self, inner: Labeller | None = None) -> None:
+        """``inner`` labels the answers to answerable questions (default: containment)."""
+        self.inner = inner or Containment()
+
+    @property
+    def name(self) -> str:
+        """``declines+<inner>``."""
+        return f"declines+{self.inner.name}"
+
+    def label(
+        self,
+        questions: Sequence[str],
+        predictions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        incorrect: Sequence[Sequence[str]] | None = None,
+    ) -> list[bool]:
+        """Declines for the unanswerable; ``inner`` for the others (a decline is wrong)."""
+        said_no = [declined(p) for p in predictions]
+        rest = [i for i, gold in enumerate(answers) if gold and not said_no[i]]
+        inner = self.inner.label(
+            [questions[i] for i in rest], [predictions[i] for i in rest],
+            [answers[i] for i in rest], [incorrect[i] for i in rest] if incorrect else None,
+        ) if rest else []  # fmt: skip
+        labels = [not gold and said_no[i] for i, gold in enumerate(answers)]
+        for i, right in zip(rest, inner, strict=True):
+            labels[i] = right
+        return labels

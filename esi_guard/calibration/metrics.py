@@ -24,6 +24,7 @@ __all__ = [
     "aurc",
     "auroc",
     "bootstrap",
+    "paired_difference",
     "prr",
     "risk_coverage",
     "selective_accuracy",
@@ -131,6 +132,43 @@ def bootstrap(
         if not math.isnan(value):
             values.append(value)
     point = metric(s, w)
+    if not values:
+        return Estimate(point, math.nan, math.nan)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return Estimate(point, float(low), float(high))
+
+
+def paired_difference(
+    metric: Metric,
+    first: ArrayLike,
+    second: ArrayLike,
+    wrong: ArrayLike,
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """``metric(first) - metric(second)`` on the same examples, with a paired interval.
+
+    A percentile bootstrap in which each resample picks the same examples for both scores.
+
+    An interval that excludes 0 says one score is better on these data; one that holds
+    0 is a tie.
+    """
+    a, w = _arrays(first, wrong)
+    b, _ = _arrays(second, wrong)
+    if a.shape != b.shape:
+        msg = f"paired scores need the same examples; got {a.size} and {b.size}"
+        raise ValueError(msg)
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_resamples):
+        pick = rng.integers(0, a.size, a.size)
+        value = metric(a[pick], w[pick]) - metric(b[pick], w[pick])
+        if not math.isnan(value):
+            values.append(value)
+    point = metric(a, w) - metric(b, w)
     if not values:
         return Estimate(point, math.nan, math.nan)
     tail = (1 - level) / 2 * 100

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from langchain_core.runnables import Runnable
+
 from esi_guard.calibration.data import Example
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
@@ -22,19 +24,34 @@ from esi_guard.result import ScoringConfig
 __all__ = ["run_header", "score_examples"]
 
 
-def run_header(guard: ESIGuard, dataset_sha256: str, system_prompt: str | None) -> dict[str, Any]:
+def run_header(
+    guard: ESIGuard, dataset_sha256: str, system_prompt: str | None, template: str | None = None
+) -> dict[str, Any]:
     """What identifies a run: a cache is only reused by a run with the same header."""
     return {
         "kind": "esi-guard/calibration-cache",
         "model": guard.backend.model_id,
-        "scoring": scoring_config(guard, system_prompt).model_dump(),
+        "scoring": scoring_config(guard, system_prompt, template).model_dump(),
         "dataset_sha256": dataset_sha256,
     }
 
 
-def scoring_config(guard: ESIGuard, system_prompt: str | None) -> ScoringConfig:
-    """The guard's scoring configuration with the run's system prompt, as the file records it."""
-    return guard.scoring_config.model_copy(update={"system_prompt": system_prompt})
+def scoring_config(
+    guard: ESIGuard, system_prompt: str | None, template: str | None = None
+) -> ScoringConfig:
+    """The guard's scoring configuration with the run's prompts, as the file records it."""
+    return guard.scoring_config.model_copy(
+        update={"system_prompt": system_prompt, "prompt_template": template}
+    )
+
+
+def _templated(guard: ESIGuard, system_prompt: str | None, template: str) -> Runnable[Any, Any]:
+    from langchain_core.prompts import ChatPromptTemplate
+
+    messages = [("system", system_prompt)] if system_prompt else []
+    prompt = ChatPromptTemplate.from_messages([*messages, ("human", template)])
+    context = "context" if "context" in prompt.input_variables else None
+    return guard.with_prompt(prompt, "question", context_key=context)
 
 
 def _read_cache(path: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -75,6 +92,7 @@ def score_examples(
     cache: Path,
     header: dict[str, Any],
     system_prompt: str | None = None,
+    template: str | None = None,
     batch_size: int = 8,
     on_batch: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -82,7 +100,9 @@ def score_examples(
 
     Examples already in ``cache`` are not scored again. ``on_batch(n)`` is called after
     each batch with the number of examples it added (for a progress bar); it is also
-    called once at the start with the number found in the cache.
+    called once at the start with the number found in the cache. With ``template`` each
+    example is rendered through ``guard.with_prompt`` (``{question}``, and ``{context}``
+    from the example's passage), so only the question is intervened on.
     """
     done = _read_cache(cache, header)
     if on_batch is not None:
@@ -93,8 +113,13 @@ def score_examples(
             out.write("\n")  # end a line a kill cut short, so the next record starts clean
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
-            inputs = [_prompt(examples[i].question, system_prompt) for i in chunk]
-            messages = guard.batch(inputs, return_exceptions=True)  # type: ignore[arg-type]
+            if template is None:
+                inputs: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
+                messages = guard.batch(inputs, return_exceptions=True)
+            else:
+                inputs = [_variables(examples[i]) for i in chunk]
+                runnable = _templated(guard, system_prompt, template)
+                messages = runnable.batch(inputs, return_exceptions=True)
             for index, message in zip(chunk, messages, strict=True):
                 record = _record(index, examples[index], message)
                 done[index] = record
@@ -105,8 +130,17 @@ def score_examples(
     return [done[i] for i in range(len(examples))]
 
 
+def _variables(example: Example) -> dict[str, str]:
+    values = {"question": example.question}
+    if example.context is not None:
+        values["context"] = example.context
+    return values
+
+
 def _record(index: int, example: Example, message: Any) -> dict[str, Any]:
     base = {"index": index, "question": example.question, "answers": list(example.answers)}
+    if example.context is not None:
+        base["answerable"] = example.answerable
     if isinstance(message, ESIGuardError):
         return {**base, "prediction": None, "score": None, "scored": False,
                 "reason": f"{type(message).__name__}: {message}"}  # fmt: skip
@@ -114,4 +148,4 @@ def _record(index: int, example: Example, message: Any) -> dict[str, Any]:
         raise message
     esi = message.response_metadata["esi"]
     return {**base, "prediction": esi["answer"], "score": esi["score"], "scored": esi["scored"],
-            "reason": esi["reason"]}  # fmt: skip
+            "reason": esi["reason"], "context_reliance": esi.get("context_reliance")}  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from esi_guard import BackendError, ContextLengthError, ESIGuard, HFBackend
-from esi_guard.backends._hf_force import Rendered, pack
+from esi_guard.backends._hf_force import Rendered, _shared, pack
 from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
 
 torch = pytest.importorskip("torch")
@@ -107,6 +107,30 @@ def test_requests_are_never_split_and_results_do_not_depend_on_grouping(backend:
             assert x.values == pytest.approx(y.values, abs=1e-5)
 
 
+def test_requests_after_different_long_prefixes_keep_their_own_pass(backend: HFBackend) -> None:
+    def rag(passage: str, question: str) -> list[ChatMessage]:
+        return user(f"Passage: {passage}\nQuestion: {question}")
+
+    passages = ["The Normans gave their name to Normandy in France. " * 3,
+                "Steam engines are external combustion engines. " * 3]  # fmt: skip
+    requests = [
+        ForcingRequest(prompt=rag(p, "Which one?"), answer_ids=[5, 6],
+                       variants=[rag(p, "Whch one?"), rag(p, "Which oe?")])
+        for p in passages
+    ]  # fmt: skip
+    rendered = [
+        Rendered(i, r, [backend.render(v) for v in r.variants]) for i, r in enumerate(requests)
+    ]
+    groups = pack(rendered, backend.max_batch_rows)
+    assert [[item.index for item in group] for group in groups] == [[0], [1]]
+    for group, passage in zip(groups, passages, strict=True):
+        rows = [row for item in group for row in item.rows]
+        # The passage is computed once per pass: the shared prefix covers it.
+        assert _shared(rows, reuse=True) >= len(f"system:be brief|user:Passage: {passage}")
+    merged = pack(rendered, backend.max_batch_rows, reuse_prefix=False)
+    assert [len(group) for group in merged] == [2]  # nothing to share: one pass
+
+
 def test_generation_keeps_raw_logits_and_is_greedy(backend: HFBackend) -> None:
     prompts = [user("Short?"), user("A somewhat longer question to pad against?")]
     batched = backend.generate(prompts, max_new_tokens=6, top_k=10)
@@ -131,7 +155,8 @@ def test_the_shared_prefix_runs_once_and_changes_nothing(
                        variants=[user("Why is the sky blu?"), user("Why is the ky blue?")],
                        include_original=True),
         # A variant that is all prefix but its last token: the shortest row allowed.
-        ForcingRequest(prompt=user("Why?"), answer_ids=answer, variants=[user("Why")]),
+        ForcingRequest(prompt=user("Why is the sky?"), answer_ids=answer,
+                       variants=[user("Why is the sky")]),
     ]  # fmt: skip
     widths: list[int] = []
     forward = backend.model.forward
@@ -142,7 +167,7 @@ def test_the_shared_prefix_runs_once_and_changes_nothing(
 
     monkeypatch.setattr(backend.model, "forward", recording)
     reused = backend.teacher_force(requests, top_k=6)
-    shared = len("system:be brief|user:Why")  # every row's text up to where they differ
+    shared = len("system:be brief|user:Why is the ")  # every row's text up to where they differ
     longest = max(len(backend.render(r.prompt)) for r in requests) + len(answer)
     assert widths == [shared, longest - shared]  # the prefix once, then only the rest
     widths.clear()

@@ -1,0 +1,109 @@
+"""``ESIGuard.with_prompt``: guard the prompt template a RAG app already has.
+
+The template is rendered once as given, and once per variant with only the question
+variable replaced, so instructions, retrieved context and chat history are the same
+bytes in every row the guard scores (the paper intervenes on the question only). With a
+``context_key`` it is also rendered with that variable emptied, for ``context_reliance``.
+
+:class:`TemplatedPrompt` is the chain step that renders; its output is a
+:class:`~esi_guard._inputs.TemplatedPromptValue` (an ordinary ``ChatPromptValue`` for
+anything else) that the guard reads its question from. ``with_prompt`` returns
+``TemplatedPrompt(...) | guard``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.prompts import BasePromptTemplate
+from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from pydantic import ConfigDict
+
+from esi_guard._inputs import TemplatedPromptValue, chat_messages
+from esi_guard._pipeline import GuardedPrompt, Templated
+from esi_guard.backends.base import ChatMessage
+from esi_guard.exceptions import ConfigurationError, InputError
+
+__all__ = ["TemplatedPrompt"]
+
+
+class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]):
+    """Render a prompt template so that the guard intervenes on one variable only."""
+
+    prompt: Any
+    """The template (``ChatPromptTemplate``, ``PromptTemplate``: any ``BasePromptTemplate``)."""
+    question_key: str = "question"
+    """The variable holding the question: the only text the intervention changes."""
+    context_key: str | None = None
+    """The variable holding the retrieved context, emptied once for ``context_reliance``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        """Check that the keys are the prompt's variables (a ConfigurationError if not)."""
+        super().__init__(**kwargs)
+        if not isinstance(self.prompt, BasePromptTemplate):
+            msg = f"with_prompt needs a LangChain prompt template; got {type(self.prompt).__name__}"
+            raise ConfigurationError(msg)
+        variables = sorted(self.prompt.input_variables)
+        for what, key in (("question_key", self.question_key), ("context_key", self.context_key)):
+            if key is not None and key not in variables:
+                msg = f"{what}={key!r} is not a variable of the prompt; its variables: {variables}"
+                raise ConfigurationError(msg)
+        if self.context_key == self.question_key:
+            msg = f"question_key and context_key are both {self.question_key!r}"
+            raise ConfigurationError(msg)
+
+    def invoke(
+        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> TemplatedPromptValue:
+        """The rendered prompt, carrying how to render its variants."""
+        return self._call_with_config(self.render, input, config, run_type="prompt")
+
+    async def ainvoke(
+        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> TemplatedPromptValue:
+        """Async :meth:`invoke` (rendering is pure: it runs in place)."""
+        return self.invoke(input, config, **kwargs)
+
+    def render(self, values: dict[str, Any]) -> TemplatedPromptValue:
+        """Render ``values``; the question variable must be there and not empty.
+
+        Raises:
+            InputError: The input is not a dict, or lacks the question (or context)
+                variable, or the question is not non-empty text. Other problems (a
+                missing variable the prompt needs) are the prompt's own errors.
+        """
+        if not isinstance(values, dict):
+            msg = (
+                f"with_prompt takes the prompt's variables as a dict (with {self.question_key!r}); "
+                f"got {type(values).__name__}"
+            )
+            raise InputError(msg)
+        question = values.get(self.question_key)
+        if not isinstance(question, str) or not question.strip():
+            got = "missing" if question is None else f"{question!r}"
+            msg = f"the question variable {self.question_key!r} must be non-empty text; got {got}"
+            raise InputError(msg)
+        if self.context_key is not None and self.context_key not in values:
+            msg = f"the context variable {self.context_key!r} is missing from the input"
+            raise InputError(msg)
+        value = self.prompt.format_prompt(**values)
+        messages = list(chat_messages(value))
+        without = None
+        if self.context_key is not None:
+            without = self._messages({**values, self.context_key: ""})
+        template = Templated(
+            question=question,
+            render=lambda text: self._messages({**values, self.question_key: text}),
+            without_context=without,
+        )
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if not users:
+            msg = "the rendered prompt has no human message to answer"
+            raise InputError(msg)
+        guarded = GuardedPrompt(tuple(messages), question_index=users[-1], template=template)
+        return TemplatedPromptValue(messages=value.to_messages(), guarded=guarded)
+
+    def _messages(self, values: dict[str, Any]) -> list[ChatMessage]:
+        return list(chat_messages(self.prompt.format_prompt(**values)))
