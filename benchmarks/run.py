@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -52,6 +53,11 @@ from esi_guard.baselines import (
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
 from esi_guard.cli import DEFAULT_SYSTEM
+
+if not __package__:  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.rag import markdown as rag_markdown
+from benchmarks.rag import run_rag
 
 SYSTEM = DEFAULT_SYSTEM  # the paper's QA instruction, as the CLI uses it
 L_MAX, K_MAX = 10, 100
@@ -239,8 +245,16 @@ def run_dataset(
     return records
 
 
+def _has_passages(path: Path) -> bool:
+    return load_examples(path, limit=1)[0].context is not None
+
+
 def markdown(records: list[dict[str, Any]]) -> str:
     """AUROC and seconds per example, methods by data sets, and the speed ratios."""
+    rag = [r for r in records if r.get("target")]
+    records = [r for r in records if not r.get("target")]
+    if not records:
+        return rag_markdown(rag)
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records))
     cell = {(r["dataset"], r["method"]): r for r in records}
@@ -271,6 +285,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
             f"{d}: semantic entropy / ESI(SOC, L=10) time = {se / esi:.2f}x; "
             f"guarded call / plain greedy call = {esi / plain:.2f}x"
         )
+    if rag:
+        lines += ["", rag_markdown(rag)]
     return "\n".join(lines)
 
 
@@ -284,6 +300,18 @@ def main() -> None:
     parser.add_argument("--model", default="default", help="'default' or a HF id/path")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch", type=int, default=8, help="questions per batched call")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(".bench-cache"),
+        help="per-question cache of the RAG (squad2) runs; they resume from it",
+    )
+    parser.add_argument(
+        "--shard",
+        default="0/1",
+        metavar="K/N",
+        help="RAG runs: score the questions i with i %% N == K (run N side by side)",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -319,8 +347,14 @@ def main() -> None:
         if path.parent.name in done:
             print(f"  {path.parent.name}: kept from {args.json}", flush=True)
             continue
-        records += run_dataset(backend, path, args.limit, args.max_new_tokens, args.batch,
-                               semantic)  # fmt: skip
+        if _has_passages(path):
+            k, _, n = args.shard.partition("/")
+            records += run_rag(backend, path, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                               batch=args.batch, semantic=semantic, cache_dir=args.cache,
+                               shard=(int(k), int(n)))  # fmt: skip
+        else:
+            records += run_dataset(backend, path, args.limit, args.max_new_tokens, args.batch,
+                                   semantic)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)

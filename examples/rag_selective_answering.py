@@ -1,11 +1,14 @@
-"""Selective answering in a small RAG chain: retriever -> prompt -> ESIGuard(abstain).
+"""Selective answering in a small RAG chain: retriever -> guard.with_prompt(prompt) -> text.
 
     .venv/bin/python examples/rag_selective_answering.py
 
 The retriever is a tiny keyword-overlap retriever over a handful of documents (swap in
-any LangChain retriever). The retrieved context goes in the system message, so the
-guard intervenes on the user's question only. When the model's answer moves with the
-wording of the question, the guard withholds it and says so.
+any LangChain retriever). The prompt is the usual RAG shape: instructions, retrieved
+context and question in one human message, context first. ``guard.with_prompt`` renders it
+once per variant with only ``{question}`` changed, so the instructions and the passages
+are the same bytes in every row (and computed once: they are the rows' shared prefix).
+With ``context_key`` it also measures how much the answer relies on the context. When
+the answer moves with the wording of the question, the guard withholds it and says so.
 """
 
 from __future__ import annotations
@@ -63,8 +66,12 @@ def main() -> None:
     retriever = KeywordRetriever(documents=[Document(page_content=t) for t in DOCUMENTS])
     prompt = ChatPromptTemplate.from_messages(
         [
-            ("system", "Use the context to answer with one or few words.\nContext:\n{context}"),
-            ("human", "{question}"),
+            (
+                "human",
+                "Use the following pieces of retrieved context to answer the question in a "
+                "few words. If you don't know the answer, say that you don't know.\n"
+                "Context:\n{context}\n\nQuestion: {question}",
+            )
         ]
     )
     guard = ESIGuard(
@@ -74,13 +81,19 @@ def main() -> None:
         abstain_message="I can't answer that reliably from the documents.",
         max_new_tokens=24,
     )
-    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | guard
+    chain = {
+        "context": retriever | format_docs,
+        "question": RunnablePassthrough(),
+    } | guard.with_prompt(prompt, context_key="context")
 
     for question, message in zip(QUESTIONS, chain.batch(QUESTIONS), strict=True):
         esi = message.response_metadata["esi"]
         score = "unscored" if esi["score"] is None else f"{esi['score']:.3f}"
+        reliance = esi["context_reliance"]
+        reliance = "-" if reliance is None else f"{reliance:.3f}"
         print(
-            f"Q: {question}\nA: {message.content}\n   ESI={score} decision={esi['decision']}"
+            f"Q: {question}\nA: {message.content}\n   ESI={score} "
+            f"context_reliance={reliance} decision={esi['decision']}"
             + ("" if esi["decision"] == "accept" else f"  (withheld: {esi['answer']!r})")
             + "\n"
         )
