@@ -46,10 +46,10 @@ def test_squad_json_is_recognised_by_its_shape(tmp_path: Path) -> None:
 
 
 def test_bad_squad_files_are_named_errors(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="SQuAD 2.0"):
+    with pytest.raises(InputError, match=r"SQuAD 2\.0"):
         load_examples(squad(tmp_path / "a.json", "not a list"))  # type: ignore[arg-type]
     (tmp_path / "b.json").write_text(json.dumps({"data": [{"title": "no paragraphs"}]}))
-    with pytest.raises(InputError, match="SQuAD 2.0"):
+    with pytest.raises(InputError, match=r"SQuAD 2\.0"):
         load_examples(tmp_path / "b.json")
     empty = dict(PARAGRAPH, context=" ")
     with pytest.raises(InputError, match=r"paragraphs\[0\]: no context"):
