@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from esi_guard import ESIGuard, HFBackend
+from esi_guard.backends import ChatMessage
 
 SYSTEM = "Please directly answer the following question with one or few words."
 
@@ -35,11 +36,10 @@ def load_questions(path: Path, limit: int) -> list[str]:
     return questions
 
 
-def plain_call(backend: HFBackend, question: str, max_new_tokens: int) -> str:
+def plain_call(backend: HFBackend, messages: list[ChatMessage], max_new_tokens: int) -> str:
     """A plain greedy transformers call on the same model, no guard."""
     import torch
 
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     ids = torch.tensor([backend.render(messages)])
     with torch.inference_mode():
         out = backend.model.generate(
@@ -50,6 +50,10 @@ def plain_call(backend: HFBackend, question: str, max_new_tokens: int) -> str:
             pad_token_id=backend.tokenizer.eos_token_id,
         )
     return str(backend.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+
+
+def _messages(question: str) -> list[ChatMessage]:
+    return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=question)]
 
 
 def main() -> None:
@@ -70,14 +74,14 @@ def main() -> None:
     )
     questions = load_questions(args.data, args.limit)
     # Warm-up outside the timings.
-    plain_call(backend, questions[0], args.max_new_tokens)
+    plain_call(backend, _messages(questions[0]), args.max_new_tokens)
     guard.invoke([("system", SYSTEM), ("human", questions[0])])
 
     plain, guarded, no_reuse, scores = [], [], [], []
     for question in questions:
         prompt = [("system", SYSTEM), ("human", question)]
         start = time.perf_counter()
-        plain_call(backend, question, args.max_new_tokens)
+        plain_call(backend, _messages(question), args.max_new_tokens)
         plain.append(time.perf_counter() - start)
         start = time.perf_counter()
         message = guard.invoke(prompt)

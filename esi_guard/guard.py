@@ -9,6 +9,7 @@ run (``esi:generate``, ``esi:intervene``, ``esi:score``, and ``esi:fallback`` wh
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -48,6 +49,16 @@ GuardInput: TypeAlias = (
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
 LONG_QUESTION = 512
 """A question longer than this (characters) is probably a whole RAG message: warn once."""
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside esi_guard and LangChain: the user's call."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        ("esi_guard", "langchain")
+    ):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 class ESIGuard(BaseChatModel):
@@ -518,7 +529,7 @@ class ESIGuard(BaseChatModel):
                 "variant. Use guard.with_prompt(prompt, question_key='question') to "
                 "intervene on the question alone.",
                 WholeMessageWarning,
-                stacklevel=4,
+                stacklevel=_caller_level(),
             )
         return prompt
 
