@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from esi_guard import ESIGuard, HFBackend
+from esi_guard import ESIGuard, HFBackend, WholeMessageWarning
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,12 +62,14 @@ def test_existing_answer_scores_like_the_generated_one(guard: ESIGuard) -> None:
 
 
 def test_a_prompt_past_the_context_window_is_withheld_and_the_batch_goes_on(
-    guard: ESIGuard, hf_backend: HFBackend
+    hf_backend: HFBackend,
 ) -> None:
+    guard = ESIGuard(backend=hf_backend, threshold=0.5, max_new_tokens=24)
     window = hf_backend.context_length
     assert window is not None
     huge = "Which of these words is the longest? " + "photosynthesis " * window
-    fine, refused = guard.batch([prompt("What is the capital of France?"), prompt(huge)])
+    with pytest.warns(WholeMessageWarning, match="with_prompt"):  # a long whole message
+        fine, refused = guard.batch([prompt("What is the capital of France?"), prompt(huge)])
     assert fine.response_metadata["esi"]["scored"] and "Paris" in fine.content
     esi = refused.response_metadata["esi"]
     assert esi["reason"].startswith("context_overflow: ") and str(window) in esi["reason"]
