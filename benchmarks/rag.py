@@ -3,7 +3,7 @@ r"""The RAG half of ``benchmarks/run.py``: SQuAD 2.0 passages with their questio
     python benchmarks/run.py --data ../shared/data/squad2/dev.json --limit 1000 \\
         --json squad2.json --cache .bench-cache --shard 0/2      # and 1/2 beside it
 
-Every question is asked with the CLI's RAG template (``esi_guard.cli.RAG_TEMPLATE``:
+Every question is asked with the CLI's RAG template (``esi_guard.calibration.prompts.RAG_TEMPLATE``:
 passage first, then the question, "I don't know" to decline) as one human message, and
 scored the ways a guard could score it, on the same greedy answer:
 
@@ -29,7 +29,6 @@ report reads every shard's cache.
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -38,10 +37,11 @@ from typing import Any
 import numpy as np
 from langchain_core.prompts import PromptTemplate
 
+from benchmarks.common import Clock, token_logprobs
 from esi_guard import HFBackend, SkipOneChar, esi_score
 from esi_guard._pipeline import GuardedPrompt, Item, Pipeline
 from esi_guard._templates import TemplatedPrompt
-from esi_guard.backends import ForcingRequest, Generation, Sample
+from esi_guard.backends import ForcingRequest, Sample
 from esi_guard.baselines import (
     lexical_similarity,
     ln_pe,
@@ -53,7 +53,7 @@ from esi_guard.baselines import (
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
-from esi_guard.cli import RAG_TEMPLATE
+from esi_guard.calibration.prompts import RAG_TEMPLATE
 from esi_guard.result import ESIResult, ScoringConfig
 
 L, K = 10, 100
@@ -81,31 +81,15 @@ def templated(example: Example, template: str = RAG_TEMPLATE) -> GuardedPrompt:
     return value.guarded  # type: ignore[no-any-return]
 
 
-def _token_logprobs(gen: Generation) -> list[float]:
-    values = gen.topk.values
-    norm = np.logaddexp.reduce(values, axis=1)
-    return [float(values[t, 0] - norm[t]) for t in range(len(gen.token_ids))]
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    def run(self, stage: str, call: Any) -> Any:
-        start = time.perf_counter()
-        out = call()
-        self.seconds[stage] += time.perf_counter() - start
-        return out
-
-
 def _score_batch(
     pipeline: Pipeline, backend: HFBackend, chunk: list[tuple[int, Example]], similarity: Any
 ) -> list[dict[str, Any]]:
     """Every method on one batch; one record per question."""
-    clock = _Clock()
+    clock = Clock()
     prompts = [templated(e) for _, e in chunk]
     items = [Item(p, index=i) for (i, _), p in zip(chunk, prompts, strict=True)]
-    gens = clock.run("generate", lambda: pipeline.generate(items))
+    with clock.stage("generate"):
+        gens = pipeline.generate(items)
     pipeline.generated(items, gens)
     # ESI, question only (no context row: it is timed on its own below).
     bare = [Item(replace(p, template=replace(p.template, without_context=None)), index=i.index)
@@ -114,8 +98,10 @@ def _score_batch(
         plain.answer, plain.answer_ids, plain.original = item.answer, item.answer_ids, item.original
         plain.outcome = item.outcome
     todo = [b for b in bare if b.outcome is None]
-    clock.run("intervene q", lambda: pipeline.intervened(todo, pipeline.intervene(todo)))
-    clock.run("force q", lambda: pipeline.force(todo))
+    with clock.stage("intervene q"):
+        pipeline.intervened(todo, pipeline.intervene(todo))
+    with clock.stage("force q"):
+        pipeline.force(todo)
     # ESI over the whole human message, as a plain `prompt | guard` does.
     whole = [Item(GuardedPrompt(b.prompt.messages, b.prompt.question_index), index=b.index)
              for b in bare]  # fmt: skip
@@ -124,21 +110,25 @@ def _score_batch(
         if not b.answer_ids:
             w.outcome = b.outcome
     todo_w = [w for w in whole if w.outcome is None]
-    clock.run("intervene w", lambda: pipeline.intervened(todo_w, pipeline.intervene(todo_w)))
-    clock.run("force w", lambda: pipeline.force(todo_w))
+    with clock.stage("intervene w"):
+        pipeline.intervened(todo_w, pipeline.intervene(todo_w))
+    with clock.stage("force w"):
+        pipeline.force(todo_w)
     # Context reliance: one row per answer, the passage emptied.
     scorable = [(b, p) for b, p in zip(bare, prompts, strict=True) if b.answer_ids]
     requests = [ForcingRequest(prompt=p.messages, variants=[p.template.without_context],  # type: ignore[union-attr,list-item]
                                answer_ids=list(b.answer_ids), answer=b.answer)
                 for b, p in scorable]  # fmt: skip
-    forced = clock.run("force context", lambda: backend.teacher_force(requests, top_k=K))
+    with clock.stage("force context"):
+        forced = backend.teacher_force(requests, top_k=K)
     reliance = {}
     for (b, _), out in zip(scorable, forced, strict=True):
         assert b.original is not None and not isinstance(out, Exception)
         reliance[b.index] = esi_score(b.original, out.variants).score
-    samples = clock.run("sample", lambda: backend.sample(
-        [p.messages for p in prompts], n=N_SAMPLES, temperature=TEMPERATURE,
-        max_new_tokens=pipeline.config.max_new_tokens))  # fmt: skip
+    with clock.stage("sample"):
+        samples = backend.sample([p.messages for p in prompts], n=N_SAMPLES,
+                                 temperature=TEMPERATURE,
+                                 max_new_tokens=pipeline.config.max_new_tokens)  # fmt: skip
     records = []
     n = len(chunk)
     for (index, example), item, b, w, per in zip(chunk, items, bare, whole, samples, strict=True):
@@ -154,7 +144,7 @@ def _score_batch(
             gen = item.steps["generate"]
             record["scores"] = {
                 ESI_Q: q.score, ESI_W: wm.score, RELIANCE: 1 - reliance[index],
-                "NLL (greedy)": neg_log_likelihood(_token_logprobs(gen)),
+                "NLL (greedy)": neg_log_likelihood(token_logprobs(gen)),
                 "mean token entropy": mean_token_entropy(gen.topk.values),
                 "LN-PE": ln_pe(usable),
                 "lexical similarity (ROUGE-L)": lexical_similarity(usable),

@@ -39,7 +39,7 @@ from benchmarks.guard_overhead import plain_call
 from esi_guard import Backend, ESIGuard, HFBackend
 from esi_guard._inputs import chat_messages
 from esi_guard.calibration.data import load_examples
-from esi_guard.cli import RAG_TEMPLATE
+from esi_guard.calibration.prompts import RAG_TEMPLATE
 
 QUESTION_FIRST = RAG_TEMPLATE.replace("Passage: {context}\n\nQuestion: {question}",
                                       "Question: {question}\n\nPassage: {context}")  # fmt: skip

@@ -29,14 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
@@ -52,10 +47,11 @@ from esi_guard.baselines import (
 )
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
-from esi_guard.cli import DEFAULT_SYSTEM
+from esi_guard.calibration.prompts import DEFAULT_SYSTEM
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import Clock, token_logprobs
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
 
@@ -68,30 +64,9 @@ SE_THRESHOLD = 0.8
 EMBEDDINGS = "all-MiniLM-L6-v2 cosine"
 
 
-class Clock:
-    """Wall seconds per named stage, summed over a data set."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Add the block's wall time to ``name``."""
-        start = time.perf_counter()
-        yield
-        self.seconds[name] += time.perf_counter() - start
-
-
 def prompt(question: str) -> list[ChatMessage]:
     """The paper's QA prompt: instruction as system message, the question as user's."""
     return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=question)]
-
-
-def token_logprobs(gen: Generation) -> list[float]:
-    """The greedy tokens' log-probabilities, normalised over the top-100 logits."""
-    values = gen.topk.values
-    norm = np.logaddexp.reduce(values, axis=1)
-    return [float(values[t, 0] - norm[t]) for t in range(len(gen.token_ids))]
 
 
 def force(

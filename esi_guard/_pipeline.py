@@ -143,9 +143,6 @@ class Pipeline:
     on_error: OnError
     stop: tuple[str, ...] = ()
     """Stop sequences for generation."""
-    decide_on: Literal["esi", "context_reliance"] = "esi"
-    """The signal compared with the threshold: the score (untrusted above it), or the
-    context reliance (untrusted below it)."""
 
     def run(self, items: Sequence[Item]) -> None:
         """Every step for all ``items`` (one backend call per step); each ends decided."""
@@ -406,7 +403,11 @@ class Pipeline:
     ) -> ESIResult:
         """The item's result: scored, or unscored with ``why``; the decision it implies."""
         decision: Decision
-        if score is not None and self.decide_on == "context_reliance" and context_reliance is None:
+        if (
+            score is not None
+            and self.config.decide_on == "context_reliance"
+            and context_reliance is None
+        ):
             score, token_scores = None, None
             why = (
                 "scoring_error: decide_on='context_reliance' needs a prompt with a context "
@@ -414,7 +415,7 @@ class Pipeline:
             )
         if score is None:
             decision = "flag" if self.on_error == "flag" else "abstain"
-        elif context_reliance is not None and self.decide_on == "context_reliance":
+        elif context_reliance is not None and self.config.decide_on == "context_reliance":
             decision = "accept" if context_reliance >= self.threshold else self.action
         else:
             decision = "accept" if score <= self.threshold else self.action

@@ -13,18 +13,50 @@ anything else) that the guard reads its question from. ``with_prompt`` returns
 
 from __future__ import annotations
 
+import sys
+import warnings
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict
 
-from esi_guard._inputs import TemplatedPromptValue, chat_messages
+from esi_guard._inputs import TemplatedPromptValue, chat_messages, parse_input
 from esi_guard._pipeline import GuardedPrompt, Templated
 from esi_guard.backends.base import ChatMessage
-from esi_guard.exceptions import ConfigurationError, InputError
+from esi_guard.exceptions import ConfigurationError, InputError, WholeMessageWarning
 
-__all__ = ["TemplatedPrompt"]
+__all__ = ["LONG_QUESTION", "TemplatedPrompt", "warn_whole_message"]
+
+LONG_QUESTION = 512
+"""A question longer than this (characters) is probably a whole RAG message: warn once."""
+
+
+def warn_whole_message(prompt: GuardedPrompt) -> bool:
+    """Warn that a long whole message is the question (not ESI); whether it warned."""
+    if prompt.template is not None or len(prompt.question) <= LONG_QUESTION:
+        return False
+    warnings.warn(
+        f"ESIGuard is intervening on a {len(prompt.question)}-character human message as the "
+        "question: instructions and retrieved context in it are changed too, which is not "
+        "ESI and costs a pass over the whole message per variant. Use "
+        "guard.with_prompt(prompt, question_key='question') to intervene on the question "
+        "alone.",
+        WholeMessageWarning,
+        stacklevel=_caller_level(),
+    )
+    return True
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside esi_guard and LangChain: the user's call."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        ("esi_guard", "langchain")
+    ):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]):
@@ -89,7 +121,6 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
             msg = f"the context variable {self.context_key!r} is missing from the input"
             raise InputError(msg)
         value = self.prompt.format_prompt(**values)
-        messages = list(chat_messages(value))
         without = None
         if self.context_key is not None:
             without = self._messages({**values, self.context_key: ""})
@@ -98,11 +129,7 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
             render=lambda text: self._messages({**values, self.question_key: text}),
             without_context=without,
         )
-        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-        if not users:
-            msg = "the rendered prompt has no human message to answer"
-            raise InputError(msg)
-        guarded = GuardedPrompt(tuple(messages), question_index=users[-1], template=template)
+        guarded = replace(parse_input(value), template=template)
         return TemplatedPromptValue(messages=value.to_messages(), guarded=guarded)
 
     def _messages(self, values: dict[str, Any]) -> list[ChatMessage]:

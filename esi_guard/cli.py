@@ -39,25 +39,15 @@ from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_examples
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, summarise
+from esi_guard.calibration.prompts import run_prompts
 from esi_guard.calibration.runner import run_header, score_examples, scoring_config
 from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_risk, by_youden
-from esi_guard.exceptions import ESIGuardError, InputError
+from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console()
-
-DEFAULT_SYSTEM = "Please directly answer the following question with one or few words."
-DECLINE_PHRASE = "I don't know"
-RAG_TEMPLATE = (
-    "Answer the question using only the passage below, in a few words. If the passage does "
-    f"not contain the answer, reply exactly: {DECLINE_PHRASE}\n\nPassage: {{context}}\n\n"
-    "Question: {question}"
-)
-"""The default prompt for data with passages (SQuAD 2.0): one human message, the passage
-before the question (so ESI's variants share the passage's prefix), and a fixed phrase to
-decline with (see :func:`esi_guard.calibration.labels.declined`)."""
 
 
 class LabelMethod(str, Enum):
@@ -230,35 +220,6 @@ class _Run(NamedTuple):
     records: list[dict[str, Any]]
 
 
-def _prompts(
-    examples: list[Example], system: str | None, prompt_file: Path | None, template: str | None
-) -> tuple[str | None, str | None]:
-    """The run's system prompt and template, checked against the data (passages or not)."""
-    if prompt_file is not None:
-        try:
-            template = prompt_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            msg = f"cannot read the prompt template {prompt_file}: {exc.strerror}"
-            raise InputError(msg) from exc
-    passages = any(e.context is not None for e in examples)
-    if passages and template is None:
-        template = RAG_TEMPLATE
-    if template is not None:
-        where = prompt_file or "the built-in RAG template"
-        if "{question}" not in template:
-            msg = f"{where} has no {{question}} variable"
-            raise InputError(msg)
-        if passages and "{context}" not in template:
-            msg = f"{where} has no {{context}} variable: the data has passages to put there"
-            raise InputError(msg)
-        if not passages and "{context}" in template:
-            msg = f"{where} has a {{context}} variable but the data has no passages"
-            raise InputError(msg)
-    if system is None:
-        system = None if template is not None else DEFAULT_SYSTEM
-    return system or None, template
-
-
 def _run(
     guard: Callable[[], ESIGuard],
     data: Path,
@@ -280,7 +241,7 @@ def _run(
             data, question_field=question_field, answers_field=answers_field,
             incorrect_field=incorrect_field, limit=limit, seed=seed,
         )  # fmt: skip
-        system, template = _prompts(examples, system, prompt_file, template)
+        system, template = run_prompts(examples, system, prompt_file, template)
         digest = dataset_hash(examples)
         the_guard, the_labeller = guard(), labeller()
         if any(not e.answerable for e in examples):

@@ -9,8 +9,6 @@ run (``esi:generate``, ``esi:intervene``, ``esi:score``, and ``esi:fallback`` wh
 from __future__ import annotations
 
 import math
-import sys
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -30,11 +28,12 @@ from esi_guard._inputs import parse_input, rendered, resolve
 from esi_guard._keywords import check_keywords, unknown_keyword
 from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
 from esi_guard._pipeline import Action, GuardedPrompt, Item, OnError, Pipeline, raised
+from esi_guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.exceptions import ConfigurationError, WholeMessageWarning
+from esi_guard.exceptions import ConfigurationError
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
 from esi_guard.result import ESIResult, ScoringConfig
 from esi_guard.scoring import Distance
@@ -47,18 +46,6 @@ GuardInput: TypeAlias = (
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
-LONG_QUESTION = 512
-"""A question longer than this (characters) is probably a whole RAG message: warn once."""
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside esi_guard and LangChain: the user's call."""
-    level, frame = 1, sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-        ("esi_guard", "langchain")
-    ):
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 class ESIGuard(BaseChatModel):
@@ -277,8 +264,6 @@ class ESIGuard(BaseChatModel):
                 prompt's input variables, or ``decide_on="context_reliance"`` without
                 ``context_key``.
         """
-        from esi_guard._templates import TemplatedPrompt
-
         if self.decide_on == "context_reliance" and context_key is None:
             msg = "decide_on='context_reliance' needs with_prompt(..., context_key=...)"
             raise ConfigurationError(msg)
@@ -507,7 +492,6 @@ class ESIGuard(BaseChatModel):
             action=self.action,
             on_error=self.on_error,
             stop=tuple(stop if stop is not None else self.stop or ()),
-            decide_on=self.decide_on,
         )
 
     def _start(
@@ -520,17 +504,8 @@ class ESIGuard(BaseChatModel):
 
     def _checked(self, prompt: GuardedPrompt) -> GuardedPrompt:
         """``prompt``; warn (once per guard) when a long whole message is the question."""
-        if prompt.template is None and len(prompt.question) > LONG_QUESTION and not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"ESIGuard is intervening on a {len(prompt.question)}-character human "
-                "message as the question: instructions and retrieved context in it are "
-                "changed too, which is not ESI and costs a pass over the whole message per "
-                "variant. Use guard.with_prompt(prompt, question_key='question') to "
-                "intervene on the question alone.",
-                WholeMessageWarning,
-                stacklevel=_caller_level(),
-            )
+        if not self._warned:
+            self._warned = warn_whole_message(prompt)
         return prompt
 
     def _decided(self, item: Item, routed: Any = None) -> ChatResult:

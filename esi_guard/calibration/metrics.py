@@ -124,19 +124,8 @@ def bootstrap(
     Resamples where the metric is undefined (NaN, e.g. one class only) are skipped.
     """
     s, w = _arrays(scores, wrong)
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(n_resamples):
-        pick = rng.integers(0, s.size, s.size)
-        value = metric(s[pick], w[pick])
-        if not math.isnan(value):
-            values.append(value)
-    point = metric(s, w)
-    if not values:
-        return Estimate(point, math.nan, math.nan)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return Estimate(point, float(low), float(high))
+    statistic = lambda pick: metric(s[pick], w[pick])  # noqa: E731
+    return _resampled(statistic, s.size, n_resamples=n_resamples, level=level, seed=seed)
 
 
 def paired_difference(
@@ -158,14 +147,29 @@ def paired_difference(
     """
     a, w = _arrays(first, wrong)
     b, _ = _arrays(second, wrong)
+    statistic = lambda pick: metric(a[pick], w[pick]) - metric(b[pick], w[pick])  # noqa: E731
+    return _resampled(statistic, a.size, n_resamples=n_resamples, level=level, seed=seed)
+
+
+def _resampled(
+    statistic: Callable[[NDArray[np.int_]], float],
+    size: int,
+    *,
+    n_resamples: int,
+    level: float,
+    seed: int,
+) -> Estimate:
+    """``statistic`` of all ``size`` examples, with a percentile interval.
+
+    The interval is over resamples of the example indices; undefined (NaN) ones are skipped.
+    """
     rng = np.random.default_rng(seed)
     values = []
     for _ in range(n_resamples):
-        pick = rng.integers(0, a.size, a.size)
-        value = metric(a[pick], w[pick]) - metric(b[pick], w[pick])
+        value = statistic(rng.integers(0, size, size))
         if not math.isnan(value):
             values.append(value)
-    point = metric(a, w) - metric(b, w)
+    point = statistic(np.arange(size))
     if not values:
         return Estimate(point, math.nan, math.nan)
     tail = (1 - level) / 2 * 100

@@ -16,7 +16,7 @@ from esi_guard import cli as cli_module
 from esi_guard.backends._hf_force import Rendered, _shared, pack
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.cli import RAG_TEMPLATE
+from esi_guard.calibration.prompts import RAG_TEMPLATE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
