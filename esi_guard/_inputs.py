@@ -3,12 +3,17 @@
 * a string is one user message, and the whole string is the question;
 * a PromptValue or a list of messages keeps every message; the question is the last
   human message. System and earlier messages are never intervened on;
+* an agent's turns (:func:`fold_tools`): a tool call is written into its assistant
+  message as ``Tool call: name({"arg": ...})``, and the results that answer it become
+  one user message of ``Tool result (name): ...`` paragraphs. They are context: the
+  question stays the last *human* message, even when tool results follow it;
 * a prompt rendered by ``ESIGuard.with_prompt`` (:class:`TemplatedPromptValue`) keeps
   its template: the question is the template's question variable, and only it changes.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -26,6 +31,7 @@ __all__ = [
     "GuardedPrompt",
     "TemplatedPromptValue",
     "chat_messages",
+    "fold_tools",
     "message_text",
     "parse_input",
     "rendered",
@@ -74,10 +80,55 @@ def _check_text(text: str) -> None:
 
 def _role(message: BaseMessage) -> str:
     role = _ROLES.get(message.type) or getattr(message, "role", None)
-    if not role or message.type == "tool":
+    if not role:
         msg = f"cannot guard a prompt holding a {message.type!r} message"
         raise InputError(msg)
     return str(role)
+
+
+TOOL_RESULT = "Tool result ({name}): {content}"
+"""How a tool result reads in the prompt the guard scores (one paragraph per result)."""
+TOOL_CALL = "Tool call: {name}({arguments})"
+"""How a tool call reads, on its own line after the assistant message's text."""
+
+
+def fold_tools(messages: Sequence[BaseMessage]) -> tuple[list[ChatMessage], int | None]:
+    """Chat messages of a conversation that may hold tool calls and their results.
+
+    Backends and chat templates take role + content only, and templates differ in how (or
+    whether) they render tools; folding them into text the same way for every backend
+    keeps a calibrated threshold meaningful across backends. Returns the messages and
+    the index of the last human message (None when there is none).
+    """
+    chat: list[ChatMessage] = []
+    question: int | None = None
+    names: dict[str, str] = {}
+    results: list[str] = []
+    for message in messages:
+        if message.type == "tool":
+            call = str(getattr(message, "tool_call_id", ""))
+            name = getattr(message, "name", None) or names.get(call, "tool")
+            text = message_text(message, skip_other_blocks=True)
+            results.append(TOOL_RESULT.format(name=name, content=text))
+            continue
+        if results:
+            chat.append(ChatMessage(role="user", content="\n\n".join(results)))
+            results = []
+        role = _role(message)
+        calls = list(getattr(message, "tool_calls", None) or ()) if role == "assistant" else []
+        text = message_text(message, skip_other_blocks=bool(calls) or role == "assistant")
+        for call in calls:
+            names[str(call.get("id"))] = call["name"]
+            arguments = json.dumps(call.get("args", {}), ensure_ascii=False)
+            text += ("\n" if text else "") + TOOL_CALL.format(
+                name=call["name"], arguments=arguments
+            )
+        if role == "user":
+            question = len(chat)
+        chat.append(ChatMessage(role=role, content=text))
+    if results:
+        chat.append(ChatMessage(role="user", content="\n\n".join(results)))
+    return chat, question
 
 
 class TemplatedPromptValue(ChatPromptValue):
@@ -124,12 +175,11 @@ def parse_input(value: Any) -> GuardedPrompt:
     """
     if isinstance(value, TemplatedPromptValue) and value.guarded is not None:
         return cast(GuardedPrompt, value.guarded)
-    chat = chat_messages(value)
-    users = [i for i, message in enumerate(chat) if message["role"] == "user"]
-    if not users:
+    chat, question = _parsed(value)
+    if question is None:
         msg = "the prompt has no human message to use as the question"
         raise InputError(msg)
-    prompt = GuardedPrompt(messages=chat, question_index=users[-1])
+    prompt = GuardedPrompt(messages=tuple(chat), question_index=question)
     if not prompt.question.strip():
         msg = "the question (last human message) is empty"
         raise InputError(msg)
@@ -138,9 +188,15 @@ def parse_input(value: Any) -> GuardedPrompt:
 
 def chat_messages(value: Any) -> tuple[ChatMessage, ...]:
     """A guard input as chat messages (see :func:`parse_input` for the errors)."""
-    chat: tuple[ChatMessage, ...]
+    return tuple(_parsed(value)[0])
+
+
+def _parsed(value: Any) -> tuple[list[ChatMessage], int | None]:
+    """Chat messages of a guard input and the index of its last human message."""
+    chat: list[ChatMessage]
+    question: int | None
     if isinstance(value, str):
-        chat = (ChatMessage(role="user", content=value),)
+        chat, question = [ChatMessage(role="user", content=value)], 0
     elif isinstance(value, PromptValue) or (
         isinstance(value, Sequence) and not isinstance(value, bytes | bytearray)
     ):
@@ -153,7 +209,7 @@ def chat_messages(value: Any) -> tuple[ChatMessage, ...]:
         except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as exc:
             msg = f"cannot read the input as chat messages: {type(exc).__name__}: {exc}"
             raise InputError(msg) from exc
-        chat = tuple(ChatMessage(role=_role(m), content=message_text(m)) for m in messages)
+        chat, question = fold_tools(messages)
     else:
         msg = (
             f"ESIGuard takes a string, a PromptValue or a list of messages; "
@@ -162,4 +218,4 @@ def chat_messages(value: Any) -> tuple[ChatMessage, ...]:
         raise InputError(msg)
     for message in chat:
         _check_text(message["content"])
-    return chat
+    return chat, question

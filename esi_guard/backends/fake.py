@@ -39,8 +39,9 @@ def _seed(*parts: object) -> int:
 
 
 def _question(prompt: Messages) -> str:
+    """The last user message that is not an agent's folded tool results."""
     for message in reversed(prompt):
-        if message["role"] == "user":
+        if message["role"] == "user" and not message["content"].startswith("Tool result ("):
             return message["content"]
     return ""
 
