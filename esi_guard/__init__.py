@@ -16,6 +16,7 @@ from esi_guard.exceptions import (
     InterventionError,
     ModelLoadError,
     ScoringError,
+    UncertainAnswerError,
     WholeMessageWarning,
 )
 from esi_guard.guard import ESIGuard
@@ -52,6 +53,7 @@ __all__ = [
     "SkipOneChar",
     "TopK",
     "Typo",
+    "UncertainAnswerError",
     "WholeMessageWarning",
     "__version__",
     "esi_score",

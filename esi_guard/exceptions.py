@@ -7,6 +7,8 @@ Every error the library raises on purpose is an ``ESIGuardError``::
     ├── InputError           an input the guard cannot score (type, empty question)
     ├── ScoringError         an answer that cannot be scored          scoring_error
     │                        (NaN/inf, shapes; also empty_answer, no_effective_variant)
+    ├── UncertainAnswerError an agent's answer scored past the threshold, with
+    │                        ``ESIMiddleware(action="raise")`` (``result``, ``message``)
     └── BackendError         the engine failed (forward pass, server)  backend_error
         ├── ModelLoadError   the model or tokenizer could not be loaded
         ├── ContextLengthError  the prompt (and answer) do not fit     context_overflow
@@ -23,8 +25,10 @@ The right-hand column is each class's ``code``: an unscored answer's ``reason`` 
 ``"<code>: <message>"`` of the error that stopped it (:func:`reason`). Errors are
 recognised by their type, never by their message text.
 
-A high ESI score is a *result*, never an exception: the guard reports it in the
-answer's metadata and acts on it (flag, abstain, route). An answer that cannot be
+A high ESI score is a *result*, not an exception: the guard reports it in the
+answer's metadata and acts on it (flag, abstain, route). The one exception is the agent
+middleware's ``action="raise"``, which exists so that a middleware listed before it
+(LangChain's ``ModelFallbackMiddleware``) can take over. An answer that cannot be
 scored follows the guard's ``on_error`` policy: withheld (``abstain``, the default) or
 flagged with the reason in its metadata, or, with ``on_error="raise"``, one of these
 errors (``ScoringError`` carries the unscored result in ``.result``).
@@ -49,6 +53,7 @@ __all__ = [
     "InterventionError",
     "ModelLoadError",
     "ScoringError",
+    "UncertainAnswerError",
     "WholeMessageWarning",
     "reason",
 ]
@@ -91,6 +96,23 @@ class ScoringError(ESIGuardError):
         """The unscored ``ESIResult``, when the guard raised this; else None."""
         if code is not None:
             self.code = code  # empty_answer, no_effective_variant: finer than the class
+
+
+class UncertainAnswerError(ESIGuardError):
+    """An agent's final answer scored past the threshold (``ESIMiddleware(action="raise")``).
+
+    Raised in place of the answer so that an outer middleware (LangChain's
+    ``ModelFallbackMiddleware``) can hand the request to another model.
+    """
+
+    code = "uncertain_answer"
+
+    def __init__(self, message: str, *, result: object, answer: object = None) -> None:
+        super().__init__(message)
+        self.result = result
+        """The answer's scored ``ESIResult`` (``decision == "raise"``)."""
+        self.answer = answer
+        """The withheld ``AIMessage``, so nothing is lost."""
 
 
 class BackendError(ESIGuardError):

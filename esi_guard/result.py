@@ -18,8 +18,10 @@ from esi_guard._keywords import check_keywords
 
 __all__ = ["Decision", "ESIResult", "ScoringConfig"]
 
-Decision = Literal["accept", "flag", "abstain", "route"]
-"""``accept`` for a trusted answer, otherwise the action the guard took."""
+Decision = Literal["accept", "flag", "abstain", "route", "raise", "pass"]
+"""``accept`` for a trusted answer, otherwise the action the guard took (``raise``: the
+agent middleware raised :class:`UncertainAnswerError`); ``pass``: not an answer (an agent
+turn that calls tools), passed on unscored."""
 
 
 class ScoringConfig(BaseModel):

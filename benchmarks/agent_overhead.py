@@ -1,0 +1,85 @@
+"""Seconds per agent question with and without ESIMiddleware, side by side in one run.
+
+    OMP_NUM_THREADS=1 python benchmarks/agent_overhead.py [--limit 10] [--json out.json]
+
+The agent of ``examples/agent_middleware.py`` (the embedded GGUF in process through
+``ChatLlamaCpp``, one encyclopedia tool, ESI scored with the transformers backend on the
+same file) answers each question twice, plain and guarded, alternating which goes first.
+Both agents share one loaded model. Reports per-question seconds, their means and the
+guarded/plain ratio; the answers of the two runs are compared (the middleware does not
+change what the model sees, so with greedy decoding they should be the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+from agent_middleware import QUESTIONS, build_agent, chat_model  # noqa: E402
+from langchain_core.messages import HumanMessage  # noqa: E402
+
+from esi_guard import HFBackend  # noqa: E402
+from esi_guard.agents import ESIMiddleware  # noqa: E402
+
+
+def timed(agent: Any, question: str) -> tuple[float, Any]:
+    """Seconds the agent takes on ``question``, and its final messages."""
+    start = time.perf_counter()
+    messages = agent.invoke({"messages": [HumanMessage(question)]})["messages"]
+    return time.perf_counter() - start, messages
+
+
+def main() -> None:
+    """Time both agents on each question and print the table and the ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    backend = HFBackend.default()
+    model = chat_model()
+    plain = build_agent(model, None)
+    guarded = build_agent(model, ESIMiddleware(threshold=0.3, backend=backend))
+    timed(guarded, QUESTIONS[0])  # warm both paths once
+    records = []
+    for i, question in enumerate(QUESTIONS[: args.limit]):
+        order = [("plain", plain), ("guarded", guarded)]
+        runs = dict((name, timed(agent, question)) for name, agent in order[:: 1 - 2 * (i % 2)])
+        (p_s, p_msgs), (g_s, g_msgs) = runs["plain"], runs["guarded"]
+        esi = g_msgs[-1].response_metadata["esi"]
+        records.append(
+            {
+                "question": question,
+                "plain_seconds": p_s,
+                "guarded_seconds": g_s,
+                "model_calls": sum(m.type == "ai" for m in g_msgs),
+                "same_answer": esi["answer"] == p_msgs[-1].content,
+                "score": esi["score"],
+                "decision": esi["decision"],
+            }
+        )
+        print(f"{p_s:6.2f}s {g_s:6.2f}s  {esi['decision']:8s} {question}")
+    plain_mean = statistics.mean(r["plain_seconds"] for r in records)
+    guarded_mean = statistics.mean(r["guarded_seconds"] for r in records)
+    summary = {
+        "questions": len(records),
+        "plain_seconds_per_question": plain_mean,
+        "guarded_seconds_per_question": guarded_mean,
+        "guarded_over_plain": guarded_mean / plain_mean,
+        "same_answers": sum(r["same_answer"] for r in records),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "records": records}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""ESI as LangChain agent middleware: score the final answer of a ``create_agent`` agent.
+
+::
+
+    from langchain.agents import create_agent
+    from esi_guard.agents import ESIMiddleware
+
+    agent = create_agent(model, tools, middleware=[ESIMiddleware(threshold=0.3)])
+
+Every model call of the agent runs as it would without the middleware. A response that
+calls tools passes on unscored (``response_metadata["esi"]["decision"] == "pass"``); a
+final answer is scored the way ``ESIGuard.score`` scores an answer it is handed: the
+answer is teacher-forced after the prompt the model saw and after L variants of the
+question, the last human message. The system message, earlier turns, the tool calls and
+the tool results are context and never intervened on; they reach the backend's chat
+template folded into text (:func:`esi_guard._inputs.fold_tools`: ``Tool call: name({...})``
+in the assistant turn, ``Tool result (name): ...`` as a user turn), the same way for every
+backend. The tools' schemas are not part of the scored prompt.
+
+Then the middleware acts like the guard: ``flag`` (the score in
+``response_metadata["esi"]``), ``abstain`` (the content replaced; the loop ends, since
+a final answer has no tool calls), ``route`` (the same request re-run on ``fallback``)
+or ``raise`` (:class:`~esi_guard.UncertainAnswerError`, for a middleware listed before
+this one, such as LangChain's ``ModelFallbackMiddleware``; the answer that middleware
+gets from its fallback model comes back marked ``fallback_used``, unscored, as a routed
+answer does). An answer that cannot be scored follows ``on_error`` and never passes as
+trusted.
+
+With ``stream_mode="messages"`` the model's tokens are held back (the model call runs
+with LangGraph's ``nostream`` tag) and each response is streamed once decided, so a
+withheld answer is never shown.
+
+Needs the ``agents`` extra (``langchain`` 1.x and ``langgraph``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables.config import ensure_config, var_child_runnable_config
+from langgraph.constants import TAG_NOSTREAM
+
+from esi_guard._inputs import message_text
+from esi_guard._keywords import check_keywords
+from esi_guard._pipeline import OnError
+from esi_guard.backends.adapters import backend_for
+from esi_guard.backends.base import Backend
+from esi_guard.backends.fake import FakeBackend
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.exceptions import ConfigurationError, UncertainAnswerError
+from esi_guard.guard import DEFAULT_ABSTAIN_MESSAGE, ESIGuard
+from esi_guard.result import ESIResult
+
+__all__ = ["ESIMiddleware"]
+
+MiddlewareAction = Literal["flag", "abstain", "route", "raise"]
+SCORING_OPTIONS = ("intervention", "n_variants", "top_k", "distance", "seed")
+"""The guard's scoring settings the middleware takes (see :class:`~esi_guard.ESIGuard`)."""
+TOOL_TURN = "tool_calls: the model called tools; only a final answer is scored"
+
+Handler = Callable[[ModelRequest[Any]], ModelResponse[Any]]
+AsyncHandler = Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """The request this middleware just raised on, to recognise its fallback's call."""
+
+    messages: list[Any]
+    model: Any
+    result: ESIResult
+
+
+KEPT_RAISED = 128
+"""How many raised-on requests a middleware remembers for their fallback's call."""
+
+
+class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
+    """Score an agent's final answers with ESI and flag, withhold, re-route or raise.
+
+    Args:
+        threshold: Scores strictly above it are untrusted (or use :meth:`from_calibration`).
+        action: ``flag``, ``abstain``, ``route`` (needs ``fallback``) or ``raise``.
+        on_error: An answer that cannot be scored is withheld (``abstain``, default),
+            flagged (``flag``) or its error raised (``raise``).
+        fallback: The chat model a routed request is re-run on.
+        abstain_message: The content of a withheld answer.
+        backend: The backend that scores answers. Default: built from the request's
+            model through the same adapters as ``ESIGuard(llm=...)``, once per model object.
+        llm: A model object to build that backend from, instead of the request's model.
+        **scoring: ``intervention``, ``n_variants``, ``top_k``, ``distance``, ``seed``:
+            as :class:`~esi_guard.ESIGuard`'s.
+
+    Raises:
+        ConfigurationError: An invalid or unknown setting; at the first model call, a
+            model it cannot score (naming its type).
+    """
+
+    def __init__(
+        self,
+        threshold: float | None = None,
+        *,
+        action: MiddlewareAction = "flag",
+        on_error: OnError = "abstain",
+        fallback: BaseChatModel | None = None,
+        abstain_message: str = DEFAULT_ABSTAIN_MESSAGE,
+        backend: Backend | None = None,
+        llm: Any = None,
+        **scoring: Any,
+    ) -> None:
+        check_keywords("ESIMiddleware", scoring, SCORING_OPTIONS)
+        if action not in ("flag", "abstain", "route", "raise"):
+            msg = f"action must be 'flag', 'abstain', 'route' or 'raise', got {action!r}"
+            raise ConfigurationError(msg)
+        if action == "route" and not isinstance(fallback, BaseChatModel):
+            msg = f"action='route' needs a fallback chat model, got {type(fallback).__name__}"
+            raise ConfigurationError(msg)
+        if backend is not None and llm is not None:
+            msg = "give backend= or llm=, not both"
+            raise ConfigurationError(msg)
+        if threshold is None:
+            msg = "ESIMiddleware needs a threshold (or ESIMiddleware.from_calibration(path))"
+            raise ConfigurationError(msg)
+        super().__init__()
+        self.action: MiddlewareAction = action
+        self.fallback = fallback
+        self.calibration: Path | None = None
+        self._options: dict[str, Any] = {
+            "threshold": threshold,
+            "on_error": on_error,
+            "abstain_message": abstain_message,
+            **scoring,
+        }
+        ESIGuard(backend=FakeBackend(), **self._options)  # every setting checked now
+        self._backend = backend_for(llm) if llm is not None else backend
+        self._guards: dict[int, tuple[Any, ESIGuard]] = {}
+        self._raised: OrderedDict[int, _Raised] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_calibration(cls, path: str | Path, **kwargs: Any) -> ESIMiddleware:
+        """A middleware with the threshold and scoring settings of a threshold file.
+
+        The file is checked against the scoring backend at the first model call, as
+        ``ESIGuard.from_calibration`` checks it (model, value kind, scoring options).
+        """
+        calibrated = ThresholdFile.read(path)
+        middleware = cls(threshold=calibrated.threshold, **kwargs)
+        middleware.calibration = Path(path)
+        return middleware
+
+    # -- the middleware hooks ----------------------------------------------------------------
+
+    def wrap_model_call(self, request: ModelRequest[Any], handler: Handler) -> ModelResponse[Any]:
+        """Run the model call; score a final answer and act on it."""
+        handed = self._handed_over(request)
+        guard = None if handed else self.guard_for(request.model)
+        with _held():
+            response = handler(request)
+        message = _answer(response)
+        if handed is not None:
+            return _with(response, message, _meta(handed, fallback_used=True))
+        if guard is None or message is None or message.tool_calls:
+            return self._passed(response, message, guard)
+        result = guard.score(_prompt(request), message_text(message, skip_other_blocks=True))
+        if self.action == "route" and _untrusted(result):
+            with _held():
+                routed = handler(request.override(model=self._fallback()))
+            return self._routed(routed, result)
+        return self._decided(request, response, message, result)
+
+    async def awrap_model_call(
+        self, request: ModelRequest[Any], handler: AsyncHandler
+    ) -> ModelResponse[Any]:
+        """Async :meth:`wrap_model_call` (the scoring runs in a worker thread)."""
+        handed = self._handed_over(request)
+        guard = None if handed else await asyncio.to_thread(self.guard_for, request.model)
+        with _held():
+            response = await handler(request)
+        message = _answer(response)
+        if handed is not None:
+            return _with(response, message, _meta(handed, fallback_used=True))
+        if guard is None or message is None or message.tool_calls:
+            return self._passed(response, message, guard)
+        answer = message_text(message, skip_other_blocks=True)
+        result = await asyncio.to_thread(guard.score, _prompt(request), answer)
+        if self.action == "route" and _untrusted(result):
+            with _held():
+                routed = await handler(request.override(model=self._fallback()))
+            return self._routed(routed, result)
+        return self._decided(request, response, message, result)
+
+    # -- the guard per model -------------------------------------------------------------------
+
+    def guard_for(self, model: Any) -> ESIGuard:
+        """The guard that scores ``model``'s answers: built once per model object, then reused.
+
+        Raises:
+            ConfigurationError: No backend can be built from ``model`` (naming its type),
+                or a threshold file does not match the backend.
+        """
+        with self._lock:
+            kept = self._guards.get(id(model))
+            if kept is not None and kept[0] is model:
+                return kept[1]
+            guard = self._build(self._backend or _backend(model))
+            self._guards[id(model)] = (model, guard)
+            return guard
+
+    def _build(self, backend: Backend) -> ESIGuard:
+        # The guard flags; the middleware takes the action (it can also route and raise).
+        if self.calibration is None:
+            return ESIGuard(backend=backend, action="flag", **self._options)
+        options = {k: v for k, v in self._options.items() if k != "threshold"}
+        return ESIGuard.from_calibration(self.calibration, backend=backend, **options)
+
+    # -- acting on a result --------------------------------------------------------------------
+
+    def _passed(
+        self, response: ModelResponse[Any], message: AIMessage | None, guard: ESIGuard | None
+    ) -> ModelResponse[Any]:
+        """A turn that is not a final answer (tool calls), marked and passed on."""
+        if message is None or guard is None:
+            return response
+        result = ESIResult(
+            score=None,
+            threshold=guard.threshold,
+            decision="pass",
+            scored=False,
+            reason=TOOL_TURN,
+            answer=message_text(message, skip_other_blocks=True),
+            variants=[],
+            answer_token_ids=[],
+            token_scores=[],
+            model=guard.backend.model_id,
+            scoring=guard.scoring_config.as_metadata(),
+        )
+        return _with(response, message, _meta(result))
+
+    def _decided(
+        self,
+        request: ModelRequest[Any],
+        response: ModelResponse[Any],
+        message: AIMessage,
+        result: ESIResult,
+    ) -> ModelResponse[Any]:
+        if _untrusted(result) and self.action == "raise":
+            result = replace(result, decision="raise")
+            with self._lock:
+                self._raised[id(request.messages)] = _Raised(
+                    request.messages, request.model, result
+                )
+                while len(self._raised) > KEPT_RAISED:
+                    self._raised.popitem(last=False)
+            msg = f"the agent's answer scored {result.score:.4g} > threshold {result.threshold}"
+            raise UncertainAnswerError(msg, result=result, answer=message)
+        if _untrusted(result) and self.action == "abstain":
+            result = replace(result, decision="abstain")
+        content = self._options["abstain_message"] if result.decision == "abstain" else None
+        return _with(response, message, _meta(result), content=content)
+
+    def _routed(self, routed: ModelResponse[Any], result: ESIResult) -> ModelResponse[Any]:
+        result = replace(result, decision="route")
+        return _with(routed, _answer(routed), _meta(result, fallback_used=True))
+
+    def _handed_over(self, request: ModelRequest[Any]) -> ESIResult | None:
+        """The result raised on, when ``request`` re-runs that request on another model.
+
+        Middleware hooks run in copies of the context, so this is kept on the instance.
+        """
+        with self._lock:
+            raised = self._raised.get(id(request.messages))
+            if raised is None or raised.messages is not request.messages:
+                return None
+            if raised.model is request.model:
+                return None
+            del self._raised[id(request.messages)]
+            return raised.result
+
+    def _fallback(self) -> BaseChatModel:
+        assert self.fallback is not None  # the constructor requires one for action="route"
+        return self.fallback
+
+
+def _backend(model: Any) -> Backend:
+    try:
+        return backend_for(model)
+    except ConfigurationError as exc:
+        kind = f"{type(model).__module__}.{type(model).__name__}"
+        msg = (
+            f"ESIMiddleware cannot score the answers of a {kind}: {exc}. "
+            "Give ESIMiddleware(backend=...) a backend on the same weights"
+        )
+        raise ConfigurationError(msg) from exc
+
+
+def _untrusted(result: ESIResult) -> bool:
+    """Scored past the threshold (the guard was built with action ``flag``)."""
+    return result.scored and result.decision == "flag"
+
+
+def _prompt(request: ModelRequest[Any]) -> list[BaseMessage]:
+    system = [request.system_message] if request.system_message is not None else []
+    return [*system, *request.messages]
+
+
+def _answer(response: ModelResponse[Any]) -> AIMessage | None:
+    """The response's model message (a structured-output ToolMessage may follow it)."""
+    return next((m for m in response.result if isinstance(m, AIMessage)), None)
+
+
+def _meta(result: ESIResult, *, fallback_used: bool = False) -> dict[str, Any]:
+    esi = result.as_dict()
+    if fallback_used:
+        esi["fallback_used"] = True
+    return esi
+
+
+def _with(
+    response: ModelResponse[Any],
+    message: AIMessage | None,
+    esi: dict[str, Any],
+    *,
+    content: str | None = None,
+) -> ModelResponse[Any]:
+    """``response`` with ``message`` carrying ``esi`` (and ``content``, when replaced)."""
+    if message is None:
+        return response
+    update: dict[str, Any] = {"response_metadata": {**message.response_metadata, "esi": esi}}
+    if content is not None:
+        update["content"] = content
+    marked = message.model_copy(update=update)
+    result = [marked if m is message else m for m in response.result]
+    return ModelResponse(result=result, structured_response=response.structured_response)
+
+
+@contextmanager
+def _held() -> Iterator[None]:
+    """The model call's messages kept out of ``stream_mode="messages"`` until decided."""
+    config = ensure_config()
+    tags = [*(config.get("tags") or []), TAG_NOSTREAM]
+    token = var_child_runnable_config.set({**config, "tags": tags})
+    try:
+        yield
+    finally:
+        var_child_runnable_config.reset(token)
