@@ -97,11 +97,7 @@ def _score_batch(
     for item, plain in zip(items, bare, strict=True):
         plain.answer, plain.answer_ids, plain.original = item.answer, item.answer_ids, item.original
         plain.outcome = item.outcome
-    todo = [b for b in bare if b.outcome is None]
-    with clock.stage("intervene q"):
-        pipeline.intervened(todo, pipeline.intervene(todo))
-    with clock.stage("force q"):
-        pipeline.force(todo)
+    _esi(pipeline, clock, bare, "q")
     # ESI over the whole human message, as a plain `prompt | guard` does.
     whole = [Item(GuardedPrompt(b.prompt.messages, b.prompt.question_index), index=b.index)
              for b in bare]  # fmt: skip
@@ -109,11 +105,7 @@ def _score_batch(
         w.answer, w.answer_ids, w.original, w.outcome = b.answer, b.answer_ids, b.original, None
         if not b.answer_ids:
             w.outcome = b.outcome
-    todo_w = [w for w in whole if w.outcome is None]
-    with clock.stage("intervene w"):
-        pipeline.intervened(todo_w, pipeline.intervene(todo_w))
-    with clock.stage("force w"):
-        pipeline.force(todo_w)
+    _esi(pipeline, clock, whole, "w")
     # Context reliance: one row per answer, the passage emptied.
     scorable = [(b, p) for b, p in zip(bare, prompts, strict=True) if b.answer_ids]
     requests = [ForcingRequest(prompt=p.messages, variants=[p.template.without_context],  # type: ignore[union-attr,list-item]
@@ -154,6 +146,15 @@ def _score_batch(
         record["seconds"] = {stage: s / n for stage, s in clock.seconds.items()}
         records.append(record)
     return records
+
+
+def _esi(pipeline: Pipeline, clock: Clock, items: list[Item], tag: str) -> None:
+    """Intervene on and force the undecided items, timed as ``intervene/force <tag>``."""
+    todo = [item for item in items if item.outcome is None]
+    with clock.stage(f"intervene {tag}"):
+        pipeline.intervened(todo, pipeline.intervene(todo))
+    with clock.stage(f"force {tag}"):
+        pipeline.force(todo)
 
 
 def run_rag(
