@@ -17,11 +17,11 @@ $(BIN)/python:
 
 $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e ".[hf,demo]"
+	$(PIP) -e ".[hf,demo,llamacpp]"
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(PIP) -e ".[hf,demo,api,cli,agents,dev,docs]"
+	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,dev,docs]"
 	touch $@
 
 install-demo: $(VENV)/.demo-installed

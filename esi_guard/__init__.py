@@ -1,11 +1,12 @@
 """esi_guard: flag, withhold or re-route LLM answers that the ESI uncertainty score distrusts.
 
-``import esi_guard`` never imports torch or transformers; they load with a model.
+``import esi_guard`` never imports torch, transformers or llama-cpp-python; they load with a
+model.
 """
 
 import importlib.metadata
 
-from esi_guard.backends import Backend, FakeBackend, HFBackend, OpenAIBackend
+from esi_guard.backends import Backend, FakeBackend, HFBackend, LlamaCppBackend, OpenAIBackend
 from esi_guard.exceptions import (
     APIError,
     BackendError,
@@ -45,6 +46,7 @@ __all__ = [
     "InputError",
     "Intervention",
     "InterventionError",
+    "LlamaCppBackend",
     "ModelLoadError",
     "OpenAIBackend",
     "Paraphrase",

@@ -42,7 +42,7 @@ from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.prompts import run_prompts
 from esi_guard.calibration.runner import run_header, score_examples, scoring_config
 from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_risk, by_youden
-from esi_guard.exceptions import ESIGuardError
+from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
 
@@ -69,6 +69,13 @@ class Selection(str, Enum):
     youden = "youden"
 
 
+class LocalBackend(str, Enum):
+    """What runs a local model (``--model default``, a folder, a hub id or a ``.gguf`` file)."""
+
+    transformers = "transformers"
+    llamacpp = "llamacpp"
+
+
 class InterventionName(str, Enum):
     """Character-level interventions available from the command line."""
 
@@ -93,6 +100,15 @@ Model = Annotated[
 ApiBase = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (API backend).")]
 ApiMode = Annotated[str, typer.Option(help="API backend mode: echo, chat or auto.")]
 Device = Annotated[str | None, typer.Option(help="Device for local models (cpu, cuda...).")]
+Runner = Annotated[
+    LocalBackend,
+    typer.Option(
+        "--backend",
+        help="What runs a local model: transformers (faster on many questions in batches) "
+        "or llamacpp (a .gguf file or 'default'; loads in a second, answers faster, forces "
+        "variants slower on CPUs).",
+    ),
+]
 Cache = Annotated[
     Path | None, typer.Option(help="JSONL cache of per-example results; reruns resume from it.")
 ]
@@ -123,11 +139,23 @@ Judge = Annotated[
 Resamples = Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")]
 
 
-def _backend(model: str, api_base: str | None, api_mode: str, device: str | None) -> Backend:
+def _backend(
+    model: str, api_base: str | None, api_mode: str, device: str | None,
+    runner: LocalBackend = LocalBackend.transformers,
+) -> Backend:  # fmt: skip
     if api_base:
         from esi_guard.backends.openai import OpenAIBackend
 
         return OpenAIBackend(model, base_url=api_base, mode=api_mode)  # type: ignore[arg-type]
+    if runner is LocalBackend.llamacpp:
+        from esi_guard.backends.llamacpp import LlamaCppBackend
+
+        if model == "default":
+            return LlamaCppBackend.default()
+        if not model.endswith(".gguf"):
+            msg = f"--backend llamacpp runs a .gguf file or 'default', got --model {model!r}"
+            raise ConfigurationError(msg)
+        return LlamaCppBackend.from_path(model)
     from esi_guard.backends.hf import HFBackend
 
     kwargs: dict[str, Any] = {"device": device} if device else {}
@@ -307,10 +335,11 @@ def _as_dict(estimate: Estimate) -> dict[str, float | None]:
 
 
 def _guard(
-    model: str, api_base: str | None, api_mode: str, device: str | None, intervention: str,
-    n_variants: int, top_k: int, distance: str, max_new_tokens: int, seed: int,
+    model: str, api_base: str | None, api_mode: str, device: str | None, runner: LocalBackend,
+    intervention: str, n_variants: int, top_k: int, distance: str, max_new_tokens: int,
+    seed: int,
 ) -> ESIGuard:  # fmt: skip
-    backend = _backend(model, api_base, api_mode, device)
+    backend = _backend(model, api_base, api_mode, device, runner)
     kind = SkipOneChar if intervention == "soc" else Typo
     return ESIGuard(
         backend=backend, threshold=0.0, intervention=kind(),  # decisions unused here
@@ -332,6 +361,7 @@ def calibrate(
     api_base: ApiBase = None,
     api_mode: ApiMode = "auto",
     device: Device = None,
+    runner: Runner = LocalBackend.transformers,
     intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
     n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
     top_k: Annotated[int, typer.Option(help="k, tokens kept per distribution.")] = 100,
@@ -357,7 +387,7 @@ def calibrate(
 ) -> None:
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     guard, run = _run(
-        lambda: _guard(model, api_base, api_mode, device, intervention.value, n_variants,
+        lambda: _guard(model, api_base, api_mode, device, runner, intervention.value, n_variants,
                        top_k, distance, max_new_tokens, 0),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
@@ -437,6 +467,7 @@ def evaluate(
     api_base: ApiBase = None,
     api_mode: ApiMode = "auto",
     device: Device = None,
+    runner: Runner = LocalBackend.transformers,
     labels: Labels = LabelMethod.containment,
     label_threshold: LabelThreshold = None,
     judge: Judge = None,
@@ -452,7 +483,7 @@ def evaluate(
         raise typer.Exit(2) from exc
     _, run = _run(
         lambda: ESIGuard.from_calibration(
-            threshold, backend=_backend(model, api_base, api_mode, device)
+            threshold, backend=_backend(model, api_base, api_mode, device, runner)
         ),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from esi_guard import HFBackend
 
 
+@cache
 def embedded_backend() -> HFBackend:
-    """The embedded default model, SmolLM2-135M-Instruct, on CPU: the process's one copy,
-    the same one a guard built without a model uses."""
-    from esi_guard.backends.default import embedded_backend as shared
+    """The embedded default model, SmolLM2-135M-Instruct, through transformers on CPU."""
+    from esi_guard import HFBackend
 
-    return shared()
+    return HFBackend.default(device="cpu")

@@ -1,7 +1,8 @@
 """Backends: the engines that give ESI its token distributions.
 
-``HFBackend`` and ``OpenAIBackend`` are imported from here without importing torch or
-the openai SDK: their heavy imports happen when a model is loaded or a request is sent.
+``HFBackend``, ``LlamaCppBackend`` and ``OpenAIBackend`` are imported from here without
+importing torch, llama-cpp-python or the openai SDK: their heavy imports happen when a
+model is loaded or a request is sent.
 """
 
 from esi_guard.backends.base import (
@@ -16,6 +17,7 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
+from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.backends.openai import OpenAIBackend, RequestStats
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "ForcingRequest",
     "Generation",
     "HFBackend",
+    "LlamaCppBackend",
     "Messages",
     "OpenAIBackend",
     "RequestStats",

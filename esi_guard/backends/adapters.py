@@ -9,7 +9,9 @@ OpenAI-compatible server, the same server, model name and key. What is accepted:
 * langchain-huggingface's ``HuggingFacePipeline`` and ``ChatHuggingFace`` (around a
   pipeline: an inference endpoint exposes no logits to score);
 * langchain-openai's ``ChatOpenAI`` and ``OpenAI`` -> :class:`OpenAIBackend` with
-  ``mode="auto"``.
+  ``mode="auto"``;
+* a ``llama_cpp.Llama``, and langchain-community's ``ChatLlamaCpp`` and ``LlamaCpp`` (their
+  ``client``) -> :class:`LlamaCppBackend` sharing the loaded model.
 
 Objects are recognised by their class and module, so none of these packages is imported
 here; anything else is a :class:`ConfigurationError` naming its type.
@@ -27,7 +29,8 @@ __all__ = ["ACCEPTED", "backend_for"]
 ACCEPTED = (
     "a model id or path (str), a (PreTrainedModel, tokenizer) pair, a transformers "
     "text-generation pipeline, langchain-huggingface HuggingFacePipeline or ChatHuggingFace, "
-    "langchain-openai ChatOpenAI or OpenAI, or a Backend"
+    "langchain-openai ChatOpenAI or OpenAI, a llama_cpp.Llama, langchain-community ChatLlamaCpp "
+    "or LlamaCpp, or a Backend"
 )
 
 
@@ -63,6 +66,13 @@ def backend_for(llm: Any) -> Backend:
         return _from_pipeline(inner.pipeline)
     if kinds & {"langchain_openai.ChatOpenAI", "langchain_openai.OpenAI"}:
         return _from_openai(llm)
+    if "llama_cpp.Llama" in kinds:
+        return _from_llama(llm)
+    if kinds & {"langchain_community.ChatLlamaCpp", "langchain_community.LlamaCpp"}:
+        if llm.client is None:
+            msg = f"the {type(llm).__name__} has no loaded model (its client is None)"
+            raise ConfigurationError(msg)
+        return _from_llama(llm.client)
     msg = f"ESIGuard(llm=...) cannot guard a {type(llm).__module__}.{type(llm).__name__}; "
     msg += f"it takes {ACCEPTED}"
     raise ConfigurationError(msg)
@@ -92,3 +102,9 @@ def _from_openai(llm: Any) -> Backend:
         api_key=secret,
         mode="auto",
     )
+
+
+def _from_llama(llama: Any) -> Backend:
+    from esi_guard.backends.llamacpp import LlamaCppBackend
+
+    return LlamaCppBackend(llama)

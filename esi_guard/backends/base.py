@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypedDict, TypeVar, runtime_checkable
 
+import numpy as np
+
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK, ValueKind
 
@@ -34,6 +36,7 @@ __all__ = [
     "Sample",
     "Sampler",
     "StreamedText",
+    "finish_greedy",
     "stopped_length",
 ]
 
@@ -234,6 +237,39 @@ def stopped_length(
                 keep -= 1
             return keep
     return None
+
+
+def finish_greedy(
+    tokens: Sequence[int],
+    topk: TopK,
+    *,
+    is_end: Callable[[int], bool],
+    decode: Callable[[Sequence[int]], str],
+    stop: Sequence[str],
+    prompt_tokens: int,
+    model_id: str,
+) -> Generation | BackendError:
+    """A white-box backend's greedy tokens and their top-k made into a :class:`Generation`.
+
+    The answer ends before the first end-of-sequence token, then before the first stop
+    sequence (:func:`stopped_length`); non-finite values at the kept positions (or at
+    the position that chose the end) make it a :class:`BackendError`.
+    """
+    eos = next((t for t, token in enumerate(tokens) if is_end(token)), None)
+    length = len(tokens) if eos is None else eos
+    if not np.isfinite(topk.values[: length + 1]).all():
+        return BackendError(f"model {model_id!r} produced NaN or infinite logits")
+    kept = stopped_length(tokens[:length], decode, stop)
+    stopped = eos is not None or kept is not None
+    length = length if kept is None else kept
+    answer = tuple(tokens[:length])
+    return Generation(
+        text=decode(answer).strip(),
+        token_ids=answer,
+        topk=TopK(topk.ids[:length], topk.values[:length]),
+        finish_reason="stop" if stopped else "length",
+        prompt_tokens=prompt_tokens,
+    )
 
 
 class StreamedText:

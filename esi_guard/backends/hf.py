@@ -34,7 +34,7 @@ from esi_guard.backends.base import (
     Generation,
     Messages,
     Sample,
-    stopped_length,
+    finish_greedy,
 )
 from esi_guard.exceptions import (
     BackendError,
@@ -375,20 +375,14 @@ class HFBackend(Backend):
         stop: Sequence[str],
         prompt_tokens: int,
     ) -> Generation | BackendError:
-        eos = next((t for t, token in enumerate(tokens) if token in self._eos_ids), None)
-        length = len(tokens) if eos is None else eos
-        if not np.isfinite(values[: length + 1]).all():
-            return self._non_finite()
-        kept = stopped_length(tokens[:length], self._decode, stop)
-        stopped = eos is not None or kept is not None
-        length = length if kept is None else kept
-        answer = tuple(tokens[:length])
-        return Generation(
-            text=self._decode(answer).strip(),
-            token_ids=answer,
-            topk=TopK(ids[:length], values[:length]),
-            finish_reason="stop" if stopped else "length",
+        return finish_greedy(
+            tokens,
+            TopK(ids, values),
+            is_end=self._eos_ids.__contains__,
+            decode=self._decode,
+            stop=stop,
             prompt_tokens=prompt_tokens,
+            model_id=self.model_id,
         )
 
     def _decode(self, tokens: Sequence[int]) -> str:

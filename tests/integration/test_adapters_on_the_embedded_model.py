@@ -6,7 +6,7 @@ import pytest
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
 
-from esi_guard import ESIGuard, HFBackend
+from esi_guard import ESIGuard, HFBackend, LlamaCppBackend
 from esi_guard.backends.default import EmbeddedBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -18,7 +18,7 @@ def prompts(questions: list[str]) -> list[list[tuple[str, str]]]:
     return [[("system", SYSTEM), ("human", q)] for q in questions]
 
 
-def test_the_promised_line_runs_as_written(hf_backend: HFBackend) -> None:
+def test_the_promised_line_runs_as_written() -> None:
     prompt = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", "{question}")])
     chain = prompt | ESIGuard(threshold=0.3)
     message = chain.invoke({"question": "What is the capital of France?"})
@@ -26,11 +26,12 @@ def test_the_promised_line_runs_as_written(hf_backend: HFBackend) -> None:
     assert message.response_metadata["esi"]["scored"]
 
 
-def test_guards_without_a_model_share_one_loaded_copy(hf_backend: HFBackend) -> None:
+def test_guards_without_a_model_share_one_loaded_copy() -> None:
     first, second = ESIGuard(threshold=0.3), ESIGuard(threshold=0.5, action="abstain")
     assert isinstance(first.backend, EmbeddedBackend)
     assert isinstance(second.backend, EmbeddedBackend)
-    assert first.backend.loaded is second.backend.loaded is hf_backend
+    assert first.backend.loaded is second.backend.loaded
+    assert isinstance(first.backend.loaded, LlamaCppBackend)  # llama-cpp-python is installed
 
 
 @pytest.mark.parametrize("wrapper", ["pipeline", "HuggingFacePipeline", "ChatHuggingFace"])

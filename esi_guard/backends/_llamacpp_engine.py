@@ -1,0 +1,168 @@
+"""The llama.cpp work of :class:`~esi_guard.backends.llamacpp.LlamaCppBackend`.
+
+The backend runs on a llama.cpp context of its own, made from the ``Llama``'s loaded
+model (the weights are shared, never loaded twice; the ``Llama``'s own context, which
+LangChain's ``ChatLlamaCpp`` uses, is never touched). That context has a unified KV cache
+with many sequences:
+
+* a prompt prefix several rows share is computed once and its KV cells are shared with
+  each row (``copy_prefix``: the cells get the row's sequence id, nothing is copied);
+  sampled answers share their prompt's cells the same way, in one decode;
+* logits are asked for only where they are needed (the answer positions when teacher
+  forcing, the last token when generating), so no full-vocabulary row is copied out
+  for the other positions, and only the top-k of each row is kept (numpy
+  ``argpartition``, never a Python sort of the vocabulary).
+
+The KV cache is cleared after every call: nothing of one call leaks into the next.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from esi_guard.exceptions import BackendError
+
+__all__ = ["Engine", "Row", "topk_rows"]
+
+
+def topk_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k ids and values of each row of ``logits``, largest first."""
+    k = min(k, logits.shape[-1])
+    part = np.argpartition(-logits, k - 1, axis=-1)[..., :k]
+    values = np.take_along_axis(logits, part, axis=-1)
+    order = np.argsort(-values, axis=-1, kind="stable")
+    ids = np.take_along_axis(part, order, axis=-1)
+    return ids.astype(np.int64), np.take_along_axis(values, order, axis=-1).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence's tokens in a decode.
+
+    ``tokens`` go at positions ``start, start + 1, ...`` of sequence ``seq``; positions
+    before ``start`` are already in the KV cache under that id (or come in the same
+    decode as a shared prefix). ``outputs`` are offsets into ``tokens`` whose logits the
+    decode returns, in order.
+    """
+
+    seq: int
+    tokens: Sequence[int]
+    start: int = 0
+    outputs: Sequence[int] = ()
+
+
+class Engine:
+    """A llama.cpp context of our own on a loaded ``llama_cpp.Llama``'s model.
+
+    Args:
+        llama: The loaded ``llama_cpp.Llama`` (its model is used, its context is not).
+        n_ctx: KV cells of the context: all rows of one decode together.
+        n_seq_max: Most sequences (rows) in one decode.
+        n_threads: CPU threads; the ``Llama``'s own setting when None.
+    """
+
+    def __init__(self, llama: Any, *, n_ctx: int, n_seq_max: int, n_threads: int | None) -> None:
+        import llama_cpp
+        from llama_cpp import _internals
+
+        self._lib = llama_cpp
+        threads = n_threads or int(llama.context_params.n_threads)
+        params = llama_cpp.llama_context_default_params()
+        n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to 256 cells
+        params.n_ctx = n_ctx
+        params.n_batch = n_ctx
+        params.n_ubatch = min(512, n_ctx)
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        self.n_seq_max = n_seq_max
+        self._context = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
+        self.n_ctx = min(int(self._context.n_ctx()), n_ctx)
+        """Most tokens one decode (and the KV cache) holds."""
+        self.n_vocab = int(llama.n_vocab())
+        self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, n_seq_max)
+        self._views = self._batch_views()
+
+    def _batch_views(self) -> dict[str, np.ndarray]:
+        batch, n = self._batch, self.n_ctx
+        return {
+            "token": np.ctypeslib.as_array(batch.token, shape=(n,)),
+            "pos": np.ctypeslib.as_array(batch.pos, shape=(n,)),
+            "n_seq_id": np.ctypeslib.as_array(batch.n_seq_id, shape=(n,)),
+            "logits": np.ctypeslib.as_array(
+                ctypes.cast(batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n,)
+            ),
+        }
+
+    def close(self) -> None:
+        """Free the context and the batch (the model stays with its ``Llama``)."""
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        self._context.close()  # type: ignore[no-untyped-call]
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        self._context.kv_cache_clear()  # type: ignore[no-untyped-call]
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Let sequence ``target`` share the KV cells of ``source``'s first ``length`` tokens."""
+        self._context.kv_cache_seq_cp(source, target, 0, length)
+
+    def drop(self, seq: int) -> None:
+        """Remove a sequence from the KV cache (cells it shares stay with the others)."""
+        self._context.kv_cache_seq_rm(seq, -1, -1)
+
+    def decode(
+        self, shared: Sequence[tuple[Sequence[int], Sequence[int]]], rows: Sequence[Row]
+    ) -> np.ndarray:
+        """One ``llama_decode``: shared prefixes, then rows; the logits asked for, in order.
+
+        ``shared`` holds ``(tokens, seq_ids)`` pairs: tokens at positions ``0..`` that
+        belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 array.
+        """
+        views = self._views
+        seq_id = self._batch.seq_id
+        n = 0
+        wanted = 0
+        for tokens, seqs in shared:
+            size = len(tokens)
+            views["token"][n : n + size] = tokens
+            views["pos"][n : n + size] = np.arange(size)
+            views["n_seq_id"][n : n + size] = len(seqs)
+            views["logits"][n : n + size] = 0
+            for i in range(n, n + size):
+                for j, seq in enumerate(seqs):
+                    seq_id[i][j] = seq
+            n += size
+        for row in rows:
+            size = len(row.tokens)
+            views["token"][n : n + size] = row.tokens
+            views["pos"][n : n + size] = np.arange(row.start, row.start + size)
+            views["n_seq_id"][n : n + size] = 1
+            views["logits"][n : n + size] = 0
+            for i in range(n, n + size):
+                seq_id[i][0] = row.seq
+            for offset in row.outputs:
+                views["logits"][n + offset] = 1
+                wanted += 1
+            n += size
+        if n > self.n_ctx:  # pragma: no cover - callers pack within n_ctx
+            msg = f"a decode of {n} tokens exceeds the context's {self.n_ctx} cells"
+            raise BackendError(msg)
+        self._batch.n_tokens = n
+        code = self._lib.llama_decode(self._context.ctx, self._batch)
+        if code != 0:
+            msg = f"llama_decode failed (code {code}) on {n} tokens in {len(rows)} rows"
+            raise BackendError(msg)
+        if not wanted:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        pointer = self._lib.llama_get_logits(self._context.ctx)
+        return np.ctypeslib.as_array(pointer, shape=(wanted, self.n_vocab)).copy()

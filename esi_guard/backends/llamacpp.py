@@ -1,0 +1,456 @@
+"""llama.cpp in process: ESI on a GGUF file through llama-cpp-python, fast on CPUs.
+
+White-box like :class:`~esi_guard.HFBackend`: the values are the model's raw logits, and
+only the top-k of each answer position is kept (numpy ``argpartition`` on the logits row).
+The backend runs on a llama.cpp context of its own made from the ``Llama``'s loaded model:
+the weights are shared, and the ``Llama``'s own context (the one LangChain's
+``ChatLlamaCpp`` generates with) is never touched.
+
+Why one sequence per ``llama_decode``: llama.cpp's CPU kernels round a token's numbers
+differently depending on where it falls in its batch (whole tiles of tokens or the
+remainder), by up to about one logit on the embedded model. Sequences sharing a decode
+would add that noise between the original and its variants, so every row runs alone:
+the same call always gives the same bits, generation and teacher forcing of a short
+prompt agree to the bit, and what is left (a row's tokens split differently) moves the
+ESI score by 0.005 on average (``benchmarks/llamacpp_backend.py``: against transformers,
+Spearman 0.99 where the greedy answers match). The prompt prefix all of a request's
+variants share is computed once and its KV cells shared with each row (no copy, no
+recomputation). Sampling (for the baselines only) decodes its ``n`` answers together.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esi_guard._embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard._keywords import strict_keywords
+from esi_guard.backends._hf_force import _common_prefix
+from esi_guard.backends._llamacpp_engine import Engine, Row, topk_rows
+from esi_guard.backends._template import ChatTemplate
+from esi_guard.backends.base import (
+    Backend,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    Sample,
+    StreamedText,
+    finish_greedy,
+)
+from esi_guard.exceptions import (
+    BackendError,
+    ConfigurationError,
+    ContextLengthError,
+    ModelLoadError,
+)
+from esi_guard.scoring import TopK
+
+__all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
+
+_EXTRA_HINT = "install the 'llamacpp' extra: pip install 'esi-guard[llamacpp]'"
+COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}Answer:"
+"""``chat_template="completion"``: for base models, whose GGUF holds no chat template.
+
+Each message's text, a blank line after each, then ``Answer:`` for the model to go on.
+"""
+_MIN_PREFIX = 8
+"""Shorter shared prefixes are recomputed with each row."""
+
+
+def _import_llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        msg = f"LlamaCppBackend needs llama-cpp-python; {_EXTRA_HINT}"
+        raise ImportError(msg) from exc
+    return llama_cpp
+
+
+class LlamaCppBackend(Backend):
+    """ESI on a GGUF model run by llama.cpp in this process (llama-cpp-python).
+
+    Build it with :meth:`from_path` (a ``.gguf`` file) or :meth:`default` (the embedded
+    SmolLM2-135M-Instruct); the constructor takes a ``llama_cpp.Llama`` already loaded
+    (for instance the ``client`` of LangChain's ``ChatLlamaCpp``), which it shares.
+
+    Args:
+        llama: A loaded ``llama_cpp.Llama``.
+        model_id: Identity recorded with results; defaults to the GGUF file's path.
+        chat_template: Jinja chat template, overriding the one in the GGUF's metadata;
+            ``"completion"`` for a base model (see :data:`COMPLETION_TEMPLATE`).
+        n_ctx: KV cells of the backend's own context: the longest prompt plus answer it
+            takes (a request's rows share their common prefix's cells). Default: the
+            model's training context, at most 8192.
+        n_threads: CPU threads; the ``Llama``'s setting by default.
+        n_seq_max: Most answers sampled together (sampling baselines only).
+        reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
+            every row runs in full (the same scores up to llama.cpp's rounding, more work).
+    """
+
+    provider = "llamacpp"
+    values_kind = "logits"
+
+    @strict_keywords
+    def __init__(
+        self,
+        llama: Any,
+        *,
+        model_id: str | None = None,
+        chat_template: str | ChatTemplate | None = None,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_seq_max: int = 16,
+        reuse_prefix: bool = True,
+    ) -> None:
+        llama_cpp = _import_llama_cpp()
+        if not isinstance(llama, llama_cpp.Llama):
+            msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
+            raise ConfigurationError(msg)
+        if n_seq_max < 1:
+            msg = f"n_seq_max must be >= 1, got {n_seq_max}"
+            raise ConfigurationError(msg)
+        self.llama = llama
+        self.reuse_prefix = reuse_prefix
+        self._model_id = model_id or str(llama.model_path)
+        self.template = self._template(chat_template)
+        trained = int(llama._model.n_ctx_train()) or 8192
+        window = n_ctx if n_ctx is not None else min(trained, 8192)
+        if window < 2:
+            msg = f"n_ctx must be >= 2, got {window}"
+            raise ConfigurationError(msg)
+        self._lock = threading.Lock()
+        self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
+        self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
+        self._is_eog = llama_cpp.llama_vocab_is_eog
+
+    @classmethod
+    def from_path(
+        cls,
+        path: str | Path,
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        model_id: str | None = None,
+        chat_template: str | ChatTemplate | None = None,
+        **llama_kwargs: Any,
+    ) -> LlamaCppBackend:
+        """Load a GGUF file.
+
+        Args:
+            path: The ``.gguf`` file.
+            n_ctx: See the class; also the ``Llama``'s own context size.
+            n_threads: CPU threads.
+            n_gpu_layers: Layers to offload to a GPU (a CUDA/Metal build of llama.cpp).
+            model_id: See the class.
+            chat_template: See the class.
+            **llama_kwargs: Passed to ``llama_cpp.Llama``.
+        """
+        llama_cpp = _import_llama_cpp()
+        where = Path(path)
+        if not where.is_file():
+            msg = f"no GGUF file at {str(where)!r}"
+            raise ModelLoadError(msg)
+        llama_kwargs.setdefault("verbose", False)
+        try:
+            llama = llama_cpp.Llama(
+                model_path=str(where),
+                n_ctx=512,  # the Llama's own context, which the backend does not use
+                n_threads=n_threads,
+                n_gpu_layers=n_gpu_layers,
+                **llama_kwargs,
+            )
+        except (ValueError, RuntimeError) as exc:
+            msg = f"llama.cpp could not load {str(where)!r}: {exc}"
+            raise ModelLoadError(msg) from exc
+        return cls(
+            llama,
+            model_id=model_id or str(where),
+            chat_template=chat_template,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+        )
+
+    @classmethod
+    def default(cls, **kwargs: Any) -> LlamaCppBackend:
+        """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF)."""
+        kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
+        return cls.from_path(embedded_gguf(), **kwargs)
+
+    def _template(self, chat_template: str | ChatTemplate | None) -> ChatTemplate:
+        if isinstance(chat_template, ChatTemplate):
+            return chat_template
+        model = self.llama._model
+        bos, eos = model.token_bos(), model.token_eos()
+        bos_text = str(model.token_get_text(bos)) if bos >= 0 else ""
+        eos_text = str(model.token_get_text(eos)) if eos >= 0 else ""
+        if chat_template == "completion":
+            chat_template = COMPLETION_TEMPLATE
+        source = chat_template or self.llama.metadata.get("tokenizer.chat_template")
+        if not source:
+            msg = (
+                f"{self._model_id} holds no chat template (a base model?); pass "
+                "chat_template='...' (a Jinja template), or chat_template='completion' for "
+                "plain text ending in 'Answer:'"
+            )
+            raise ConfigurationError(msg)
+        return ChatTemplate(
+            str(source), bos_token=bos_text, eos_token=eos_text, origin=self._model_id
+        )
+
+    @property
+    def model_id(self) -> str:
+        """Identity of the loaded model."""
+        return self._model_id
+
+    @property
+    def context_length(self) -> int:
+        """Most tokens one prompt plus its answer may take."""
+        return self._engine.n_ctx
+
+    def close(self) -> None:
+        """Free the backend's context (the ``Llama`` and its weights stay)."""
+        with self._lock:
+            self._engine.close()
+
+    def render(self, prompt: Messages) -> list[int]:
+        """Token ids of a prompt through the chat template, generation prompt added.
+
+        A beginning-of-sequence token is put first when the model asks for one and the
+        template did not write it.
+        """
+        text = self.template.render(prompt)
+        tokens = self._tokenize(text, special=True)
+        model = self.llama._model
+        if model.add_bos_token() and model.token_bos() >= 0 and tokens[:1] != [model.token_bos()]:
+            tokens.insert(0, model.token_bos())
+        return tokens
+
+    def _tokenize(self, text: str, *, special: bool) -> list[int]:
+        return list(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=special))
+
+    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """Token ids of an answer, as they would follow the generation prompt."""
+        return self._tokenize(answer, special=True)
+
+    def _decode(self, tokens: Sequence[int]) -> str:
+        return bytes(self.llama.detokenize(list(tokens))).decode("utf-8", errors="ignore")
+
+    def _is_end(self, token: int) -> bool:
+        return bool(self._is_eog(self._vocab, token))
+
+    def _too_long(self, tokens: int, what: str) -> ContextLengthError | None:
+        if tokens <= self.context_length:
+            return None
+        return ContextLengthError(
+            f"{what} has {tokens} tokens; the backend's context holds {self.context_length} (n_ctx)"
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+    ) -> list[Generation | BackendError]:
+        """Greedy answers, one prompt at a time, keeping the raw-logit top-k at each step.
+
+        A prompt that fills the context gets a :class:`ContextLengthError` in place; an
+        answer stops at the context's end (``finish_reason="length"``).
+        """
+        results: list[Generation | BackendError] = []
+        for prompt in prompts:
+            steps = self._greedy(prompt, max_new_tokens, top_k, stop)
+            results.append(next(item for item in steps if not isinstance(item, list)))
+        return results
+
+    def stream_generate(
+        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+    ) -> Generator[str | Generation | BackendError, None, None]:
+        """The answer's text as it is generated, then its :class:`Generation`.
+
+        Closing the stream early stops the generation at the next token.
+        """
+        text = StreamedText(self._decode, stop)
+        for item in self._greedy(prompt, max_new_tokens, top_k, stop):
+            if isinstance(item, list):
+                if piece := text.add(item):
+                    yield piece
+                continue
+            if isinstance(item, Generation) and (rest := text.rest(item.text)):
+                yield rest
+            yield item
+
+    def _greedy(
+        self, prompt: Messages, max_new_tokens: int, top_k: int, stop: Sequence[str]
+    ) -> Generator[list[int] | Generation | BackendError, None, None]:
+        """Each new token (as a one-item list) as it comes, then the Generation."""
+        row = self.render(prompt)
+        too_long = self._too_long(len(row) + 1, "the prompt (plus one answer token)")
+        if too_long is not None:
+            yield too_long
+            return
+        room = min(max_new_tokens, self.context_length - len(row))
+        tokens: list[int] = []
+        ids, values = [], []
+        with self._lock:
+            try:
+                logits = self._engine.decode([], [Row(0, row, 0, [len(row) - 1])])
+                while True:
+                    top_ids, top_values = topk_rows(logits, top_k)
+                    ids.append(top_ids[0])
+                    values.append(top_values[0])
+                    token = int(top_ids[0, 0])
+                    tokens.append(token)
+                    if self._is_end(token) or len(tokens) >= room:
+                        break
+                    yield [token]
+                    logits = self._engine.decode(
+                        [], [Row(0, [token], len(row) + len(tokens) - 1, [0])]
+                    )
+            finally:
+                self._engine.clear()
+        yield finish_greedy(
+            tokens,
+            TopK(np.stack(ids), np.stack(values)),
+            is_end=self._is_end,
+            decode=self._decode,
+            stop=stop,
+            prompt_tokens=len(row),
+            model_id=self.model_id,
+        )
+
+    def teacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> list[Forced | BackendError]:
+        """Force each request's answer after each of its variants.
+
+        Each row runs alone after the prefix the request's rows share (computed once). A
+        row longer than the context gets a :class:`ContextLengthError` in place: variants
+        are never truncated.
+        """
+        results: list[Forced | BackendError] = []
+        for request in requests:
+            extra = [request.prompt] if request.include_original else []
+            rows = [self.render(messages) for messages in [*extra, *request.variants]]
+            answer = list(request.answer_ids)
+            longest = max(len(row) for row in rows) + len(answer)
+            too_long = self._too_long(longest, "a variant plus the answer")
+            if too_long is not None:
+                results.append(too_long)
+                continue
+            with self._lock:
+                try:
+                    forced = [topk_rows(logits, top_k) for logits in self._force(rows, answer)]
+                finally:
+                    self._engine.clear()
+            if not all(np.isfinite(values).all() for _, values in forced):
+                results.append(
+                    BackendError(f"model {self.model_id!r} produced NaN or infinite logits")
+                )
+                continue
+            tops = [TopK(ids, values) for ids, values in forced]
+            original = tops.pop(0) if request.include_original else None
+            results.append(Forced(variants=tops, original=original))
+        return results
+
+    def _force(self, rows: list[list[int]], answer: list[int]) -> list[np.ndarray]:
+        """Logits at each answer position after each row (one decode per row)."""
+        shared = 0
+        if self.reuse_prefix and len(rows) > 1:
+            shared = _common_prefix(rows, limit=min(len(r) for r in rows) - 1)
+            shared = shared if shared >= _MIN_PREFIX else 0
+        engine = self._engine
+        if shared:
+            engine.decode([], [Row(0, rows[0][:shared], 0, [])])
+        out = []
+        for row in rows:
+            if shared:
+                engine.copy_prefix(0, 1, shared)
+            tail = row[shared:] + answer[:-1]
+            first = len(row) - 1 - shared
+            outputs = list(range(first, first + len(answer)))
+            out.append(engine.decode([], [Row(1, tail, shared, outputs)]))
+            engine.drop(1)
+        return out
+
+    def sample(
+        self,
+        prompts: Sequence[Messages],
+        *,
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int = 0,
+    ) -> list[list[Sample] | BackendError]:
+        """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
+
+        Each token's log-probability is the model's own (raw logits, temperature 1). The
+        prompt runs once; the ``n`` answers are decoded together.
+        """
+        if n < 1 or temperature <= 0:
+            msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
+            raise ConfigurationError(msg)
+        rng = np.random.default_rng(seed)
+        results: list[list[Sample] | BackendError] = []
+        for prompt in prompts:
+            row = self.render(prompt)
+            need = len(row) + min(n, self._engine.n_seq_max) * max_new_tokens
+            too_long = self._too_long(need, f"the prompt plus {n} sampled answers")
+            if too_long is not None:
+                results.append(too_long)
+                continue
+            samples: list[Sample] = []
+            with self._lock:
+                for start in range(0, n, self._engine.n_seq_max):
+                    count = min(self._engine.n_seq_max, n - start)
+                    try:
+                        samples += self._sample_group(row, count, temperature, max_new_tokens, rng)
+                    finally:
+                        self._engine.clear()
+            results.append(samples)
+        return results
+
+    def _sample_group(
+        self, row: list[int], n: int, temperature: float, max_new_tokens: int, rng: Any
+    ) -> list[Sample]:
+        seqs = list(range(n))
+        engine = self._engine
+        shared = [(row[:-1], seqs)] if len(row) > 1 else []
+        logits = engine.decode(shared, [Row(s, [row[-1]], len(row) - 1, [0]) for s in seqs])
+        tokens: list[list[int]] = [[] for _ in seqs]
+        logprobs: list[list[float]] = [[] for _ in seqs]
+        live = seqs
+        room = min(max_new_tokens, self.context_length - len(row) - 1)
+        for step in range(room):
+            scaled = logits.astype(np.float64)
+            logp = scaled - scaled.max(axis=1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+            hot = np.exp((scaled - scaled.max(axis=1, keepdims=True)) / temperature)
+            hot /= hot.sum(axis=1, keepdims=True)
+            nxt = []
+            for i, seq in enumerate(live):
+                token = int(rng.choice(hot.shape[1], p=hot[i]))
+                if self._is_end(token):
+                    continue
+                tokens[seq].append(token)
+                logprobs[seq].append(float(logp[i, token]))
+                nxt.append(seq)
+            live = nxt
+            if not live or step == room - 1:
+                break
+            position = len(row) + step
+            logits = engine.decode([], [Row(seq, [tokens[seq][-1]], position, [0]) for seq in live])
+        return [
+            Sample(text=self._decode(t).strip(), token_logprobs=tuple(lp))
+            for t, lp in zip(tokens, logprobs, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        return f"LlamaCppBackend({self.model_id!r}, n_ctx={self.context_length})"
