@@ -1,10 +1,11 @@
 """Seconds per agent question with and without ESIMiddleware, side by side in one run.
 
-    OMP_NUM_THREADS=1 python benchmarks/agent_overhead.py [--limit 10] [--json out.json]
+    OMP_NUM_THREADS=1 python benchmarks/agent_overhead.py [--limit 10] [--scoring transformers]
 
 The agent of ``examples/agent_middleware.py`` (the embedded GGUF in process through
-``ChatLlamaCpp``, one encyclopedia tool, ESI scored with the transformers backend on the
-same file) answers each question twice, plain and guarded, alternating which goes first.
+``ChatLlamaCpp``, one encyclopedia tool, ESI scored on the agent's own ``Llama`` through
+``LlamaCppBackend``, or with ``--scoring transformers`` on the transformers backend of
+the same file) answers each question twice, plain and guarded, alternating which goes first.
 Both agents share one loaded model. Reports per-question seconds, their means and the
 guarded/plain ratio; the answers of the two runs are compared (the middleware does not
 change what the model sees, so with greedy decoding they should be the same).
@@ -42,12 +43,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scoring", choices=["own", "transformers"], default="own")
     args = parser.parse_args()
 
-    backend = HFBackend.default()
     model = chat_model()
+    backend = {"backend": HFBackend.default()} if args.scoring == "transformers" else {}
     plain = build_agent(model, None)
-    guarded = build_agent(model, ESIMiddleware(threshold=0.3, backend=backend))
+    guarded = build_agent(model, ESIMiddleware(threshold=0.3, **backend))
     timed(guarded, QUESTIONS[0])  # warm both paths once
     records = []
     for i, question in enumerate(QUESTIONS[: args.limit]):
@@ -76,6 +78,16 @@ def main() -> None:
         "guarded_over_plain": guarded_mean / plain_mean,
         "same_answers": sum(r["same_answer"] for r in records),
     }
+    scored = [r for r in records if r["score"] is not None]
+    if scored:
+        plain_scored = statistics.mean(r["plain_seconds"] for r in scored)
+        guarded_scored = statistics.mean(r["guarded_seconds"] for r in scored)
+        summary |= {
+            "scored_answers": len(scored),
+            "scored_plain_seconds_per_question": plain_scored,
+            "scored_guarded_seconds_per_question": guarded_scored,
+            "scored_guarded_over_plain": guarded_scored / plain_scored,
+        }
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "records": records}, indent=2))

