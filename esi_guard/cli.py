@@ -100,6 +100,14 @@ Model = Annotated[
 ApiBase = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (API backend).")]
 ApiMode = Annotated[str, typer.Option(help="API backend mode: echo, chat or auto.")]
 Device = Annotated[str | None, typer.Option(help="Device for local models (cpu, cuda...).")]
+ChatTemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template",
+        help="--backend llamacpp: a Jinja chat template file, or 'completion' for a base "
+        "model whose GGUF has none (the messages' text, then 'Answer:').",
+    ),
+]
 Runner = Annotated[
     LocalBackend,
     typer.Option(
@@ -141,7 +149,7 @@ Resamples = Annotated[int, typer.Option(help="Bootstrap resamples for the interv
 
 def _backend(
     model: str, api_base: str | None, api_mode: str, device: str | None,
-    runner: LocalBackend = LocalBackend.transformers,
+    runner: LocalBackend = LocalBackend.transformers, chat_template: str | None = None,
 ) -> Backend:  # fmt: skip
     if api_base:
         from esi_guard.backends.openai import OpenAIBackend
@@ -150,12 +158,15 @@ def _backend(
     if runner is LocalBackend.llamacpp:
         from esi_guard.backends.llamacpp import LlamaCppBackend
 
+        template = chat_template
+        if template is not None and template != "completion":
+            template = Path(template).read_text(encoding="utf-8")
         if model == "default":
-            return LlamaCppBackend.default()
+            return LlamaCppBackend.default(chat_template=template)
         if not model.endswith(".gguf"):
             msg = f"--backend llamacpp runs a .gguf file or 'default', got --model {model!r}"
             raise ConfigurationError(msg)
-        return LlamaCppBackend.from_path(model)
+        return LlamaCppBackend.from_path(model, chat_template=template)
     from esi_guard.backends.hf import HFBackend
 
     kwargs: dict[str, Any] = {"device": device} if device else {}
@@ -336,10 +347,10 @@ def _as_dict(estimate: Estimate) -> dict[str, float | None]:
 
 def _guard(
     model: str, api_base: str | None, api_mode: str, device: str | None, runner: LocalBackend,
-    intervention: str, n_variants: int, top_k: int, distance: str, max_new_tokens: int,
-    seed: int,
+    chat_template: str | None, intervention: str, n_variants: int, top_k: int, distance: str,
+    max_new_tokens: int, seed: int,
 ) -> ESIGuard:  # fmt: skip
-    backend = _backend(model, api_base, api_mode, device, runner)
+    backend = _backend(model, api_base, api_mode, device, runner, chat_template)
     kind = SkipOneChar if intervention == "soc" else Typo
     return ESIGuard(
         backend=backend, threshold=0.0, intervention=kind(),  # decisions unused here
@@ -362,6 +373,7 @@ def calibrate(
     api_mode: ApiMode = "auto",
     device: Device = None,
     runner: Runner = LocalBackend.transformers,
+    chat_template: ChatTemplateOption = None,
     intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
     n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
     top_k: Annotated[int, typer.Option(help="k, tokens kept per distribution.")] = 100,
@@ -387,8 +399,8 @@ def calibrate(
 ) -> None:
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     guard, run = _run(
-        lambda: _guard(model, api_base, api_mode, device, runner, intervention.value, n_variants,
-                       top_k, distance, max_new_tokens, 0),
+        lambda: _guard(model, api_base, api_mode, device, runner, chat_template,
+                       intervention.value, n_variants, top_k, distance, max_new_tokens, 0),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
         system=system, prompt_file=prompt, batch_size=batch_size,
@@ -468,6 +480,7 @@ def evaluate(
     api_mode: ApiMode = "auto",
     device: Device = None,
     runner: Runner = LocalBackend.transformers,
+    chat_template: ChatTemplateOption = None,
     labels: Labels = LabelMethod.containment,
     label_threshold: LabelThreshold = None,
     judge: Judge = None,
@@ -483,7 +496,7 @@ def evaluate(
         raise typer.Exit(2) from exc
     _, run = _run(
         lambda: ESIGuard.from_calibration(
-            threshold, backend=_backend(model, api_base, api_mode, device, runner)
+            threshold, backend=_backend(model, api_base, api_mode, device, runner, chat_template)
         ),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
