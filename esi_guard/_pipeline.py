@@ -19,8 +19,9 @@ when it traces them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation
@@ -34,6 +35,7 @@ from esi_guard.exceptions import (
 )
 from esi_guard.result import Decision, ESIResult, ScoringConfig
 from esi_guard.scoring import Distance, TopK, esi_score
+from esi_guard.sequential import schedule, settled
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
@@ -250,31 +252,106 @@ class Pipeline:
     # -- force and assess -------------------------------------------------------------------
 
     def force(self, items: Sequence[Item], *, include_original: bool = False) -> list[Outcome]:
-        """Teacher-force each item's answer after its variants and decide every item."""
-        planned = self.plan(items, include_original=include_original)
-        requests = [request for _, request in planned]
+        """Teacher-force each item's answer after its variants and decide every item.
+
+        One backend call, or one per round with sequential ESI (``min_variants``).
+        """
+        rounds = self._rounds(items, include_original)
+        requests = next(rounds)
         top_k = self.config.top_k
-        call = lambda: self.backend.teacher_force(requests, top_k=top_k)  # noqa: E731
-        forced = shield(call, len(requests), "teacher_force") if requests else []
-        return self.assess(items, planned, forced)
+        while True:
+            call = partial(self.backend.teacher_force, requests, top_k=top_k)
+            forced = shield(call, len(requests), "teacher_force") if requests else []
+            try:
+                requests = rounds.send(forced)
+            except StopIteration as done:
+                return cast(list[Outcome], done.value)
 
     async def aforce(self, items: Sequence[Item]) -> list[Outcome]:
         """Async :meth:`force`."""
-        planned = self.plan(items, include_original=False)
-        requests = [request for _, request in planned]
+        rounds = self._rounds(items, include_original=False)
+        requests = next(rounds)
         top_k = self.config.top_k
-        call = lambda: self.backend.ateacher_force(requests, top_k=top_k)  # noqa: E731
-        forced = await ashield(call, len(requests), "teacher_force") if requests else []
-        return self.assess(items, planned, forced)
+        while True:
+            acall = partial(self.backend.ateacher_force, requests, top_k=top_k)
+            forced = await ashield(acall, len(requests), "teacher_force") if requests else []
+            try:
+                requests = rounds.send(forced)
+            except StopIteration as done:
+                return cast(list[Outcome], done.value)
+
+    def _rounds(
+        self, items: Sequence[Item], include_original: bool
+    ) -> Generator[list[ForcingRequest], list[Forced | BackendError], list[Outcome]]:
+        """The forcing requests of each round (sent back their results); the outcomes."""
+        sizes = schedule(self.config.min_variants or self.config.n_variants, self.config.n_variants)
+        if len(sizes) == 1:
+            planned = self.plan(items, include_original=include_original)
+            forced = yield [request for _, request in planned]
+            return self.assess(items, planned, forced)
+        rounds = _Rounds(items)
+        for number, size in enumerate(sizes):
+            last = number == len(sizes) - 1
+            live = rounds.start(size, last=last)
+            planned = self.plan(live, include_original=include_original and number == 0,
+                                known=rounds.known, context=number == 0)  # fmt: skip
+            forced = yield [request for _, request in planned]
+            outs = rounds.record(planned, forced)
+            for item in live:
+                if item.outcome is not None:
+                    continue
+                result = self._round_result(item, rounds, outs.get(id(item)))
+                if isinstance(result, BackendError):
+                    item.outcome = self.failure(item, result)
+                elif (
+                    last
+                    or not result.scored
+                    or settled(
+                        result.variant_scores, self.threshold, self.config.stop_constant or 0.0
+                    )
+                ):
+                    result.stopped_early = not last
+                    item.outcome = result
+        for item in items:
+            item.steps["score"] = item.outcome
+        return [cast(Outcome, item.outcome) for item in items]
+
+    def _round_result(
+        self, item: Item, rounds: _Rounds, out: Forced | BackendError | None
+    ) -> ESIResult | BackendError:
+        """The item's result from every variant forced so far (``out``: this round's)."""
+        if isinstance(out, BackendError):
+            return out
+        known = rounds.known[id(item)]
+        merged = Forced(
+            variants=[known[text][0] for text in item.changed],
+            original=rounds.original.get(id(item)),
+            observed=None
+            if all(known[text][1] is None for text in item.changed)
+            else [known[text][1] or len(item.answer_ids) for text in item.changed],
+        )
+        result = self._scored(item, merged, rounds.context.get(id(item)))
+        result.work = {
+            "forced_variants": rounds.rows[id(item)],
+            "forced_tokens": rounds.rows[id(item)] * len(item.answer_ids),
+        }
+        return result
 
     def plan(
-        self, items: Sequence[Item], *, include_original: bool
+        self,
+        items: Sequence[Item],
+        *,
+        include_original: bool,
+        known: dict[int, dict[str, Any]] | None = None,
+        context: bool = True,
     ) -> list[tuple[Item, ForcingRequest]]:
         """The forcing requests of the items that can be scored; the others are decided.
 
         An item whose template has a context gets a second request right after its own:
         the answer forced once after the prompt without its context (``context_reliance``).
         It is a request of its own so that the variants keep their shared prefix.
+        Sequential rounds pass the texts already forced per item (``known``): only new
+        ones are asked for, and an item with none gets no request this round.
         """
         planned = []
         for item in items:
@@ -284,16 +361,20 @@ class Pipeline:
             if problem is not None:
                 item.outcome = self.result(item, None, reason(problem))
                 continue
+            done = known.get(id(item), {}) if known is not None else {}
+            texts = [text for text in item.changed if text not in done]
+            if not texts and not include_original:
+                continue
             request = ForcingRequest(
                 prompt=item.prompt.messages,
-                variants=[item.prompt.with_question(text) for text in item.changed],
+                variants=[item.prompt.with_question(text) for text in texts],
                 answer_ids=list(item.answer_ids),
                 answer=item.answer,
                 include_original=include_original,
             )
             planned.append((item, request))
             template = item.prompt.template
-            if template is not None and template.without_context is not None:
+            if context and template is not None and template.without_context is not None:
                 planned.append((item, replace(request, variants=[template.without_context],
                                               include_original=False)))  # fmt: skip
         return planned
@@ -356,9 +437,11 @@ class Pipeline:
         except ScoringError as exc:
             return self.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
-        return self.result(
+        result = self.result(
             item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance
         )
+        result.variant_scores = [float(x) for x in esi.variant_scores]
+        return result
 
     def _reliance(self, base: TopK, context: Forced | BackendError) -> float:
         """How far the answer's distributions move when the context is taken away."""
@@ -434,10 +517,67 @@ class Pipeline:
             finish_reason=item.finish_reason,
             work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
             context_reliance=context_reliance,
+            variants_used=len(item.variants),
         )
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}
+
+
+class _Rounds:
+    """What sequential ESI has learned about each item across rounds."""
+
+    def __init__(self, items: Sequence[Item]) -> None:
+        self.items = [item for item in items if item.outcome is None]
+        self.full = {id(item): list(item.variants) for item in self.items}
+        self.known: dict[int, dict[str, tuple[TopK, int | None]]] = {
+            id(item): {} for item in self.items
+        }
+        self.original: dict[int, TopK | None] = {}
+        self.context: dict[int, Forced | BackendError | None] = {}
+        self.rows = {id(item): 0 for item in self.items}
+
+    def start(self, size: int, *, last: bool) -> list[Item]:
+        """The undecided items, each now holding its first ``size`` variants.
+
+        Before the last round an item none of whose first variants differs from the
+        question waits for the next round (the last decides it as unscorable).
+        """
+        live = []
+        for item in self.items:
+            if item.outcome is None:
+                item.variants = self.full[id(item)][:size]
+                if last or item.changed:
+                    live.append(item)
+        return live
+
+    def record(
+        self,
+        planned: Sequence[tuple[Item, ForcingRequest]],
+        forced: Sequence[Forced | BackendError],
+    ) -> dict[int, Forced | BackendError]:
+        """Keep each new variant's distributions by text; the main result per item."""
+        main: dict[int, Forced | BackendError] = {}
+        for (item, request), out in zip(planned, forced, strict=True):
+            key = id(item)
+            if key in main:  # the second request of an item: its context row
+                self.context[key] = out
+                self.rows[key] += 1
+                continue
+            main[key] = out
+            if isinstance(out, BackendError):
+                continue
+            done = self.known[key]
+            texts = [text for text in item.changed if text not in done]
+            observed: list[int | None] = (
+                list(out.observed) if out.observed is not None else [None] * len(texts)
+            )
+            for text, topk, seen in zip(texts, out.variants, observed, strict=False):
+                done[text] = (topk, seen)
+            if request.include_original:
+                self.original[key] = out.original
+            self.rows[key] += len(request.variants) + int(request.include_original)
+        return main
 
 
 def raised(outcome: Outcome) -> BackendError | ScoringError:

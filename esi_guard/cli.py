@@ -16,6 +16,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -41,7 +42,14 @@ from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.prompts import run_prompts
 from esi_guard.calibration.runner import run_header, score_examples, scoring_config
-from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_risk, by_youden
+from esi_guard.calibration.thresholds import (
+    Choice,
+    by_coverage,
+    by_f1,
+    by_risk,
+    by_youden,
+    fit_stop_constant,
+)
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
@@ -359,6 +367,32 @@ def _guard(
     )  # fmt: skip
 
 
+def _stop_rule(
+    records: list[dict[str, Any]], threshold: float, min_variants: int, most: float, delta: float
+) -> dict[str, Any] | None:
+    """Fit sequential ESI's stopping constant on the run's variant scores, and say so."""
+    rows = [r["variant_scores"] for r in records if r["scored"] and r.get("variant_scores")]
+    rule = fit_stop_constant(
+        rows, threshold, min_variants=min_variants, max_disagreement=most, delta=delta
+    )
+    if rule is None:
+        console.print(
+            f"[yellow]sequential ESI: no stopping constant keeps early decisions within "
+            f"{most:g} of the full-L ones with probability >= {1 - delta:g} on these "
+            f"{len(rows)} answers; the file holds no stopping rule.[/yellow] Raise "
+            "--max-disagreement or calibrate on more examples (a cache written before "
+            "variant scores were recorded holds none: rerun without it)."
+        )
+        return None
+    console.print(
+        f"sequential ESI: stop constant {rule.constant:g} from {rule.min_variants} variants: "
+        f"{rule.variants_used_mean:.2f} variants per answer, early decision differs from the "
+        f"full-L one on {rule.disagreement:.3f} of {len(rows)} answers (<= {rule.bound:.3f} "
+        f"with probability {1 - delta:g})"
+    )
+    return asdict(rule)
+
+
 @app.command()
 def calibrate(
     data: Data,
@@ -396,6 +430,17 @@ def calibrate(
     cache: Cache = None,
     batch_size: BatchSize = 8,
     resamples: Resamples = 1000,
+    min_variants: Annotated[
+        int | None,
+        typer.Option(help="Also fit sequential ESI's stopping rule, first round of N variants."),
+    ] = None,
+    max_disagreement: Annotated[
+        float,
+        typer.Option(help="Sequential: most early decisions differing from full-L ones."),
+    ] = 0.05,
+    stop_delta: Annotated[
+        float, typer.Option(help="Sequential: allowed failure probability of that bound.")
+    ] = 0.1,
 ) -> None:
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     guard, run = _run(
@@ -417,7 +462,12 @@ def calibrate(
             "Raise --alpha, raise --delta, or calibrate on more examples."
         )
         raise typer.Exit(1)
+    sequential = None
+    if min_variants is not None:
+        sequential = _stop_rule(run.records, choice.threshold, min_variants, max_disagreement,
+                                stop_delta)  # fmt: skip
     result = ThresholdFile(
+        sequential=sequential,
         threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,
         calibration_coverage=choice.coverage,
         calibration_selective_risk=(

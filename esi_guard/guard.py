@@ -92,7 +92,14 @@ class ESIGuard(BaseChatModel):
     intervention: Intervention = Field(default_factory=SkipOneChar)
     """How variants of the question are made (SOC with p=0.3, M*=3 by default)."""
     n_variants: int = Field(default=10, ge=1)
-    """L, the number of intervened variants per question."""
+    """L, the number of intervened variants per question (the most, with ``min_variants``)."""
+    min_variants: int | None = Field(default=None, ge=2)
+    """Sequential ESI (off by default): score this many variants first, then twice as many
+    and so on up to ``n_variants``, and stop as soon as the decision is settled (see
+    :mod:`esi_guard.sequential`). Needs ``stop_constant``; ``from_calibration`` reads both
+    from a file written by ``esi-guard calibrate --min-variants``."""
+    stop_constant: float | None = Field(default=None, ge=0)
+    """The sequential stopping rule's constant, fitted by ``esi-guard calibrate``."""
     top_k: int = Field(default=100, ge=1)
     """k, the number of tokens kept in each truncated distribution."""
     distance: Distance = "hellinger"
@@ -174,6 +181,17 @@ class ESIGuard(BaseChatModel):
         if self.temperature not in (None, 0):
             msg = f"ESI scores the greedy answer: temperature must be 0, got {self.temperature}"
             raise ConfigurationError(msg)
+        if self.min_variants is not None:
+            if self.stop_constant is None:
+                msg = (
+                    "min_variants needs stop_constant, the stopping rule's calibrated constant: "
+                    "run esi-guard calibrate --min-variants N and build the guard with "
+                    "ESIGuard.from_calibration(path)"
+                )
+                raise ConfigurationError(msg)
+            if self.decide_on != "esi":
+                msg = "min_variants (sequential ESI) decides on the ESI score: decide_on='esi'"
+                raise ConfigurationError(msg)
         return self
 
     @classmethod
@@ -194,12 +212,19 @@ class ESIGuard(BaseChatModel):
         ``distance``, ``seed``, ``max_new_tokens``) differs from the file's: a threshold
         only means something for scores computed the same way. Other options (``action``,
         ``fallback``, ``abstain_message``) pass through. SOC and Typo interventions are
-        rebuilt from the file; others (paraphrases) must be passed in.
+        rebuilt from the file; others (paraphrases) must be passed in. A file calibrated
+        with ``--min-variants`` turns sequential ESI on with its fitted stopping rule
+        (``min_variants=None`` turns it off).
         """
         calibrated = ThresholdFile.read(path)
         expected = calibrated.scoring
         options = ("n_variants", "top_k", "distance", "seed", "max_new_tokens", "decide_on")
         settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
+        if calibrated.sequential is not None:
+            settings.setdefault("stop_constant", calibrated.sequential["constant"])
+            settings["min_variants"] = kwargs.pop(
+                "min_variants", calibrated.sequential["min_variants"]
+            )
         if intervention is None:
             intervention = rebuild_intervention(expected.intervention)
         if backend is not None:
@@ -211,7 +236,8 @@ class ESIGuard(BaseChatModel):
             **kwargs,
         )
         problems = expected.differences(
-            guard.scoring_config, ignore=("system_prompt", "prompt_template")
+            guard.scoring_config,
+            ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
         )
         if guard.backend.model_id != calibrated.model:
             problems.insert(0, f"model: {calibrated.model!r} vs {guard.backend.model_id!r}")
@@ -236,6 +262,8 @@ class ESIGuard(BaseChatModel):
             seed=self.seed,
             max_new_tokens=self.max_new_tokens,
             decide_on=self.decide_on,
+            min_variants=self.min_variants,
+            stop_constant=self.stop_constant if self.min_variants is not None else None,
         )
 
     # -- public methods ---------------------------------------------------------------------

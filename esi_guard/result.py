@@ -60,6 +60,11 @@ class ScoringConfig(BaseModel):
     """The template a calibration run rendered each question with (``{question}``, and
     ``{context}`` for data with passages), through ``ESIGuard.with_prompt``; None when the
     question was its own message."""
+    min_variants: int | None = None
+    """Sequential ESI: variants scored in the first round (None: all ``n_variants`` at
+    once). See :mod:`esi_guard.sequential`."""
+    stop_constant: float | None = None
+    """Sequential ESI: the stopping rule's calibrated constant."""
 
     def differences(self, other: ScoringConfig, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """One ``"<field>: <this> vs <other>"`` line per field whose values differ."""
@@ -71,10 +76,9 @@ class ScoringConfig(BaseModel):
         ]
 
     def as_metadata(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (the calibration run's prompts left out when unset)."""
-        unset = {
-            name for name in ("system_prompt", "prompt_template") if getattr(self, name) is None
-        }
+        """A JSON-serialisable dict (the optional fields left out when unset)."""
+        optional = ("system_prompt", "prompt_template", "min_variants", "stop_constant")
+        unset = {name for name in optional if getattr(self, name) is None}
         return self.model_dump(exclude=unset)
 
 
@@ -114,6 +118,14 @@ class ESIResult:
     """How far the answer's distributions move when the prompt's context is emptied (the
     same entropy-weighted distance, one row): low means the answer barely depends on the
     passage. Only with ``ESIGuard.with_prompt(..., context_key=...)``; None otherwise."""
+    variant_scores: list[float] = field(default_factory=list)
+    """Each variant's own score (mean over tokens of alpha_t * D), in ``variants`` order;
+    ``score`` is their mean."""
+    variants_used: int = 0
+    """How many variants were scored: ``n_variants``, or fewer when sequential ESI
+    (``min_variants``) stopped early."""
+    stopped_early: bool = False
+    """True when sequential ESI settled the decision before ``n_variants``."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""

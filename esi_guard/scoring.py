@@ -113,6 +113,15 @@ class ESIScore:
     distances: FloatArray
     """Unweighted distances ``D(p_t, q_{l,t})``, shape ``(L, N)``."""
 
+    @property
+    def variant_scores(self) -> FloatArray:
+        """Each variant's own score (mean over tokens of ``alpha_t * D``), shape ``(L,)``.
+
+        ``score`` is their mean.
+        """
+        scores: FloatArray = (self.alphas[None, :] * self.distances).mean(axis=1)
+        return scores
+
 
 def fill_value(values: FloatArray, valid: NDArray[np.bool_], kind: ValueKind) -> FloatArray:
     """Value given to a token that is missing from one side's top-k.

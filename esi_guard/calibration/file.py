@@ -56,6 +56,11 @@ class ThresholdFile(BaseModel):
     """Each metric's value and 95% bootstrap interval (``value``, ``low``, ``high``)."""
     created: str
     esi_guard_version: str
+    sequential: dict[str, Any] | None = None
+    """Sequential ESI's fitted stopping rule (``calibrate --min-variants``): ``constant``,
+    ``min_variants``, ``disagreement`` (early vs full-L decisions on the calibration data),
+    its upper ``bound`` at ``1 - delta``, ``max_disagreement``, ``delta``,
+    ``variants_used_mean``. None when not fitted."""
 
     def write(self, path: str | Path) -> None:
         """Write as indented JSON."""

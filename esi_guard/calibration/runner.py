@@ -148,4 +148,5 @@ def _record(index: int, example: Example, message: Any) -> dict[str, Any]:
         raise message
     esi = message.response_metadata["esi"]
     return {**base, "prediction": esi["answer"], "score": esi["score"], "scored": esi["scored"],
-            "reason": esi["reason"], "context_reliance": esi.get("context_reliance")}  # fmt: skip
+            "reason": esi["reason"], "context_reliance": esi.get("context_reliance"),
+            "variant_scores": esi.get("variant_scores")}  # fmt: skip
