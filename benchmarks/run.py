@@ -47,6 +47,7 @@ from esi_guard.baselines import (
 )
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
+from esi_guard.calibration.metrics import auroc, bootstrap
 from esi_guard.calibration.prompts import DEFAULT_SYSTEM
 
 if not __package__:  # run as a script: make the repository root importable
@@ -54,6 +55,7 @@ if not __package__:  # run as a script: make the repository root importable
 from benchmarks.common import Clock, token_logprobs
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
+from benchmarks.sequential import sequential_row
 
 SYSTEM = DEFAULT_SYSTEM  # the paper's QA instruction, as the CLI uses it
 L_MAX, K_MAX = 10, 100
@@ -108,10 +110,9 @@ def run_dataset(
     max_new_tokens: int,
     batch: int,
     semantic: Semantic,
+    max_disagreement: float = 0.05,
 ) -> list[dict[str, Any]]:
     """Every method's records on one data set."""
-    from sklearn.metrics import roc_auc_score
-
     if not isinstance(backend, Sampler):  # the sampling baselines need one
         msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
         raise ConfigurationError(msg)
@@ -123,6 +124,7 @@ def run_dataset(
     soc = SkipOneChar()
     clock = Clock()
     scores: dict[str, list[float]] = defaultdict(list)
+    variant_scores: dict[str, list[list[float]]] = defaultdict(list)
     kept: list[Example] = []
     answers: list[str] = []
     for start in range(0, len(examples), batch):
@@ -144,6 +146,7 @@ def run_dataset(
             for g, f in zip(gens, forced, strict=True):
                 scores[f"ESI(SOC) L={n_variants}"].append(esi_score(g.topk, f.variants).score)
         for g, f in zip(gens, forced, strict=True):  # the L=10 pass
+            variant_scores["ESI(SOC)"].append(list(esi_score(g.topk, f.variants).variant_scores))
             for k in KS:
                 ablation = [v.head(k) for v in f.variants]
                 scores[f"ESI(SOC) k={k}"].append(esi_score(g.topk.head(k), ablation).score)
@@ -158,7 +161,9 @@ def run_dataset(
                 paras = [para.variants(e.question, L_MAX, seed=0) for e in chunk]
                 forced = force(backend, chunk, gens, paras)
             for g, f in zip(gens, forced, strict=True):
-                scores["ESI(Para) L=10"].append(esi_score(g.topk, f.variants).score)
+                esi = esi_score(g.topk, f.variants)
+                scores["ESI(Para) L=10"].append(esi.score)
+                variant_scores["ESI(Para)"].append(list(esi.variant_scores))
         with clock.stage("sample"):
             samples = backend.sample(
                 [prompt(e.question) for e in chunk], n=N_SAMPLES, temperature=TEMPERATURE,
@@ -205,23 +210,51 @@ def run_dataset(
         "level only",
         "ESI(Para) L=10": f"precomputed paraphrases ({para_file.name}), SOC top-up",
     }
-    records = [
-        {
-            "dataset": path.parent.name, "method": method,
-            "auroc": float(roc_auc_score(wrong, values)) if 0 < sum(wrong) < n else None,
-            "seconds_per_example": cost[method], "n": n, "accuracy": 1 - sum(wrong) / n,
-            "labels": labeller.name, "note": notes.get(method, ""),
-        }
-        for method, values in scores.items()
-    ]  # fmt: skip
-    records.append({"dataset": path.parent.name, "method": "plain greedy answer", "auroc": None,
-                    "seconds_per_example": t["generate"], "n": n, "accuracy": 1 - sum(wrong) / n,
-                    "labels": labeller.name, "note": "no guard"})  # fmt: skip
+    common = {"dataset": path.parent.name, "n": n, "accuracy": 1 - sum(wrong) / n,
+              "labels": labeller.name}  # fmt: skip
+    records = []
+    for method, values in scores.items():
+        estimate = bootstrap(auroc, values, wrong, n_resamples=2000)
+        records.append({
+            **common, "method": method, "auroc": estimate.value, "auroc_low": estimate.low,
+            "auroc_high": estimate.high, "seconds_per_example": cost[method],
+            "extra_seconds_per_example": cost[method] - t["generate"],
+            "note": notes.get(method, ""),
+        })  # fmt: skip
+    records.append({**common, "method": "plain greedy answer", "auroc": None,
+                    "seconds_per_example": t["generate"], "extra_seconds_per_example": 0.0,
+                    "note": "no guard"})  # fmt: skip
+    messages = [[("system", SYSTEM), ("human", e.question)] for e in kept]
+    for name, intervention in (("ESI(SOC)", soc), ("ESI(Para)", para)):
+        if intervention is None or not variant_scores[name]:
+            continue
+        row = sequential_row(
+            backend, messages, variant_scores[name], wrong, name=name,
+            intervention=intervention, clock=clock, generate_seconds=t["generate"],
+            max_new_tokens=max_new_tokens, batch=batch, max_disagreement=max_disagreement,
+        )  # fmt: skip
+        records.append({**common, **row})
     return records
 
 
 def _has_passages(path: Path) -> bool:
     return load_examples(path, limit=1)[0].context is not None
+
+
+def _auroc(record: dict[str, Any]) -> str:
+    if record.get("auroc") is None or record["auroc"] != record["auroc"]:  # None or NaN
+        return ""
+    if record.get("auroc_low") is None:
+        return f"{record['auroc']:.3f}"
+    return f"{record['auroc']:.3f} [{record['auroc_low']:.2f}, {record['auroc_high']:.2f}]"
+
+
+def _seconds(record: dict[str, Any]) -> str:
+    if "seconds_per_example" not in record:
+        return ""
+    extra = record.get("extra_seconds_per_example")
+    whole = f"{record['seconds_per_example']:.2f}"
+    return whole if extra is None else f"{whole} ({extra:.2f})"
 
 
 def markdown(records: list[dict[str, Any]]) -> str:
@@ -233,15 +266,13 @@ def markdown(records: list[dict[str, Any]]) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records))
     cell = {(r["dataset"], r["method"]): r for r in records}
-    head = "| method | " + " | ".join(f"{d} AUROC | {d} s/ex" for d in datasets) + " |"
-    lines = [head, "|---" * (1 + 2 * len(datasets)) + "|"]
+    head = "| method | " + " | ".join(f"{d} AUROC [95% CI] | {d} s/ex (extra)" for d in datasets)
+    lines = [head + " |", "|---" * (1 + 2 * len(datasets)) + "|"]
     for method in methods:
         row = []
         for d in datasets:
             r = cell.get((d, method))
-            auroc = "" if r is None or r["auroc"] is None else f"{r['auroc']:.3f}"
-            secs = "" if r is None else f"{r['seconds_per_example']:.2f}"
-            row += [auroc, secs]
+            row += ["", ""] if r is None else [_auroc(r), _seconds(r)]
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     lines.append("")
     lines.append(
@@ -253,13 +284,34 @@ def markdown(records: list[dict[str, Any]]) -> str:
         )
     )
     for d in datasets:
-        esi = cell[(d, "ESI(SOC) L=10")]["seconds_per_example"]
-        se = cell[(d, "semantic entropy")]["seconds_per_example"]
+        esi = cell[(d, "ESI(SOC) L=10")]
+        se = cell[(d, "semantic entropy")]
         plain = cell[(d, "plain greedy answer")]["seconds_per_example"]
-        lines.append(
-            f"{d}: semantic entropy / ESI(SOC, L=10) time = {se / esi:.2f}x; "
-            f"guarded call / plain greedy call = {esi / plain:.2f}x"
+        line = (
+            f"{d}: semantic entropy / ESI(SOC, L=10) time = "
+            f"{se['seconds_per_example'] / esi['seconds_per_example']:.2f}x"
         )
+        if "extra_seconds_per_example" in esi:
+            line += (
+                f" (beyond the answer: {se['extra_seconds_per_example']:.2f} s vs "
+                f"{esi['extra_seconds_per_example']:.2f} s, "
+                f"{se['extra_seconds_per_example'] / esi['extra_seconds_per_example']:.2f}x)"
+            )
+        line += (
+            f"; ESI(SOC, L=10) / plain greedy answer = {esi['seconds_per_example'] / plain:.2f}x"
+        )
+        lines.append(line)
+        for name in ("ESI(SOC) sequential", "ESI(Para) sequential"):
+            r = cell.get((d, name))
+            if r is None or not r.get("n"):
+                continue
+            seq, whole = r["seconds_per_example"], r["full_guard_seconds_per_example"]
+            lines.append(
+                f"{d}: {name}: variants_used_mean {r['variants_used_mean']:.2f}, "
+                f"decision_agreement {r['decision_agreement']:.3f} (n={r['n']}); guarded call "
+                f"{seq:.2f} s vs full L {whole:.2f} s ({seq / whole:.2f}x), "
+                f"vs plain {seq / plain:.2f}x. {r['note']}"
+            )
     if rag:
         lines += ["", rag_markdown(rag)]
     return "\n".join(lines)
@@ -275,6 +327,12 @@ def main() -> None:
     parser.add_argument("--model", default="default", help="'default' or a HF id/path")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch", type=int, default=8, help="questions per batched call")
+    parser.add_argument(
+        "--max-disagreement",
+        type=float,
+        default=0.05,
+        help="sequential ESI: the bound its stopping rule is fitted to (early vs full-L)",
+    )
     parser.add_argument(
         "--cache",
         type=Path,
@@ -329,7 +387,7 @@ def main() -> None:
                                shard=(int(k), int(n)))  # fmt: skip
         else:
             records += run_dataset(backend, path, args.limit, args.max_new_tokens, args.batch,
-                                   semantic)  # fmt: skip
+                                   semantic, args.max_disagreement)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)
