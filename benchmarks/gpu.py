@@ -5,12 +5,15 @@
 
 The model has random weights: what a forward pass costs does not depend on what the
 weights are, and no checkpoint can be downloaded where this runs. ~40-token prompts,
-5-token answers, L=10 SOC variants, batches of 1 and 16 prompts, on the transformers
-backend. For each batch size: seconds per example of the greedy answers alone, and ESI's
-extra seconds per example beyond them (the paper's timer starts once the greedy answers
-exist), for full ESI and for sequential ESI (``min_variants=2``; with random weights the
-threshold is the median full score and the stopping constant a fixed 1.0, so about half
-the prompts stop early: this times the rounds' mechanics, not a calibrated rule).
+5-token answers, L=10 SOC variants, k=100, batches of 1, 16 and 32 prompts, on the
+transformers backend; ``--model embedded`` runs the embedded SmolLM2 instead. For each batch
+size: seconds per example of the greedy answers alone; ESI's extra seconds per example
+beyond them (the paper's timer starts once the greedy answers exist), for full ESI and for
+sequential ESI (``min_variants=2``; with random weights the threshold is the median full
+score and the stopping constant a fixed 1.0, so some prompts stop early: this times the
+rounds' mechanics, not a calibrated rule); semantic entropy's extra seconds (10 samples at
+T=1; the sampling, which is its cost, without the clustering); guarded/plain; peak GPU
+memory.
 """
 
 from __future__ import annotations
@@ -74,8 +77,10 @@ def questions(n: int, words: int) -> list[str]:
     ]
 
 
-def build(shape: dict[str, int], device: str, dtype: str) -> HFBackend:
-    """An HFBackend on a randomly initialised Llama of this shape."""
+def build(shape: dict[str, int] | None, device: str, dtype: str) -> HFBackend:
+    """An HFBackend on a randomly initialised Llama of this shape (None: the embedded model)."""
+    if shape is None:
+        return HFBackend.default(device=device, dtype=dtype)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -105,8 +110,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Times per batch size; returns the record written to ``--json``."""
     import torch
 
-    backend = build(TINY if args.tiny else EIGHT_B, args.device, args.dtype)
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    shape = None if args.model == "embedded" else TINY if args.tiny else EIGHT_B
+    backend = build(shape, args.device, args.dtype)
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     settings = {"backend": backend, "n_variants": 10, "max_new_tokens": 5, "seed": 0}
     pool = questions(max(args.batches) * (args.repeats + 1), args.words)
     full = ESIGuard(threshold=1.0, **settings)  # type: ignore[arg-type]
@@ -114,7 +121,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sequential = ESIGuard(threshold=median, min_variants=2, stop_constant=1.0, **settings)  # type: ignore[arg-type]
     rows = []
     for size in args.batches:
-        times: dict[str, list[float]] = {"generate": [], "full": [], "sequential": []}
+        times: dict[str, list[float]] = {"generate": [], "full": [], "sequential": [], "sample": []}
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         used = []
         for repeat in range(args.repeats + 1):  # the first round warms up
             batch = pool[repeat * size : (repeat + 1) * size]
@@ -125,7 +134,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             whole = _timed(lambda p=prompts: full.batch(p), sync)
             out: list[Any] = []
             quick = _timed(lambda p=prompts, o=out: o.extend(sequential.batch(p)), sync)
+            sampled = _timed(lambda p=prompts: backend.sample(
+                [[{"role": "user", "content": q[0][1]}] for q in p], n=10, temperature=1.0,
+                max_new_tokens=5), sync)  # fmt: skip
             if repeat:
+                times["sample"].append(sampled / size)
                 times["generate"].append(gen / size)
                 times["full"].append(whole / size)
                 times["sequential"].append(quick / size)
@@ -137,17 +150,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "full_extra_seconds_per_example": statistics.mean(times["full"]) - g,
             "sequential_extra_seconds_per_example": statistics.mean(times["sequential"]) - g,
             "sequential_variants_used_mean": statistics.mean(used),
+            "semantic_entropy_extra_seconds_per_example": statistics.mean(times["sample"]),
+            "guarded_over_plain": statistics.mean(times["full"]) / g,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         }
         rows.append(row)
         print(
             f"batch {size:3d}: answer {g * 1000:8.1f} ms/ex | ESI extra: full "
             f"{row['full_extra_seconds_per_example'] * 1000:8.1f} ms/ex, sequential "
             f"{row['sequential_extra_seconds_per_example'] * 1000:8.1f} ms/ex "
-            f"({row['sequential_variants_used_mean']:.1f} variants)",
+            f"({row['sequential_variants_used_mean']:.1f} variants); semantic entropy "
+            f"{row['semantic_entropy_extra_seconds_per_example'] * 1000:8.1f} ms/ex; "
+            f"guarded/plain {row['guarded_over_plain']:.2f}x",
             flush=True,
         )
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    return {"shape": "tiny" if args.tiny else "llama-3-8b", "device": device,
+    name = args.model if args.model == "embedded" else "tiny" if args.tiny else "llama-3-8b"
+    return {"shape": name, "device": device,
             "dtype": args.dtype, "words": args.words, "rows": rows}  # fmt: skip
 
 
@@ -157,7 +176,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (tests, CPU)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--model", choices=["llama-3-8b", "embedded"], default="llama-3-8b")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 32])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--words", type=int, default=36, help="words per question (~40 tokens)")
     parser.add_argument("--json", type=Path)

@@ -13,6 +13,8 @@ Every error the library raises on purpose is an ``ESIGuardError``::
         ├── ModelLoadError   the model or tokenizer could not be loaded
         ├── ContextLengthError  the prompt (and answer) do not fit     context_overflow
         │   └── APIContextLengthError  (also an APIError) a server's HTTP 400 about it
+        ├── OutOfMemoryError    the device ran out of memory for one prompt alone
+        │                                                           out_of_memory
         ├── InterventionError   the intervention failed (a paraphrasing LLM)
         │                                                           intervention_error
         └── APIError         an OpenAI-compatible server failed or answered badly
@@ -52,6 +54,7 @@ __all__ = [
     "InputError",
     "InterventionError",
     "ModelLoadError",
+    "OutOfMemoryError",
     "ScoringError",
     "UncertainAnswerError",
     "WholeMessageWarning",
@@ -135,6 +138,16 @@ class ContextLengthError(BackendError):
     """
 
     code = "context_overflow"
+
+
+class OutOfMemoryError(BackendError):
+    """The device ran out of memory for one prompt, even in a pass of its own.
+
+    ``HFBackend`` splits a batch that runs out of GPU memory and runs the halves; only a
+    prompt that does not fit alone gets this error, in place (the others go on).
+    """
+
+    code = "out_of_memory"
 
 
 class InterventionError(BackendError):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from esi_guard.exceptions import (
     ConfigurationError,
     ContextLengthError,
     ModelLoadError,
+    OutOfMemoryError,
 )
 from esi_guard.scoring import TopK
 
@@ -78,6 +79,32 @@ def _resolve_dtype(dtype: Any) -> Any:
         msg = f"unknown dtype {dtype!r}; expected e.g. 'float32', 'bfloat16' or 'auto'"
         raise ConfigurationError(msg)
     return resolved
+
+
+Part = TypeVar("Part")
+Out = TypeVar("Out")
+
+
+def split_on_oom(
+    run: Callable[[list[Part]], list[Out]], items: list[Part]
+) -> list[Out | BackendError]:
+    """``run(items)``; when the device runs out of memory, the halves, each the same way.
+
+    An item that does not fit alone gets an :class:`OutOfMemoryError` in place. Only
+    PyTorch's out-of-memory error is caught; the cache the failed pass held is freed first.
+    """
+    torch = _import_torch()
+    try:
+        return list(run(items))
+    except torch.OutOfMemoryError as exc:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if len(items) == 1:
+            error = OutOfMemoryError(f"out of device memory for this prompt alone: {exc}")
+            error.__cause__ = exc
+            return [error]
+    middle = len(items) // 2
+    return [*split_on_oom(run, items[:middle]), *split_on_oom(run, items[middle:])]
 
 
 class HFBackend(Backend):
@@ -284,12 +311,15 @@ class HFBackend(Backend):
                     fits.append((i, row))
             for start in range(0, len(fits), self.max_batch_rows):
                 chunk = fits[start : start + self.max_batch_rows]
-                rows = [row for _, row in chunk]
-                room = max_new_tokens
-                if self.context_length is not None:
-                    room = min(room, self.context_length - max(len(r) for r in rows))
-                gens = self._generate_chunk(rows, room, top_k, stop)
-                for (i, _), gen in zip(chunk, gens, strict=True):
+
+                def run(part: list[tuple[int, list[int]]]) -> list[Generation | BackendError]:
+                    rows = [row for _, row in part]
+                    room = max_new_tokens
+                    if self.context_length is not None:
+                        room = min(room, self.context_length - max(len(r) for r in rows))
+                    return self._generate_chunk(rows, room, top_k, stop)
+
+                for (i, _), gen in zip(chunk, split_on_oom(run, chunk), strict=True):
                     results[i] = gen
         return [r for r in results if r is not None]
 
@@ -410,7 +440,7 @@ class HFBackend(Backend):
                 if results[i] is None:
                     fits.append(Rendered(i, request, rows))
             for group in pack(fits, self.max_batch_rows, reuse_prefix=self.reuse_prefix):
-                forced = force_group(self, group, top_k)
+                forced = split_on_oom(lambda part: force_group(self, part, top_k), group)
                 for item, result in zip(group, forced, strict=True):
                     results[item.index] = result
         return [r for r in results if r is not None]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 from esi_guard import BackendError, ContextLengthError, ESIGuard, HFBackend
 from esi_guard.backends._hf_force import Rendered, _shared, pack
 from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard.exceptions import OutOfMemoryError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -241,6 +243,51 @@ def test_non_finite_logits_fail_only_their_request(backend: HFBackend) -> None:
         handle.remove()
     assert isinstance(forced[0], Forced)
     assert isinstance(forced[1], BackendError) and "NaN" in str(forced[1])
+
+
+def test_a_batch_out_of_memory_is_split_and_only_a_prompt_too_big_alone_fails(
+    backend: HFBackend,
+) -> None:
+    """A memory cap the test sets: a pass over more than ``cap`` rows runs out of memory."""
+    prompts = [user(f"Question number {i}?") for i in range(5)]
+    requests = [ForcingRequest(prompt=p, variants=[user(f"Qestion number {i}?")] * 2,
+                               answer_ids=[3, 4, 5]) for i, p in enumerate(prompts)]  # fmt: skip
+    expected_gens = backend.generate(prompts, max_new_tokens=4, top_k=5)
+    expected_forced = backend.teacher_force(requests, top_k=5)
+    cap, calls = {"rows": 2}, {"oom": 0}
+
+    def capped(module: Any, args: Any, kwargs: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[0] > cap["rows"]:
+            calls["oom"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (the test's cap)")
+
+    handle = backend.model.model.register_forward_pre_hook(capped, with_kwargs=True)
+    try:
+        gens = backend.generate(prompts, max_new_tokens=4, top_k=5)
+        forced = backend.teacher_force(requests, top_k=5)
+        cap["rows"] = 0  # nothing fits, not even one prompt alone
+        failed = backend.generate(prompts[:2], max_new_tokens=4, top_k=5)
+    finally:
+        handle.remove()
+    for got, want in zip(gens, expected_gens, strict=True):
+        assert isinstance(got, Generation) and isinstance(want, Generation)
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose(got.topk.values, want.topk.values, rtol=1e-4, atol=1e-4)
+    for got, want in zip(forced, expected_forced, strict=True):
+        assert isinstance(got, Forced) and isinstance(want, Forced)
+        for a, b in zip(got.variants, want.variants, strict=True):
+            np.testing.assert_allclose(a.values, b.values, rtol=1e-4, atol=1e-4)
+    assert all(isinstance(f, OutOfMemoryError) and f.code == "out_of_memory" for f in failed)
+    assert calls["oom"] > 0  # the cap did bite
+    guard = ESIGuard(backend=backend, threshold=0.5, max_new_tokens=4, n_variants=2)
+    handle = backend.model.model.register_forward_pre_hook(capped, with_kwargs=True)
+    try:
+        esi = guard.invoke("Which river?").response_metadata["esi"]
+    finally:
+        handle.remove()
+    assert not esi["scored"] and esi["reason"].startswith("out_of_memory")
+    assert esi["decision"] == "abstain"  # never an unmarked answer
 
 
 async def test_one_guard_serves_many_threads_and_tasks_with_the_same_results(
