@@ -1,11 +1,15 @@
 """Quickstart: ESIGuard over the embedded default model (SmolLM2-135M-Instruct, on CPU).
 
+The model runs through llama.cpp in process (``LlamaCppBackend``, what ``ESIGuard()``
+without a model uses when llama-cpp-python is installed): it loads in about a second.
+
     make demo        # or: .venv/bin/python examples/quickstart.py
 
 For each question the guard generates the greedy answer, teacher-forces it after ten
-Skip-One-Char variants of the question in one batched pass, and flags the answer when
-its ESI score is above the threshold. The threshold here is a placeholder picked from
-the score range of this model on SciQ; calibrate your own on labelled data.
+Skip-One-Char variants of the question (the prompt prefix they share computed once), and
+flags the answer when its ESI score is above the threshold. The threshold here is a
+placeholder picked from the score range of this model on SciQ; calibrate your own on
+labelled data.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 
 from langchain_core.prompts import ChatPromptTemplate
 
-from esi_guard import ESIGuard, HFBackend
+from esi_guard import ESIGuard, LlamaCppBackend
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -29,8 +33,8 @@ QUESTIONS = [
 
 def main() -> None:
     start = time.perf_counter()
-    backend = HFBackend.default()
-    print(f"loaded {backend.model_id} on {backend.device} in {time.perf_counter() - start:.1f}s\n")
+    backend = LlamaCppBackend.default()
+    print(f"loaded {backend.model_id} (llama.cpp) in {time.perf_counter() - start:.1f}s\n")
 
     prompt = ChatPromptTemplate.from_messages(
         [
