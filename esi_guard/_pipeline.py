@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+from esi_guard._rounds import Rounds
 from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation
 from esi_guard.exceptions import (
     BackendError,
@@ -289,7 +290,7 @@ class Pipeline:
             planned = self.plan(items, include_original=include_original)
             forced = yield [request for _, request in planned]
             return self.assess(items, planned, forced)
-        rounds = _Rounds(items)
+        rounds = Rounds(items)
         for number, size in enumerate(sizes):
             last = number == len(sizes) - 1
             live = rounds.start(size, last=last)
@@ -317,24 +318,13 @@ class Pipeline:
         return [cast(Outcome, item.outcome) for item in items]
 
     def _round_result(
-        self, item: Item, rounds: _Rounds, out: Forced | BackendError | None
+        self, item: Item, rounds: Rounds, out: Forced | BackendError | None
     ) -> ESIResult | BackendError:
         """The item's result from every variant forced so far (``out``: this round's)."""
         if isinstance(out, BackendError):
             return out
-        known = rounds.known[id(item)]
-        merged = Forced(
-            variants=[known[text][0] for text in item.changed],
-            original=rounds.original.get(id(item)),
-            observed=None
-            if all(known[text][1] is None for text in item.changed)
-            else [known[text][1] or len(item.answer_ids) for text in item.changed],
-        )
-        result = self._scored(item, merged, rounds.context.get(id(item)))
-        result.work = {
-            "forced_variants": rounds.rows[id(item)],
-            "forced_tokens": rounds.rows[id(item)] * len(item.answer_ids),
-        }
+        result = self._scored(item, rounds.merged(item), rounds.context.get(id(item)))
+        result.work = rounds.work(item)
         return result
 
     def plan(
@@ -522,62 +512,6 @@ class Pipeline:
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}
-
-
-class _Rounds:
-    """What sequential ESI has learned about each item across rounds."""
-
-    def __init__(self, items: Sequence[Item]) -> None:
-        self.items = [item for item in items if item.outcome is None]
-        self.full = {id(item): list(item.variants) for item in self.items}
-        self.known: dict[int, dict[str, tuple[TopK, int | None]]] = {
-            id(item): {} for item in self.items
-        }
-        self.original: dict[int, TopK | None] = {}
-        self.context: dict[int, Forced | BackendError | None] = {}
-        self.rows = {id(item): 0 for item in self.items}
-
-    def start(self, size: int, *, last: bool) -> list[Item]:
-        """The undecided items, each now holding its first ``size`` variants.
-
-        Before the last round an item none of whose first variants differs from the
-        question waits for the next round (the last decides it as unscorable).
-        """
-        live = []
-        for item in self.items:
-            if item.outcome is None:
-                item.variants = self.full[id(item)][:size]
-                if last or item.changed:
-                    live.append(item)
-        return live
-
-    def record(
-        self,
-        planned: Sequence[tuple[Item, ForcingRequest]],
-        forced: Sequence[Forced | BackendError],
-    ) -> dict[int, Forced | BackendError]:
-        """Keep each new variant's distributions by text; the main result per item."""
-        main: dict[int, Forced | BackendError] = {}
-        for (item, request), out in zip(planned, forced, strict=True):
-            key = id(item)
-            if key in main:  # the second request of an item: its context row
-                self.context[key] = out
-                self.rows[key] += 1
-                continue
-            main[key] = out
-            if isinstance(out, BackendError):
-                continue
-            done = self.known[key]
-            texts = [text for text in item.changed if text not in done]
-            observed: list[int | None] = (
-                list(out.observed) if out.observed is not None else [None] * len(texts)
-            )
-            for text, topk, seen in zip(texts, out.variants, observed, strict=False):
-                done[text] = (topk, seen)
-            if request.include_original:
-                self.original[key] = out.original
-            self.rows[key] += len(request.variants) + int(request.include_original)
-        return main
 
 
 def raised(outcome: Outcome) -> BackendError | ScoringError:

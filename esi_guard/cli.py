@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 
 from esi_guard import __version__
+from esi_guard.backends.adapters import local_backend
 from esi_guard.backends.base import Backend
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_examples
@@ -50,7 +51,7 @@ from esi_guard.calibration.thresholds import (
     by_youden,
     fit_stop_constant,
 )
-from esi_guard.exceptions import ConfigurationError, ESIGuardError
+from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
 
@@ -112,8 +113,8 @@ ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
         "--chat-template",
-        help="--backend llamacpp: a Jinja chat template file, or 'completion' for a base "
-        "model whose GGUF has none (the messages' text, then 'Answer:').",
+        help="A Jinja chat template file overriding the model's, or 'completion' for a base "
+        "model that has none (the messages' text, then 'Answer:').",
     ),
 ]
 Runner = Annotated[
@@ -163,24 +164,10 @@ def _backend(
         from esi_guard.backends.openai import OpenAIBackend
 
         return OpenAIBackend(model, base_url=api_base, mode=api_mode)  # type: ignore[arg-type]
-    if runner is LocalBackend.llamacpp:
-        from esi_guard.backends.llamacpp import LlamaCppBackend
-
-        template = chat_template
-        if template is not None and template != "completion":
-            template = Path(template).read_text(encoding="utf-8")
-        if model == "default":
-            return LlamaCppBackend.default(chat_template=template)
-        if not model.endswith(".gguf"):
-            msg = f"--backend llamacpp runs a .gguf file or 'default', got --model {model!r}"
-            raise ConfigurationError(msg)
-        return LlamaCppBackend.from_path(model, chat_template=template)
-    from esi_guard.backends.hf import HFBackend
-
-    kwargs: dict[str, Any] = {"device": device} if device else {}
-    if model == "default":
-        return HFBackend.default(**kwargs)
-    return HFBackend.from_pretrained(model, **kwargs)
+    template = chat_template
+    if template is not None and template != "completion":
+        template = Path(template).read_text(encoding="utf-8")
+    return local_backend(model, engine=runner.value, device=device, chat_template=template)
 
 
 def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -> Any:

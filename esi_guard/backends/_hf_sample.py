@@ -6,8 +6,7 @@ import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from esi_guard.backends.base import Messages, Sample
-from esi_guard.exceptions import ConfigurationError
+from esi_guard.backends.base import Messages, Sample, check_sampling
 
 if TYPE_CHECKING:
     from esi_guard.backends.hf import HFBackend
@@ -24,9 +23,7 @@ def sample_answers(
     seed: int,
 ) -> list[list[Sample]]:
     """:meth:`HFBackend.sample`'s work (under the backend's lock)."""
-    if n < 1 or temperature <= 0:
-        msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
-        raise ConfigurationError(msg)
+    check_sampling(n, temperature)
     import torch
     from transformers import GenerationConfig
 

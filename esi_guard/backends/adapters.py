@@ -24,7 +24,7 @@ from typing import Any
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["ACCEPTED", "backend_for"]
+__all__ = ["ACCEPTED", "backend_for", "local_backend"]
 
 ACCEPTED = (
     "a model id or path (str), a (PreTrainedModel, tokenizer) pair, a transformers "
@@ -47,7 +47,7 @@ def backend_for(llm: Any) -> Backend:
     if isinstance(llm, Backend):
         return llm
     if isinstance(llm, str):
-        return HFBackend.from_pretrained(llm)
+        return local_backend(llm)
     if isinstance(llm, tuple) and len(llm) == 2:
         return HFBackend(llm[0], llm[1])
     if "transformers.Pipeline" in kinds:
@@ -76,6 +76,47 @@ def backend_for(llm: Any) -> Backend:
     msg = f"ESIGuard(llm=...) cannot guard a {type(llm).__module__}.{type(llm).__name__}; "
     msg += f"it takes {ACCEPTED}"
     raise ConfigurationError(msg)
+
+
+def local_backend(
+    model: str,
+    *,
+    engine: str = "transformers",
+    device: str | None = None,
+    chat_template: str | None = None,
+) -> Backend:
+    """A local model by name: ``"default"`` (the embedded one), a hub id, a folder or a ``.gguf``.
+
+    Args:
+        model: What to load.
+        engine: ``"transformers"`` (:class:`HFBackend`) or ``"llamacpp"``
+            (:class:`LlamaCppBackend`, ``"default"`` or a ``.gguf`` file only).
+        device: transformers' device (``"cpu"``, ``"cuda"``...); llama.cpp runs on the CPU.
+        chat_template: Jinja source overriding the model's template, or ``"completion"``
+            for a base model that has none
+            (:data:`~esi_guard.backends.llamacpp.COMPLETION_TEMPLATE`).
+    """
+    from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
+
+    template = COMPLETION_TEMPLATE if chat_template == "completion" else chat_template
+    if engine == "llamacpp":
+        from esi_guard.backends.llamacpp import LlamaCppBackend
+
+        if model == "default":
+            return LlamaCppBackend.default(chat_template=template)
+        if not model.endswith(".gguf"):
+            msg = f"llama.cpp runs a .gguf file or 'default', got {model!r}"
+            raise ConfigurationError(msg)
+        return LlamaCppBackend.from_path(model, chat_template=template)
+    if engine != "transformers":
+        msg = f"engine must be 'transformers' or 'llamacpp', got {engine!r}"
+        raise ConfigurationError(msg)
+    from esi_guard.backends.hf import HFBackend
+
+    kwargs: dict[str, Any] = {"device": device} if device else {}
+    if model == "default":
+        return HFBackend.default(chat_template=template, **kwargs)
+    return HFBackend.from_pretrained(model, chat_template=template, **kwargs)
 
 
 def _from_pipeline(pipeline: Any) -> Backend:

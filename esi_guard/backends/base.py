@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, Protocol, TypedDict, TypeVar, runtime
 
 import numpy as np
 
-from esi_guard.exceptions import BackendError
+from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import TopK, ValueKind
 
 __all__ = [
@@ -36,9 +36,15 @@ __all__ = [
     "Sample",
     "Sampler",
     "StreamedText",
+    "check_sampling",
     "finish_greedy",
+    "non_finite",
+    "shared_prefix",
     "stopped_length",
 ]
+
+MIN_SHARED_PREFIX = 8
+"""Shorter shared prefixes are not worth computing apart."""
 
 
 Tok = TypeVar("Tok")
@@ -239,6 +245,36 @@ def stopped_length(
     return None
 
 
+def shared_prefix(rows: Sequence[Sequence[int]], reuse: bool = True) -> int:
+    """How many leading tokens all ``rows`` share and a backend computes once.
+
+    Every row keeps at least its last prompt token (its logits predict the first answer
+    token); a prefix shorter than :data:`MIN_SHARED_PREFIX`, one row, or ``reuse=False``
+    gives 0.
+    """
+    if not reuse or len(rows) < 2:
+        return 0
+    limit = min(len(row) for row in rows) - 1
+    length = 0
+    for column in zip(*rows, strict=False):
+        if length >= limit or any(token != column[0] for token in column[1:]):
+            break
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
+def non_finite(model_id: str) -> BackendError:
+    """The error of a request whose distributions hold NaN or infinite logits."""
+    return BackendError(f"model {model_id!r} produced NaN or infinite logits")
+
+
+def check_sampling(n: int, temperature: float) -> None:
+    """A :class:`ConfigurationError` unless ``n >= 1`` and ``temperature > 0``."""
+    if n < 1 or temperature <= 0:
+        msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
+        raise ConfigurationError(msg)
+
+
 def finish_greedy(
     tokens: Sequence[int],
     topk: TopK,
@@ -258,7 +294,7 @@ def finish_greedy(
     eos = next((t for t, token in enumerate(tokens) if is_end(token)), None)
     length = len(tokens) if eos is None else eos
     if not np.isfinite(topk.values[: length + 1]).all():
-        return BackendError(f"model {model_id!r} produced NaN or infinite logits")
+        return non_finite(model_id)
     kept = stopped_length(tokens[:length], decode, stop)
     stopped = eos is not None or kept is not None
     length = length if kept is None else kept

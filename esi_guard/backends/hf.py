@@ -418,9 +418,6 @@ class HFBackend(Backend):
     def _decode(self, tokens: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
-    def _non_finite(self) -> BackendError:
-        return BackendError(f"model {self.model_id!r} produced NaN or infinite logits")
-
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
     ) -> list[Forced | BackendError]:

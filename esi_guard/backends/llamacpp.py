@@ -29,7 +29,6 @@ import numpy as np
 
 from esi_guard._embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard._keywords import strict_keywords
-from esi_guard.backends._hf_force import _common_prefix
 from esi_guard.backends._llamacpp_engine import Engine, Row, topk_rows
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.backends.base import (
@@ -40,7 +39,10 @@ from esi_guard.backends.base import (
     Messages,
     Sample,
     StreamedText,
+    check_sampling,
     finish_greedy,
+    non_finite,
+    shared_prefix,
 )
 from esi_guard.exceptions import (
     BackendError,
@@ -58,8 +60,6 @@ COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n
 
 Each message's text, a blank line after each, then ``Answer:`` for the model to go on.
 """
-_MIN_PREFIX = 8
-"""Shorter shared prefixes are recomputed with each row."""
 
 
 def _import_llama_cpp() -> Any:
@@ -351,9 +351,7 @@ class LlamaCppBackend(Backend):
                 finally:
                     self._engine.clear()
             if not all(np.isfinite(values).all() for _, values in forced):
-                results.append(
-                    BackendError(f"model {self.model_id!r} produced NaN or infinite logits")
-                )
+                results.append(non_finite(self.model_id))
                 continue
             tops = [TopK(ids, values) for ids, values in forced]
             original = tops.pop(0) if request.include_original else None
@@ -362,10 +360,7 @@ class LlamaCppBackend(Backend):
 
     def _force(self, rows: list[list[int]], answer: list[int]) -> list[np.ndarray]:
         """Logits at each answer position after each row (one decode per row)."""
-        shared = 0
-        if self.reuse_prefix and len(rows) > 1:
-            shared = _common_prefix(rows, limit=min(len(r) for r in rows) - 1)
-            shared = shared if shared >= _MIN_PREFIX else 0
+        shared = shared_prefix(rows, self.reuse_prefix)
         engine = self._engine
         if shared:
             engine.decode([], [Row(0, rows[0][:shared], 0, [])])
@@ -394,9 +389,7 @@ class LlamaCppBackend(Backend):
         Each token's log-probability is the model's own (raw logits, temperature 1). The
         prompt runs once; the ``n`` answers are decoded together.
         """
-        if n < 1 or temperature <= 0:
-            msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
-            raise ConfigurationError(msg)
+        check_sampling(n, temperature)
         rng = np.random.default_rng(seed)
         results: list[list[Sample] | BackendError] = []
         for prompt in prompts:

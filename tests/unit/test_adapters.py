@@ -69,3 +69,12 @@ def test_from_calibration_takes_llm_too(tmp_path: Any) -> None:
     threshold_file().write(path)
     guard = ESIGuard.from_calibration(path, llm=FakeBackend(), action="abstain")
     assert guard.backend.model_id == "fake" and guard.threshold == 0.3
+
+
+def test_a_local_model_needs_an_engine_that_can_run_it() -> None:
+    from esi_guard.backends.adapters import local_backend
+
+    with pytest.raises(ConfigurationError, match="engine must be 'transformers' or 'llamacpp'"):
+        local_backend("default", engine="vllm")
+    with pytest.raises(ConfigurationError, match=r"runs a \.gguf file or 'default'"):
+        local_backend("org/model", engine="llamacpp")

@@ -1,0 +1,94 @@
+"""What sequential ESI learns about each prompt across its rounds (see :mod:`esi_guard.sequential`).
+
+The pipeline forces only the variants a prompt has not had yet in each round; this keeps
+their distributions by variant text, the original and context rows of the first round,
+and the rows forced so far, and merges them back into one :class:`Forced` per prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from esi_guard.backends.base import Forced, ForcingRequest
+from esi_guard.exceptions import BackendError
+from esi_guard.scoring import TopK
+
+if TYPE_CHECKING:
+    from esi_guard._pipeline import Item
+
+__all__ = ["Rounds"]
+
+
+class Rounds:
+    """What sequential ESI has learned about each item across rounds."""
+
+    def __init__(self, items: Sequence[Item]) -> None:
+        self.items = [item for item in items if item.outcome is None]
+        self.full = {id(item): list(item.variants) for item in self.items}
+        self.known: dict[int, dict[str, tuple[TopK, int | None]]] = {
+            id(item): {} for item in self.items
+        }
+        self.original: dict[int, TopK | None] = {}
+        self.context: dict[int, Forced | BackendError | None] = {}
+        self.rows = {id(item): 0 for item in self.items}
+
+    def start(self, size: int, *, last: bool) -> list[Item]:
+        """The undecided items, each now holding its first ``size`` variants.
+
+        Before the last round an item none of whose first variants differs from the
+        question waits for the next round (the last decides it as unscorable).
+        """
+        live = []
+        for item in self.items:
+            if item.outcome is None:
+                item.variants = self.full[id(item)][:size]
+                if last or item.changed:
+                    live.append(item)
+        return live
+
+    def record(
+        self,
+        planned: Sequence[tuple[Item, ForcingRequest]],
+        forced: Sequence[Forced | BackendError],
+    ) -> dict[int, Forced | BackendError]:
+        """Keep each new variant's distributions by text; the main result per item."""
+        main: dict[int, Forced | BackendError] = {}
+        for (item, request), out in zip(planned, forced, strict=True):
+            key = id(item)
+            if key in main:  # the second request of an item: its context row
+                self.context[key] = out
+                self.rows[key] += 1
+                continue
+            main[key] = out
+            if isinstance(out, BackendError):
+                continue
+            done = self.known[key]
+            texts = [text for text in item.changed if text not in done]
+            observed: list[int | None] = (
+                list(out.observed) if out.observed is not None else [None] * len(texts)
+            )
+            for text, topk, seen in zip(texts, out.variants, observed, strict=False):
+                done[text] = (topk, seen)
+            if request.include_original:
+                self.original[key] = out.original
+            self.rows[key] += len(request.variants) + int(request.include_original)
+        return main
+
+    def merged(self, item: Item) -> Forced:
+        """Every variant of the item forced so far, in ``item.changed`` order."""
+        known = self.known[id(item)]
+        seen = [known[text][1] for text in item.changed]
+        full = len(item.answer_ids)
+        return Forced(
+            variants=[known[text][0] for text in item.changed],
+            original=self.original.get(id(item)),
+            observed=None
+            if all(count is None for count in seen)
+            else [full if count is None else count for count in seen],
+        )
+
+    def work(self, item: Item) -> dict[str, int]:
+        """ESI's work on the item over all rounds (``ESIResult.work``)."""
+        rows = self.rows[id(item)]
+        return {"forced_variants": rows, "forced_tokens": rows * len(item.answer_ids)}
