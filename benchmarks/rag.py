@@ -22,13 +22,13 @@ right only when declined; an answerable one when not declined and a gold answer 
 contained in the reply. Two targets: wrong-vs-right, and unanswerable-vs-answerable.
 
 Each question's scores and stage times go to a JSONL cache as soon as its batch is done
-(``--cache``), so a run resumes and can be split over processes (``--shard k/n``); the
+(``--cache``, :mod:`benchmarks.cache`), so a run resumes and can be split over processes
+(``--shard k/n``; a shard skips what any shard has scored, so a run can be re-split); the
 report reads every shard's cache.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from langchain_core.prompts import PromptTemplate
 
+from benchmarks.cache import Cache
 from benchmarks.common import Clock, token_logprobs
 from esi_guard import HFBackend, SkipOneChar, esi_score
 from esi_guard._pipeline import GuardedPrompt, Item, Pipeline
@@ -171,46 +172,23 @@ def run_rag(
     """Score this shard's questions (resuming from its cache); the report of every shard."""
     examples = load_examples(path, limit=limit, seed=0)
     k, n = shard
-    cache_dir.mkdir(parents=True, exist_ok=True)
     header = {"data": str(path), "limit": limit, "model": backend.model_id,
               "max_new_tokens": max_new_tokens, "template": RAG_TEMPLATE}  # fmt: skip
-    cache = cache_dir / f"{path.parent.name}-{k}of{n}.jsonl"
-    done = _read(cache, header)
+    cache = Cache(cache_dir, path.parent.name, header)
+    done = cache.done()
     todo = [(i, e) for i, e in enumerate(examples) if i % n == k and i not in done]
     pipeline = _pipeline(backend, max_new_tokens)
-    with cache.open("a", encoding="utf-8") as out:
-        for start in range(0, len(todo), batch):
-            for record in _score_batch(pipeline, backend, todo[start : start + batch],
-                                       semantic.similarity):  # fmt: skip
-                out.write(json.dumps(record) + "\n")
-            out.flush()
-            print(f"  {path.parent.name} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
-    return report(cache_dir, path.parent.name, header)
+    for start in range(0, len(todo), batch):
+        cache.add(shard, _score_batch(pipeline, backend, todo[start : start + batch],
+                                      semantic.similarity))  # fmt: skip
+        print(f"  {path.parent.name} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
+    return report(cache)
 
 
-def _read(cache: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    if not cache.exists() or cache.stat().st_size == 0:
-        cache.write_text(json.dumps(header) + "\n", encoding="utf-8")
-        return {}
-    lines = cache.read_text(encoding="utf-8").splitlines()
-    if json.loads(lines[0]) != header:
-        msg = f"{cache} was written by another run (data, limit, model or template differ)"
-        raise SystemExit(msg)
-    done = {}
-    for line in lines[1:]:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # cut short by a kill: scored again
-        done[record["index"]] = record
-    return done
-
-
-def report(cache_dir: Path, dataset: str, header: dict[str, Any]) -> list[dict[str, Any]]:
-    """Records (``run.py``'s fields plus intervals) from every shard's cache of ``dataset``."""
-    rows: dict[int, dict[str, Any]] = {}
-    for cache in sorted(cache_dir.glob(f"{dataset}-*of*.jsonl")):
-        rows.update(_read(cache, header))
+def report(cache: Cache) -> list[dict[str, Any]]:
+    """Records (``run.py``'s fields plus intervals) from every shard's cache."""
+    rows = cache.done()
+    dataset = cache.name
     ordered = [rows[i] for i in sorted(rows)]
     scored = [r for r in ordered if r["scores"]]
     labels = Declines().label([r["question"] for r in ordered], [r["answer"] for r in ordered],

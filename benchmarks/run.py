@@ -29,212 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
-from esi_guard.baselines import (
-    PTRUE_PROMPT,
-    lexical_similarity,
-    ln_pe,
-    mean_token_entropy,
-    neg_log_likelihood,
-    p_true,
-    semantic_entropy,
-    sentence_sar,
-)
-from esi_guard.calibration.data import Example, load_examples
-from esi_guard.calibration.labels import Containment, Labeller, Semantic
-from esi_guard.calibration.metrics import auroc, bootstrap
-from esi_guard.calibration.prompts import DEFAULT_SYSTEM
+from esi_guard import HFBackend
+from esi_guard.calibration.data import load_examples
+from esi_guard.calibration.labels import Semantic
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import Clock, token_logprobs
+from benchmarks.closed_book import run_closed
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
-from benchmarks.sequential import sequential_row
-
-SYSTEM = DEFAULT_SYSTEM  # the paper's QA instruction, as the CLI uses it
-L_MAX, K_MAX = 10, 100
-LS, KS = (2, 3, 5), (5, 20)
-DISTANCES = ("squared_hellinger", "kl", "bhattacharyya")
-N_SAMPLES, TEMPERATURE = 10, 1.0
-SE_THRESHOLD = 0.8
-EMBEDDINGS = "all-MiniLM-L6-v2 cosine"
-
-
-def prompt(question: str) -> list[ChatMessage]:
-    """The paper's QA prompt: instruction as system message, the question as user's."""
-    return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=question)]
-
-
-def force(
-    backend: HFBackend, examples: list[Example], gens: list[Generation], variants: list[list[str]]
-) -> list[Any]:
-    """Teacher-force each greedy answer after its question's variants."""
-    requests = [
-        ForcingRequest(prompt=prompt(e.question), variants=[prompt(v) for v in vs],
-                       answer_ids=g.token_ids, answer=g.text)
-        for e, g, vs in zip(examples, gens, variants, strict=True)
-    ]  # fmt: skip
-    return list(backend.teacher_force(requests, top_k=K_MAX))
-
-
-def p_true_scores(
-    backend: HFBackend, examples: list[Example], gens: list[Generation]
-) -> list[float]:
-    """1 - P(True) of the model judging its own greedy answer (next token: A or B)."""
-    prompts = [
-        [ChatMessage(role="user", content=PTRUE_PROMPT.format(question=e.question, answer=g.text))]
-        for e, g in zip(examples, gens, strict=True)
-    ]
-    vocab = len(backend.tokenizer)
-    outs = backend.generate(prompts, max_new_tokens=1, top_k=vocab)
-    option_a = backend.encode_answer(prompts[0], "A")[0]
-    option_b = backend.encode_answer(prompts[0], "B")[0]
-    scores = []
-    for out in outs:
-        assert isinstance(out, Generation)
-        row = dict(zip(out.topk.ids[0].tolist(), out.topk.values[0].tolist(), strict=True))
-        scores.append(p_true(row[option_a], row[option_b]))
-    return scores
-
-
-def run_dataset(
-    backend: HFBackend,
-    path: Path,
-    limit: int,
-    max_new_tokens: int,
-    batch: int,
-    semantic: Semantic,
-    max_disagreement: float = 0.05,
-) -> list[dict[str, Any]]:
-    """Every method's records on one data set."""
-    if not isinstance(backend, Sampler):  # the sampling baselines need one
-        msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
-        raise ConfigurationError(msg)
-    examples = load_examples(path, limit=limit, seed=0)
-    labeller: Labeller = semantic if any(e.incorrect for e in examples) else Containment()
-    similarity = semantic.similarity  # the labeller's model: loaded once
-    para_file = path.parent / "paraphrase.jsonl"
-    para = FixedVariants.from_jsonl(para_file) if para_file.is_file() else None
-    soc = SkipOneChar()
-    clock = Clock()
-    scores: dict[str, list[float]] = defaultdict(list)
-    variant_scores: dict[str, list[list[float]]] = defaultdict(list)
-    kept: list[Example] = []
-    answers: list[str] = []
-    for start in range(0, len(examples), batch):
-        chunk = examples[start : start + batch]
-        with clock.stage("generate"):
-            gens = backend.generate([prompt(e.question) for e in chunk],
-                                    max_new_tokens=max_new_tokens, top_k=K_MAX)  # fmt: skip
-        pairs = [(e, g) for e, g in zip(chunk, gens, strict=True)
-                 if isinstance(g, Generation) and g.token_ids]  # fmt: skip
-        if not pairs:
-            continue
-        chunk, gens = [e for e, _ in pairs], [g for _, g in pairs]
-        kept += chunk
-        answers += [g.text for g in gens]
-        socs = [soc.variants(e.question, L_MAX, seed=0) for e in chunk]
-        for n_variants in (*LS, L_MAX):
-            with clock.stage(f"force L={n_variants}"):
-                forced = force(backend, chunk, gens, [v[:n_variants] for v in socs])
-            for g, f in zip(gens, forced, strict=True):
-                scores[f"ESI(SOC) L={n_variants}"].append(esi_score(g.topk, f.variants).score)
-        for g, f in zip(gens, forced, strict=True):  # the L=10 pass
-            variant_scores["ESI(SOC)"].append(list(esi_score(g.topk, f.variants).variant_scores))
-            for k in KS:
-                ablation = [v.head(k) for v in f.variants]
-                scores[f"ESI(SOC) k={k}"].append(esi_score(g.topk.head(k), ablation).score)
-            for distance in DISTANCES:
-                scores[f"ESI(SOC) {distance}"].append(
-                    esi_score(g.topk, f.variants, distance=distance).score  # type: ignore[arg-type]
-                )
-            scores["NLL (greedy)"].append(neg_log_likelihood(token_logprobs(g)))
-            scores["mean token entropy"].append(mean_token_entropy(g.topk.values))
-        if para is not None:
-            with clock.stage("force para"):
-                paras = [para.variants(e.question, L_MAX, seed=0) for e in chunk]
-                forced = force(backend, chunk, gens, paras)
-            for g, f in zip(gens, forced, strict=True):
-                esi = esi_score(g.topk, f.variants)
-                scores["ESI(Para) L=10"].append(esi.score)
-                variant_scores["ESI(Para)"].append(list(esi.variant_scores))
-        with clock.stage("sample"):
-            samples = backend.sample(
-                [prompt(e.question) for e in chunk], n=N_SAMPLES, temperature=TEMPERATURE,
-                max_new_tokens=max_new_tokens,
-            )  # fmt: skip
-        for per in samples:
-            assert not isinstance(per, Exception)
-            usable: list[Sample] = [s for s in per if s.token_logprobs] or per
-            scores["LN-PE"].append(ln_pe(usable))
-            with clock.stage("rouge"):
-                scores["lexical similarity (ROUGE-L)"].append(lexical_similarity(usable))
-            with clock.stage("embed"):
-                scores["semantic entropy"].append(
-                    semantic_entropy(usable, similarity, SE_THRESHOLD)
-                )
-                scores["SAR (sentence)"].append(sentence_sar(usable, similarity))
-        with clock.stage("p_true"):
-            scores["P(True)"] += p_true_scores(backend, chunk, gens)
-        print(f"  {path.parent.name}: {len(kept)}/{len(examples)}", flush=True)
-
-    right = labeller.label([e.question for e in kept], answers, [e.answers for e in kept],
-                           [e.incorrect for e in kept])  # fmt: skip
-    wrong = [int(not r) for r in right]
-    n = len(kept)
-    t = {name: seconds / max(n, 1) for name, seconds in clock.seconds.items()}
-    cost = {
-        "ESI(SOC) L=10": t["generate"] + t["force L=10"],
-        **{f"ESI(SOC) L={L}": t["generate"] + t[f"force L={L}"] for L in LS},
-        **{f"ESI(SOC) k={k}": t["generate"] + t["force L=10"] for k in KS},
-        **{f"ESI(SOC) {d}": t["generate"] + t["force L=10"] for d in DISTANCES},
-        "ESI(Para) L=10": t["generate"] + t.get("force para", float("nan")),
-        "NLL (greedy)": t["generate"],
-        "mean token entropy": t["generate"],
-        "LN-PE": t["generate"] + t["sample"],
-        "lexical similarity (ROUGE-L)": t["generate"] + t["sample"] + t["rouge"],
-        "semantic entropy": t["generate"] + t["sample"] + t["embed"] / 2,
-        "SAR (sentence)": t["generate"] + t["sample"] + t["embed"] / 2,
-        "P(True)": t["generate"] + t["p_true"],
-    }
-    notes = {
-        "semantic entropy": f"equivalence: {EMBEDDINGS} >= {SE_THRESHOLD} both ways "
-        "(paper: DeBERTa-MNLI)",
-        "SAR (sentence)": f"relevance: {EMBEDDINGS} (paper: RoBERTa cross-encoder); sentence "
-        "level only",
-        "ESI(Para) L=10": f"precomputed paraphrases ({para_file.name}), SOC top-up",
-    }
-    common = {"dataset": path.parent.name, "n": n, "accuracy": 1 - sum(wrong) / n,
-              "labels": labeller.name}  # fmt: skip
-    records = []
-    for method, values in scores.items():
-        estimate = bootstrap(auroc, values, wrong, n_resamples=2000)
-        records.append({
-            **common, "method": method, "auroc": estimate.value, "auroc_low": estimate.low,
-            "auroc_high": estimate.high, "seconds_per_example": cost[method],
-            "extra_seconds_per_example": cost[method] - t["generate"],
-            "note": notes.get(method, ""),
-        })  # fmt: skip
-    records.append({**common, "method": "plain greedy answer", "auroc": None,
-                    "seconds_per_example": t["generate"], "extra_seconds_per_example": 0.0,
-                    "note": "no guard"})  # fmt: skip
-    messages = [[("system", SYSTEM), ("human", e.question)] for e in kept]
-    for name, intervention in (("ESI(SOC)", soc), ("ESI(Para)", para)):
-        if intervention is None or not variant_scores[name]:
-            continue
-        row = sequential_row(
-            backend, messages, variant_scores[name], wrong, name=name,
-            intervention=intervention, clock=clock, generate_seconds=t["generate"],
-            max_new_tokens=max_new_tokens, batch=batch, max_disagreement=max_disagreement,
-        )  # fmt: skip
-        records.append({**common, **row})
-    return records
 
 
 def _has_passages(path: Path) -> bool:
@@ -337,13 +143,14 @@ def main() -> None:
         "--cache",
         type=Path,
         default=Path(".bench-cache"),
-        help="per-question cache of the RAG (squad2) runs; they resume from it",
+        help="per-question caches: a run resumes from them (benchmarks/cache.py)",
     )
     parser.add_argument(
         "--shard",
         default="0/1",
         metavar="K/N",
-        help="RAG runs: score the questions i with i %% N == K (run N side by side)",
+        help="score the questions i with i %% N == K (run N side by side; a report "
+        "comes once every shard is done)",
     )
     parser.add_argument(
         "--resume",
@@ -380,14 +187,15 @@ def main() -> None:
         if path.parent.name in done:
             print(f"  {path.parent.name}: kept from {args.json}", flush=True)
             continue
+        k, _, n = args.shard.partition("/")
+        settings = {"limit": args.limit, "max_new_tokens": args.max_new_tokens,
+                    "batch": args.batch, "semantic": semantic, "cache_dir": args.cache,
+                    "shard": (int(k), int(n))}  # fmt: skip
         if _has_passages(path):
-            k, _, n = args.shard.partition("/")
-            records += run_rag(backend, path, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                               batch=args.batch, semantic=semantic, cache_dir=args.cache,
-                               shard=(int(k), int(n)))  # fmt: skip
+            records += run_rag(backend, path, **settings)
         else:
-            records += run_dataset(backend, path, args.limit, args.max_new_tokens, args.batch,
-                                   semantic, args.max_disagreement)  # fmt: skip
+            records += run_closed(backend, path, **settings,
+                                  max_disagreement=args.max_disagreement)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)

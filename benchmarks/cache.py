@@ -1,0 +1,66 @@
+"""Per-question JSONL caches: a long benchmark run resumes, and can be split over processes.
+
+One file per shard, ``<directory>/<name>-<k>of<n>.jsonl``, its first line the run's header;
+a cache written by another run (other data, model or settings) is refused, never mixed in.
+Each question's record is appended as soon as its batch is done; a line cut short by a kill
+is dropped and that question scored again. Every shard's records count as done, so a run
+can be re-split (another ``--shard``) between sessions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Cache"]
+
+
+class Cache:
+    """The records of one run (``name``) under ``directory``, keyed by ``record["index"]``."""
+
+    def __init__(self, directory: Path, name: str, header: dict[str, Any]) -> None:
+        self.directory = directory
+        self.name = name
+        self.header = header
+
+    def path(self, shard: tuple[int, int]) -> Path:
+        """The file of shard ``k`` of ``n``."""
+        k, n = shard
+        return self.directory / f"{self.name}-{k}of{n}.jsonl"
+
+    def done(self) -> dict[int, dict[str, Any]]:
+        """Every shard's records so far, by index."""
+        rows: dict[int, dict[str, Any]] = {}
+        for path in sorted(self.directory.glob(f"{self.name}-*of*.jsonl")):
+            rows.update(self._read(path))
+        return rows
+
+    def add(self, shard: tuple[int, int], records: Iterable[dict[str, Any]]) -> None:
+        """Append ``records`` to the shard's file (made, with the header, if new)."""
+        path = self.path(shard)
+        self._read(path)  # refuses another run's file before anything is written to it
+        with path.open("a", encoding="utf-8") as out:
+            if not path.read_bytes().endswith(b"\n"):
+                out.write("\n")  # after a line a kill cut short
+            for record in records:
+                out.write(json.dumps(record) + "\n")
+
+    def _read(self, path: Path) -> dict[int, dict[str, Any]]:
+        if not path.exists() or path.stat().st_size == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.header) + "\n", encoding="utf-8")
+            return {}
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if json.loads(lines[0]) != self.header:
+            msg = f"{path} was written by another run (data, model or settings differ)"
+            raise SystemExit(msg)
+        done = {}
+        for line in lines[1:]:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # cut short by a kill: scored again
+            done[record["index"]] = record
+        return done

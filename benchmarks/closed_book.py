@@ -1,0 +1,294 @@
+"""The closed-book half of ``benchmarks/run.py``: every method on the QA sets without passages.
+
+Each question's scores, per-variant ESI scores and stage times go to a JSONL cache
+(:mod:`benchmarks.cache`, ``<dataset>-closed-<k>of<n>.jsonl``) as soon as its batch is done,
+so a data set resumes after an interruption and can be split over processes (``--shard``).
+The cache does not depend on ``--limit``: the questions are shuffled once (seed 0) and a
+larger limit only adds questions. Once every question of the limit is scored, the
+sequential rows (:mod:`benchmarks.sequential`, cached the same way) run, and the report
+is made from the caches.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cache import Cache
+from benchmarks.common import Clock, token_logprobs
+from benchmarks.sequential import sequential_row
+from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
+from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
+from esi_guard.baselines import (
+    PTRUE_PROMPT,
+    lexical_similarity,
+    ln_pe,
+    mean_token_entropy,
+    neg_log_likelihood,
+    p_true,
+    semantic_entropy,
+    sentence_sar,
+)
+from esi_guard.calibration.data import Example, load_examples
+from esi_guard.calibration.labels import Containment, Labeller, Semantic
+from esi_guard.calibration.metrics import auroc, bootstrap
+from esi_guard.calibration.prompts import DEFAULT_SYSTEM
+
+__all__ = ["prompt", "run_closed"]
+
+SYSTEM = DEFAULT_SYSTEM  # the paper's QA instruction, as the CLI uses it
+L_MAX, K_MAX = 10, 100
+LS, KS = (2, 3, 5), (5, 20)
+DISTANCES = ("squared_hellinger", "kl", "bhattacharyya")
+N_SAMPLES, TEMPERATURE = 10, 1.0
+SE_THRESHOLD = 0.8
+EMBEDDINGS = "all-MiniLM-L6-v2 cosine"
+NOTES = {
+    "semantic entropy": f"equivalence: {EMBEDDINGS} >= {SE_THRESHOLD} both ways "
+    "(paper: DeBERTa-MNLI)",
+    "SAR (sentence)": f"relevance: {EMBEDDINGS} (paper: RoBERTa cross-encoder); sentence "
+    "level only",
+    "ESI(Para) L=10": "precomputed paraphrases (paraphrase.jsonl), SOC top-up",
+}
+
+
+def prompt(question: str) -> list[ChatMessage]:
+    """The paper's QA prompt: instruction as system message, the question as user's."""
+    return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=question)]
+
+
+def force(
+    backend: HFBackend, examples: list[Example], gens: list[Generation], variants: list[list[str]]
+) -> list[Any]:
+    """Teacher-force each greedy answer after its question's variants."""
+    requests = [
+        ForcingRequest(prompt=prompt(e.question), variants=[prompt(v) for v in vs],
+                       answer_ids=g.token_ids, answer=g.text)
+        for e, g, vs in zip(examples, gens, variants, strict=True)
+    ]  # fmt: skip
+    return list(backend.teacher_force(requests, top_k=K_MAX))
+
+
+def p_true_scores(
+    backend: HFBackend, examples: list[Example], gens: list[Generation]
+) -> list[float]:
+    """1 - P(True) of the model judging its own greedy answer (next token: A or B)."""
+    prompts = [
+        [ChatMessage(role="user", content=PTRUE_PROMPT.format(question=e.question, answer=g.text))]
+        for e, g in zip(examples, gens, strict=True)
+    ]
+    vocab = len(backend.tokenizer)
+    outs = backend.generate(prompts, max_new_tokens=1, top_k=vocab)
+    option_a = backend.encode_answer(prompts[0], "A")[0]
+    option_b = backend.encode_answer(prompts[0], "B")[0]
+    scores = []
+    for out in outs:
+        assert isinstance(out, Generation)
+        row = dict(zip(out.topk.ids[0].tolist(), out.topk.values[0].tolist(), strict=True))
+        scores.append(p_true(row[option_a], row[option_b]))
+    return scores
+
+
+def score_batch(
+    backend: HFBackend,
+    chunk: list[tuple[int, Example]],
+    *,
+    para: FixedVariants | None,
+    similarity: Any,
+    max_new_tokens: int,
+) -> list[dict[str, Any]]:
+    """Every method on one batch; one record per question (``scores`` empty: no answer)."""
+    clock = Clock()
+    examples = [e for _, e in chunk]
+    with clock.stage("generate"):
+        out = backend.generate([prompt(e.question) for e in examples],
+                               max_new_tokens=max_new_tokens, top_k=K_MAX)  # fmt: skip
+    records = [
+        {"index": i, "question": e.question,
+         "answer": g.text if isinstance(g, Generation) else "", "scores": {}, "variants": {}}
+        for (i, e), g in zip(chunk, out, strict=True)
+    ]  # fmt: skip
+    kept = [(r, e, g) for r, e, g in zip(records, examples, out, strict=True)
+            if isinstance(g, Generation) and g.token_ids]  # fmt: skip
+    if kept:
+        _score(backend, clock, kept, para=para, similarity=similarity,
+               max_new_tokens=max_new_tokens)  # fmt: skip
+    for record in records:
+        record["seconds"] = {stage: s / len(chunk) for stage, s in clock.seconds.items()}
+    return records
+
+
+def _score(
+    backend: HFBackend,
+    clock: Clock,
+    kept: list[tuple[dict[str, Any], Example, Generation]],
+    *,
+    para: FixedVariants | None,
+    similarity: Any,
+    max_new_tokens: int,
+) -> None:
+    records, examples, gens = (list(x) for x in zip(*kept, strict=True))
+    socs = [SkipOneChar().variants(e.question, L_MAX, seed=0) for e in examples]
+    for n_variants in (*LS, L_MAX):
+        with clock.stage(f"force L={n_variants}"):
+            forced = force(backend, examples, gens, [v[:n_variants] for v in socs])
+        for r, g, f in zip(records, gens, forced, strict=True):
+            r["scores"][f"ESI(SOC) L={n_variants}"] = esi_score(g.topk, f.variants).score
+    for r, g, f in zip(records, gens, forced, strict=True):  # the L=10 pass
+        r["variants"]["ESI(SOC)"] = list(esi_score(g.topk, f.variants).variant_scores)
+        for k in KS:
+            ablation = [v.head(k) for v in f.variants]
+            r["scores"][f"ESI(SOC) k={k}"] = esi_score(g.topk.head(k), ablation).score
+        for distance in DISTANCES:
+            esi = esi_score(g.topk, f.variants, distance=distance)  # type: ignore[arg-type]
+            r["scores"][f"ESI(SOC) {distance}"] = esi.score
+        r["scores"]["NLL (greedy)"] = neg_log_likelihood(token_logprobs(g))
+        r["scores"]["mean token entropy"] = mean_token_entropy(g.topk.values)
+    if para is not None:
+        with clock.stage("force para"):
+            paras = [para.variants(e.question, L_MAX, seed=0) for e in examples]
+            forced = force(backend, examples, gens, paras)
+        for r, g, f in zip(records, gens, forced, strict=True):
+            esi = esi_score(g.topk, f.variants)
+            r["scores"]["ESI(Para) L=10"] = esi.score
+            r["variants"]["ESI(Para)"] = list(esi.variant_scores)
+    with clock.stage("sample"):
+        samples = backend.sample(
+            [prompt(e.question) for e in examples], n=N_SAMPLES, temperature=TEMPERATURE,
+            max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+    for r, per in zip(records, samples, strict=True):
+        assert not isinstance(per, Exception)
+        usable: list[Sample] = [s for s in per if s.token_logprobs] or per
+        r["scores"]["LN-PE"] = ln_pe(usable)
+        with clock.stage("rouge"):
+            r["scores"]["lexical similarity (ROUGE-L)"] = lexical_similarity(usable)
+        with clock.stage("embed"):
+            r["scores"]["semantic entropy"] = semantic_entropy(usable, similarity, SE_THRESHOLD)
+            r["scores"]["SAR (sentence)"] = sentence_sar(usable, similarity)
+    with clock.stage("p_true"):
+        for r, value in zip(records, p_true_scores(backend, examples, gens), strict=True):
+            r["scores"]["P(True)"] = value
+
+
+def run_closed(
+    backend: HFBackend,
+    path: Path,
+    *,
+    limit: int,
+    max_new_tokens: int,
+    batch: int,
+    semantic: Semantic,
+    max_disagreement: float,
+    cache_dir: Path,
+    shard: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """Score this shard's questions (resuming); every method's records once all are scored.
+
+    Returns no records while another shard still has questions to score.
+    """
+    if not isinstance(backend, Sampler):  # the sampling baselines need one
+        msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
+        raise ConfigurationError(msg)
+    examples = load_examples(path, limit=limit, seed=0)
+    dataset = path.parent.name
+    para_file = path.parent / "paraphrase.jsonl"
+    para = FixedVariants.from_jsonl(para_file) if para_file.is_file() else None
+    header = {"data": str(path), "model": backend.model_id, "max_new_tokens": max_new_tokens,
+              "system": SYSTEM, "L": L_MAX, "k": K_MAX}  # fmt: skip
+    cache = Cache(cache_dir, f"{dataset}-closed", header)
+    k, n = shard
+    done = cache.done()
+    todo = [(i, e) for i, e in enumerate(examples) if i % n == k and i not in done]
+    for start in range(0, len(todo), batch):
+        cache.add(shard, score_batch(backend, todo[start : start + batch], para=para,
+                                     similarity=semantic.similarity,
+                                     max_new_tokens=max_new_tokens))  # fmt: skip
+        print(f"  {dataset} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
+    done = cache.done()
+    rows = [done[i] for i in range(len(examples)) if i in done]
+    if len(rows) < len(examples):
+        print(f"  {dataset}: {len(rows)}/{len(examples)} scored; the other shards go on",
+              flush=True)  # fmt: skip
+        return []
+    return report(backend, examples, rows, cache, semantic=semantic,
+                  intervention={"ESI(SOC)": SkipOneChar(), "ESI(Para)": para},
+                  max_new_tokens=max_new_tokens, batch=batch, max_disagreement=max_disagreement,
+                  shard=shard)  # fmt: skip
+
+
+def report(
+    backend: HFBackend,
+    examples: list[Example],
+    rows: list[dict[str, Any]],
+    cache: Cache,
+    *,
+    semantic: Semantic,
+    intervention: dict[str, Any],
+    max_new_tokens: int,
+    batch: int,
+    max_disagreement: float,
+    shard: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """Every method's records on one data set, the sequential rows included."""
+    kept = [(e, r) for e, r in zip(examples, rows, strict=True) if r["scores"]]
+    labeller: Labeller = semantic if any(e.incorrect for e in examples) else Containment()
+    questions, answers = [e.question for e, _ in kept], [r["answer"] for _, r in kept]
+    right = labeller.label(questions, answers, [e.answers for e, _ in kept],
+                           [e.incorrect for e, _ in kept])  # fmt: skip
+    wrong = [int(not ok) for ok in right]
+    n = len(kept)
+    seconds: dict[str, float] = defaultdict(float)
+    for r in rows:
+        for stage, s in r["seconds"].items():
+            seconds[stage] += s
+    t = defaultdict(lambda: float("nan"), {stage: s / max(n, 1) for stage, s in seconds.items()})
+    plain = t["generate"]
+    cost = {
+        **{f"ESI(SOC) L={L}": plain + t[f"force L={L}"] for L in (*LS, L_MAX)},
+        **{f"ESI(SOC) k={k}": plain + t[f"force L={L_MAX}"] for k in KS},
+        **{f"ESI(SOC) {d}": plain + t[f"force L={L_MAX}"] for d in DISTANCES},
+        "ESI(Para) L=10": plain + t["force para"],
+        "NLL (greedy)": plain,
+        "mean token entropy": plain,
+        "LN-PE": plain + t["sample"],
+        "lexical similarity (ROUGE-L)": plain + t["sample"] + t["rouge"],
+        "semantic entropy": plain + t["sample"] + t["embed"] / 2,
+        "SAR (sentence)": plain + t["sample"] + t["embed"] / 2,
+        "P(True)": plain + t["p_true"],
+    }
+    dataset = cache.name.removesuffix("-closed")
+    common = {"dataset": dataset, "n": n,
+              "accuracy": 1 - sum(wrong) / n, "labels": labeller.name}  # fmt: skip
+    records = []
+    for method in kept[0][1]["scores"]:
+        values = [r["scores"][method] for _, r in kept]
+        estimate = bootstrap(auroc, values, wrong, n_resamples=2000)
+        records.append({
+            **common, "method": method, "auroc": estimate.value, "auroc_low": estimate.low,
+            "auroc_high": estimate.high, "seconds_per_example": cost[method],
+            "extra_seconds_per_example": cost[method] - plain, "note": NOTES.get(method, ""),
+        })  # fmt: skip
+    records.append({**common, "method": "plain greedy answer", "auroc": None,
+                    "seconds_per_example": plain, "extra_seconds_per_example": 0.0,
+                    "note": "no guard"})  # fmt: skip
+    messages = [[("system", SYSTEM), ("human", e.question)] for e, _ in kept]
+    for name, method in intervention.items():
+        if method is None or name not in kept[0][1]["variants"]:
+            continue
+        row = sequential_row(
+            backend, messages, [r["variants"][name] for _, r in kept], wrong,
+            indices=[r["index"] for _, r in kept], name=name, intervention=method,
+            cache=Cache(cache.directory, f"{dataset}-{_slug(name)}", cache.header),
+            shard=shard, generate_seconds=plain, max_new_tokens=max_new_tokens, batch=batch,
+            max_disagreement=max_disagreement,
+        )  # fmt: skip
+        if row is not None:
+            records.append({**common, **row})
+    return records
+
+
+def _slug(name: str) -> str:
+    """``ESI(SOC)`` -> ``sequential-soc``: a file-name part."""
+    return "sequential-" + name.removeprefix("ESI(").removesuffix(")").lower()

@@ -1,0 +1,152 @@
+"""The benchmarks' per-question caches: a killed or split run resumes without redoing work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import closed_book
+from benchmarks.cache import Cache
+from esi_guard.calibration.labels import Semantic
+
+HEADER = {"data": "x.jsonl", "model": "m"}
+
+
+def test_every_shards_records_count_and_a_line_cut_short_is_scored_again(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, "sciq-closed", HEADER)
+    cache.add((0, 2), [{"index": 0}, {"index": 2}])
+    cache.add((1, 2), [{"index": 1}])
+    with cache.path((1, 2)).open("a") as out:
+        out.write('{"index": 3, "sco')  # a kill in mid-line
+    assert sorted(cache.done()) == [0, 1, 2]
+    cache.add((1, 2), [{"index": 3}])  # the resumed run appends on a fresh line
+    assert sorted(cache.done()) == [0, 1, 2, 3]
+    # Another data set's cache beside it is not read as this one's.
+    Cache(tmp_path, "sciq-sequential-soc", HEADER).add((0, 1), [{"index": 9}])
+    assert 9 not in cache.done()
+
+
+def test_a_cache_of_another_run_is_refused_not_mixed_in(tmp_path: Path) -> None:
+    Cache(tmp_path, "nq_open-closed", HEADER).add((0, 1), [{"index": 0}])
+    other = Cache(tmp_path, "nq_open-closed", {**HEADER, "model": "other"})
+    with pytest.raises(SystemExit, match="another run"):
+        other.done()
+    with pytest.raises(SystemExit, match="another run"):
+        other.add((0, 1), [{"index": 1}])
+    assert len(cache_lines(tmp_path / "nq_open-closed-0of1.jsonl")) == 2  # nothing written
+
+
+def cache_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+class _Sampling:
+    """Enough of a backend for ``run_closed`` when the scoring itself is stubbed."""
+
+    model_id = "stub"
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the stubbed scorer never samples")
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "set" / "test.jsonl"
+    path.parent.mkdir()
+    rows = [{"question": f"Question {i}?", "answer": f"answer {i}"} for i in range(7)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tuple[int, int],
+         kill_after: int | None = None, limit: int = 7) -> tuple[list[int], Any]:  # fmt: skip
+    scored: list[int] = []
+    reports: list[Any] = []
+
+    def score_batch(backend: Any, chunk: list[Any], **_: Any) -> list[dict[str, Any]]:
+        if kill_after is not None and len(scored) >= kill_after:
+            raise _Killed
+        scored.extend(i for i, _ in chunk)
+        return [{"index": i, "question": e.question, "answer": "a", "scores": {"m": 0.5},
+                 "variants": {}, "seconds": {"generate": 1.0}} for i, e in chunk]  # fmt: skip
+
+    def report(backend: Any, examples: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        reports.append([r["index"] for r in rows])
+        return [{"dataset": "set"}]
+
+    monkeypatch.setattr(closed_book, "score_batch", score_batch)
+    monkeypatch.setattr(closed_book, "report", report)
+    try:
+        out = closed_book.run_closed(
+            _Sampling(), data, limit=limit, max_new_tokens=4, batch=2, semantic=Semantic(),  # type: ignore[arg-type]
+            max_disagreement=0.05, cache_dir=cache, shard=shard,
+        )  # fmt: skip
+    except _Killed:
+        out = None
+    return scored, (out, reports)
+
+
+def test_a_killed_run_resumes_where_it_stopped(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    first, (out, _) = _run(data, cache, monkeypatch, shard=(0, 1), kill_after=4)
+    assert out is None and len(first) == 4
+    second, (out, reports) = _run(data, cache, monkeypatch, shard=(0, 1))
+    assert sorted(first + second) == list(range(7))  # nothing scored twice, nothing left
+    assert out == [{"dataset": "set"}] and reports == [list(range(7))]
+
+
+def test_shards_split_the_questions_and_the_last_one_reports(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    even, (out, reports) = _run(data, cache, monkeypatch, shard=(0, 2))
+    assert even == [0, 2, 4, 6] and out == [] and reports == []  # odd ones still missing
+    odd, (out, reports) = _run(data, cache, monkeypatch, shard=(1, 2))
+    assert odd == [1, 3, 5] and reports == [list(range(7))]
+
+
+def test_a_larger_limit_adds_questions_to_the_same_cache(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    small, _ = _run(data, cache, monkeypatch, shard=(0, 1), limit=3)
+    more, (_, reports) = _run(data, cache, monkeypatch, shard=(0, 1), limit=7)
+    assert len(small) == 3 and len(more) == 4 and reports == [list(range(7))]
+
+
+def test_sequential_rows_resume_from_their_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.sequential import sequential_row
+    from esi_guard import ESIGuard, FakeBackend, SkipOneChar
+
+    n = 100  # each half's rule needs ~45 answers to bound its disagreement at 5%
+    messages = [[("human", f"What is item number {i} of the list?")] for i in range(n)]
+    rows = [[0.1 * (i % 5)] * 10 for i in range(n)]  # variants agree: every answer stops at 2
+    settings: dict[str, Any] = {
+        "indices": list(range(n)), "name": "ESI(SOC)", "intervention": SkipOneChar(),
+        "cache": Cache(tmp_path, "set-sequential-soc", HEADER), "generate_seconds": 0.0,
+        "max_new_tokens": 4, "batch": 25, "max_disagreement": 0.05,
+    }  # fmt: skip
+    backend = FakeBackend(default_sensitivity=0.3)
+    wrong = [i % 2 for i in range(n)]
+    assert sequential_row(backend, messages, rows, wrong, shard=(0, 2), **settings) is None
+    record = sequential_row(backend, messages, rows, wrong, shard=(1, 2), **settings)
+    assert record is not None and record["n"] == n
+    assert 2 <= record["variants_used_mean"] <= 10 and 0 <= record["decision_agreement"] <= 1
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("every batch is cached: the guard must not run again")
+
+    monkeypatch.setattr(ESIGuard, "batch", never)
+    again = sequential_row(backend, messages, rows, wrong, shard=(0, 1), **settings)
+    assert again == record
