@@ -67,7 +67,7 @@ RELIANCE = "context reliance (1 - reliance)"
 
 
 def _pipeline(backend: HFBackend, max_new_tokens: int) -> Pipeline:
-    soc = SkipOneChar()
+    soc = SkipOneChar(distinct=False)  # what the run's cache was begun with
     config = ScoringConfig(intervention=soc.describe(), n_variants=L, top_k=K,
                            distance="hellinger", values="logits", approximate=False, seed=0,
                            max_new_tokens=max_new_tokens)  # fmt: skip

@@ -302,16 +302,18 @@ class Pipeline:
                 if item.outcome is not None:
                     continue
                 result = self._round_result(item, rounds, outs.get(id(item)))
+                # An intervention may give fewer than n_variants: all of them used, decide.
+                final = last or len(rounds.full[id(item)]) <= size
                 if isinstance(result, BackendError):
                     item.outcome = self.failure(item, result)
                 elif (
-                    last
+                    final
                     or not result.scored
                     or settled(
                         result.variant_scores, self.threshold, self.config.stop_constant or 0.0
                     )
                 ):
-                    result.stopped_early = not last
+                    result.stopped_early = not final
                     item.outcome = result
         for item in items:
             item.steps["score"] = item.outcome

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from esi_guard._inputs import message_text
 from esi_guard._keywords import strict_keywords
@@ -81,9 +82,11 @@ class Intervention(ABC):
 
     @abstractmethod
     def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
-        """Return exactly ``n`` variants of ``question``.
+        """Return up to ``n`` variants of ``question``.
 
-        Variants may equal the question (SOC with no eligible word): callers check.
+        Fewer (even none) when the question does not allow ``n`` different ones (SOC on
+        a question with few long words); a variant may equal the question or repeat
+        another where the intervention allows it: callers check.
         """
 
     def batch_variants(self, questions: Sequence[str], n: int, *, seed: int = 0) -> list[list[str]]:
@@ -101,15 +104,30 @@ class Intervention(ABC):
         return {"name": self.name}
 
 
+TRIES = 20
+"""Draws a character edit makes for one variant before it gives up on a new one."""
+
+
 @dataclass(frozen=True)
 class _CharacterEdit(Intervention):
-    """Edits one character at a position >= ``min_chars`` of each eligible word."""
+    """Edits one character at a position >= ``min_chars`` of eligible words."""
 
     p: float = 0.3
-    """Probability that an eligible word is edited."""
+    """Probability that an eligible word is edited (``words="random"``), or the share of
+    eligible words edited (``words="exact"``)."""
     min_chars: int = 3
     """M*: the first ``min_chars`` characters of a word are never touched, and words of
     ``min_chars`` characters or fewer are left whole."""
+    words: Literal["random", "exact"] = "random"
+    """``"random"``: each eligible word is edited with probability ``p`` (the paper's text);
+    ``"exact"``: exactly ``ceil(p * eligible)`` distinct eligible words, at least one, are
+    edited (the authors' code)."""
+    distinct: bool = True
+    """Never return a variant equal to the question or to an earlier variant: such a draw
+    is drawn again (up to :data:`TRIES` times), and when no new variant comes the question
+    gets fewer than ``n`` (recorded in the result's ``variants``). ``False``: ``n``
+    independent draws, repeats and unchanged copies included, which score 0 and still
+    count in ESI's mean."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p <= 1.0:
@@ -118,27 +136,52 @@ class _CharacterEdit(Intervention):
         if self.min_chars < 1:
             msg = f"min_chars must be >= 1 (a word is never removed whole), got {self.min_chars!r}"
             raise ConfigurationError(msg)
+        if self.words not in ("random", "exact"):
+            msg = f"words must be 'random' or 'exact', got {self.words!r}"
+            raise ConfigurationError(msg)
 
     def _edit(self, word: str, position: int, rng: random.Random) -> str:
         raise NotImplementedError
 
     def _apply(self, question: str, rng: random.Random) -> str:
-        def replace(match: re.Match[str]) -> str:
+        eligible = [m for m in _WORD.finditer(question) if len(m.group()) > self.min_chars]
+        chosen: set[int] | None = None
+        if self.words == "exact":
+            count = min(len(eligible), max(1, math.ceil(self.p * len(eligible))))
+            chosen = set(rng.sample(range(len(eligible)), count))
+        parts, end = [], 0
+        for index, match in enumerate(eligible):
+            # "random" draws each word's coin just before its edit: the order the draws
+            # have always had, so a seed gives the variants it gave before.
+            if index not in chosen if chosen is not None else rng.random() >= self.p:
+                continue
             word = match.group()
-            if len(word) <= self.min_chars or rng.random() >= self.p:
-                return word
-            return self._edit(word, rng.randrange(self.min_chars, len(word)), rng)
-
-        return _WORD.sub(replace, question)
+            parts += [question[end : match.start()],
+                      self._edit(word, rng.randrange(self.min_chars, len(word)), rng)]  # fmt: skip
+            end = match.end()
+        return "".join([*parts, question[end:]])
 
     def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
-        """Return ``n`` independently edited copies of ``question``."""
+        """Up to ``n`` edited copies of ``question`` (``n`` unless ``distinct`` runs out)."""
         rng = _rng(seed, question)
-        return [self._apply(question, rng) for _ in range(n)]
+        if not self.distinct:
+            return [self._apply(question, rng) for _ in range(n)]
+        seen, out = {question}, []
+        while len(out) < n:
+            for _ in range(TRIES):
+                text = self._apply(question, rng)
+                if text not in seen:
+                    seen.add(text)
+                    out.append(text)
+                    break
+            else:  # the question allows no other variant (or hardly any)
+                break
+        return out
 
     def describe(self) -> dict[str, Any]:
         """Name and parameters."""
-        return {"name": self.name, "p": self.p, "min_chars": self.min_chars}
+        return {"name": self.name, "p": self.p, "min_chars": self.min_chars,
+                "words": self.words, "distinct": self.distinct}  # fmt: skip
 
 
 @strict
@@ -435,4 +478,8 @@ def rebuild_intervention(description: Mapping[str, Any]) -> Intervention:
             "which cannot be rebuilt from the file: pass intervention=... "
         )
         raise ConfigurationError(msg)
-    return kind(p=float(description["p"]), min_chars=int(description["min_chars"]))
+    # A file written before ``words`` and ``distinct`` existed was calibrated with
+    # independent draws that may repeat: rebuilt that way, its threshold still holds.
+    return kind(p=float(description["p"]), min_chars=int(description["min_chars"]),
+                words=description.get("words", "random"),
+                distinct=bool(description.get("distinct", False)))  # fmt: skip

@@ -222,10 +222,11 @@ def _hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
 
 
 def _kl(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
-    """KL(q || p): the variant measured against the original, as in the paper's eq. 4."""
+    """KL(p || q): the original against the variant, as the paper's Appendix B derives ESI
+    (``D_KL(p(y | y*_<t, x) || p(y | y*_<t, x~))``) and the authors' code computes it."""
     kept = np.isfinite(log_q) & np.isfinite(log_p)
     safe_q, safe_p = np.where(kept, log_q, 0.0), np.where(kept, log_p, 0.0)
-    terms = np.where(kept, np.exp(safe_q) * (safe_q - safe_p), 0.0)
+    terms = np.where(kept, np.exp(safe_p) * (safe_p - safe_q), 0.0)
     return _f64(np.maximum(terms.sum(axis=-1), 0.0))
 
 
@@ -243,7 +244,8 @@ DISTANCES: dict[str, Callable[[FloatArray, FloatArray], FloatArray]] = {
 """Distance functions on log-probabilities ``(log_p original, log_q variant)``.
 
 ``hellinger`` (default, in [0, 1], symmetric), ``squared_hellinger`` (in [0, 1],
-symmetric), ``kl`` (KL(variant || original), >= 0), ``bhattacharyya`` (>= 0, symmetric).
+symmetric), ``kl`` (KL(original || variant), >= 0, the paper's direction; esi-guard
+0.1.0 computed KL(variant || original)), ``bhattacharyya`` (>= 0, symmetric).
 """
 
 DISTANCE_BOUNDS: dict[str, float] = {"hellinger": 1.0, "squared_hellinger": 1.0}

@@ -285,7 +285,9 @@ def test_configuration_is_validated() -> None:
 def test_metadata_records_the_scoring_configuration() -> None:
     guard = make_guard(intervention=SkipOneChar(p=0.5), n_variants=4, top_k=7, distance="kl")
     esi = guard.invoke(UNSURE).response_metadata["esi"]
-    assert esi["scoring"]["intervention"] == {"name": "skip_one_char", "p": 0.5, "min_chars": 3}
+    assert esi["scoring"]["intervention"] == {
+        "name": "skip_one_char", "p": 0.5, "min_chars": 3, "words": "random", "distinct": True,
+    }  # fmt: skip
     assert (esi["scoring"]["n_variants"], esi["scoring"]["top_k"], esi["scoring"]["distance"]) == (
         4,
         7,

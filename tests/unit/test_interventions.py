@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from esi_guard import ConfigurationError, FixedVariants, InputError, Paraphrase, SkipOneChar, Typo
-from esi_guard.interventions import parse_rephrasings
+from esi_guard.interventions import parse_rephrasings, rebuild_intervention
 
 QUESTION = "For which team did Babe Ruth blast his last Major League home run?"
 WORD = re.compile(r"[^\W\d_]+")
@@ -36,7 +37,8 @@ def test_soc_variants_do_not_depend_on_batch_company() -> None:
 
 
 def test_soc_p_zero_is_the_identity() -> None:
-    assert SkipOneChar(p=0.0).variants(QUESTION, 5) == [QUESTION] * 5
+    assert SkipOneChar(p=0.0, distinct=False).variants(QUESTION, 5) == [QUESTION] * 5
+    assert SkipOneChar(p=0.0).variants(QUESTION, 5) == []  # no variant differs from it
 
 
 def test_soc_deletes_one_character_after_the_first_m_star_of_each_edited_word() -> None:
@@ -53,7 +55,54 @@ def test_soc_deletes_one_character_after_the_first_m_star_of_each_edited_word() 
 
 def test_soc_leaves_digits_punctuation_and_short_words() -> None:
     question = "Was it 1945, or 1946? Yes: no."
-    assert SkipOneChar(p=1.0).variants(question, 3) == [question] * 3
+    assert SkipOneChar(p=1.0, distinct=False).variants(question, 3) == [question] * 3
+    assert SkipOneChar(p=1.0).variants(question, 3) == []
+
+
+def test_soc_variants_differ_from_the_question_and_from_each_other() -> None:
+    for question in (QUESTION, "What is the capital of France?"):
+        variants = SkipOneChar().variants(question, 10)
+        assert len(variants) == 10 and len(set(variants)) == 10 and question not in variants
+    # Independent draws (the paper's text taken literally) repeat on a short question.
+    draws = SkipOneChar(distinct=False).variants("What is the capital of France?", 10)
+    assert len(set(draws)) < 10
+
+
+def test_soc_gives_fewer_variants_when_the_question_allows_no_more() -> None:
+    # Two eligible words, one deletion place each: three variants exist, no more.
+    assert sorted(SkipOneChar().variants("Name a lake.", 10)) == [
+        "Nam a lak.", "Nam a lake.", "Name a lak.",
+    ]  # fmt: skip
+
+
+def test_soc_exact_edits_ceil_p_times_the_eligible_words() -> None:
+    question = "Which famous painter created the artwork called Starry Night during summer?"
+    eligible = [w for w in words(question) if len(w) > 3]  # 10 words
+    for variant in SkipOneChar(p=0.3, words="exact").variants(question, 10):
+        edited = sum(a != b for a, b in zip(words(question), words(variant), strict=True))
+        assert edited == math.ceil(0.3 * len(eligible)) == 3
+    with pytest.raises(ConfigurationError, match="words must be"):
+        SkipOneChar(words="some")  # type: ignore[arg-type]
+
+
+def test_soc_with_repeats_allowed_gives_the_variants_it_always_gave() -> None:
+    # Pinned: threshold files calibrated before ``distinct`` existed rebuild this way.
+    assert SkipOneChar(distinct=False).variants("What is the capital of France?", 10, seed=0) == [
+        "What is the capita of Franc?",
+        "What is the capital of France?",
+        "What is the capital of France?",
+        "What is the capital of France?",
+        "What is the capital of Frace?",
+        "Wha is the capital of Franc?",
+        "Wha is the capital of France?",
+        "What is the capital of Frane?",
+        "Wha is the capita of France?",
+        "What is the capital of Franc?",
+    ]
+    old = rebuild_intervention({"name": "skip_one_char", "p": 0.3, "min_chars": 3})
+    assert old == SkipOneChar(distinct=False)
+    new = SkipOneChar(words="exact")
+    assert rebuild_intervention(new.describe()) == new
 
 
 def test_soc_edits_about_p_of_eligible_words() -> None:

@@ -68,8 +68,8 @@ def hand_distance(name: str, p: list[float], q: list[float]) -> float:
         return math.sqrt(hand_distance("squared_hellinger", p, q))
     if name == "squared_hellinger":
         return 0.5 * sum((math.sqrt(a) - math.sqrt(b)) ** 2 for a, b in zip(p, q, strict=True))
-    if name == "kl":  # KL(variant || original)
-        return sum(b * math.log(b / a) for a, b in zip(p, q, strict=True))
+    if name == "kl":  # KL(original || variant), the paper's Appendix B
+        return sum(a * math.log(a / b) for a, b in zip(p, q, strict=True))
     return -math.log(sum(math.sqrt(a * b) for a, b in zip(p, q, strict=True)))
 
 

@@ -14,7 +14,9 @@ from esi_guard.calibration.thresholds import fit_stop_constant
 from esi_guard.sequential import schedule, settled, variants_used
 from tests.unit.test_calibration import threshold_file
 
-SURE, UNSURE, MIDDLE = "What is 2 + 2?", "Who won the 1911 chess cup?", "Name a lake."
+SURE = "What is two plus two, written as a number?"
+UNSURE = "Who won the international chess tournament held in 1911?"
+MIDDLE = "Name a lake."
 ANSWERS = {SURE: "four", UNSURE: "maybe Karl Schlechter of Vienna", MIDDLE: "Lake Geneva"}
 
 
@@ -62,19 +64,20 @@ def test_clear_answers_stop_early_and_report_the_mean_of_what_they_used() -> Non
     ]
     for esi, whole in zip(quick, full, strict=True):
         k = esi["variants_used"]
-        assert esi["stopped_early"] == (k < 8) and len(esi["variant_scores"]) == k
+        assert esi["stopped_early"] == (k < len(whole["variants"]))
+        assert len(esi["variant_scores"]) == k
         assert esi["variants"] == whole["variants"][:k]  # the same variants, in order
         assert esi["score"] == pytest.approx(math.fsum(whole["variant_scores"][:k]) / k)
         assert esi["decision"] == whole["decision"]
         assert esi["work"]["forced_variants"] <= whole["work"]["forced_variants"]
     assert any(esi["stopped_early"] for esi in quick)
-    assert full[0]["variants_used"] == 8 and not full[0]["stopped_early"]
+    assert full[0]["variants_used"] == len(full[0]["variants"]) and not full[0]["stopped_early"]
 
 
 def test_a_constant_that_never_settles_scores_every_variant_as_before() -> None:
     full = guard().invoke(MIDDLE).response_metadata["esi"]
     slow = guard(min_variants=2, stop_constant=1e9).invoke(MIDDLE).response_metadata["esi"]
-    assert slow["variants_used"] == 8 and not slow["stopped_early"]
+    assert slow["variants_used"] == len(full["variants"]) and not slow["stopped_early"]
     assert slow["score"] == pytest.approx(full["score"])
     assert slow["work"]["forced_variants"] == full["work"]["forced_variants"]
 
@@ -120,3 +123,10 @@ def test_merged_rounds_keep_an_approximate_backends_zero_exact_positions() -> No
     rounds.record([(item, request)], [Forced(variants=[topk, topk], observed=[0, 2])])
     assert live == [item] and rounds.merged(item).observed == [0, 2]
     assert rounds.work(item) == {"forced_variants": 2, "forced_tokens": 4}
+
+
+def test_a_question_with_fewer_variants_than_n_is_decided_when_they_run_out() -> None:
+    # "Name a lake." allows three SOC variants ("Nam", "lak", both): no round waits for more.
+    quick = guard(min_variants=2, stop_constant=1e9).invoke(MIDDLE).response_metadata["esi"]
+    assert len(quick["variants"]) == quick["variants_used"] == 3
+    assert not quick["stopped_early"] and quick["scored"]
