@@ -424,6 +424,7 @@ class Pipeline:
                 distance=cast(Distance, self.config.distance),
                 kind=self.backend.values_kind,
                 observed=observed,
+                support=self.config.support,
             )
             reliance = None if context is None else self._reliance(base, context)
         except ScoringError as exc:
@@ -446,7 +447,7 @@ class Pipeline:
         distance = cast(Distance, self.config.distance)
         kind = self.backend.values_kind
         return esi_score(base, context.variants, distance=distance, kind=kind,
-                         observed=context.observed).score  # fmt: skip
+                         observed=context.observed, support=self.config.support).score  # fmt: skip
 
     def _unscorable(self, item: Item) -> ScoringError | None:
         if not item.answer_ids:

@@ -64,7 +64,7 @@ from esi_guard.result import ESIResult
 __all__ = ["ESIMiddleware"]
 
 MiddlewareAction = Literal["flag", "abstain", "route", "raise"]
-SCORING_OPTIONS = ("intervention", "n_variants", "top_k", "distance", "seed")
+SCORING_OPTIONS = ("intervention", "n_variants", "top_k", "distance", "support", "seed")
 """The guard's scoring settings the middleware takes (see :class:`~esi_guard.ESIGuard`)."""
 TOOL_TURN = "tool_calls: the model called tools; only a final answer is scored"
 
@@ -98,7 +98,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         backend: The backend that scores answers. Default: built from the request's
             model through the same adapters as ``ESIGuard(llm=...)``, once per model object.
         llm: A model object to build that backend from, instead of the request's model.
-        **scoring: ``intervention``, ``n_variants``, ``top_k``, ``distance``, ``seed``:
+        **scoring: ``intervention``, ``n_variants``, ``top_k``, ``distance``, ``support``, ``seed``:
             as :class:`~esi_guard.ESIGuard`'s.
 
     Raises:

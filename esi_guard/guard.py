@@ -36,7 +36,7 @@ from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
 from esi_guard.result import ESIResult, ScoringConfig
-from esi_guard.scoring import Distance
+from esi_guard.scoring import Distance, Support
 
 __all__ = ["ESIGuard", "GuardInput"]
 
@@ -104,6 +104,10 @@ class ESIGuard(BaseChatModel):
     """k, the number of tokens kept in each truncated distribution."""
     distance: Distance = "hellinger"
     """Distance between truncated distributions."""
+    support: Support = "pair"
+    """The tokens two truncated distributions are compared on: the union of their own
+    top-k sets (``"pair"``), or of all the answer's distributions (``"all"``, as the
+    authors' code). See :func:`~esi_guard.esi_score`."""
     action: Action = "flag"
     """What to do with an untrusted answer: ``flag``, ``abstain`` or ``route``."""
     fallback: Runnable[Any, Any] | None = None
@@ -209,8 +213,8 @@ class ESIGuard(BaseChatModel):
         :class:`ConfigurationError` naming every difference, when the backend's model,
         value kind or exactness differ from those it was calibrated with, or when
         ``intervention`` or a scoring option in ``kwargs`` (``n_variants``, ``top_k``,
-        ``distance``, ``seed``, ``max_new_tokens``) differs from the file's: a threshold
-        only means something for scores computed the same way. Other options (``action``,
+        ``distance``, ``support``, ``seed``, ``max_new_tokens``) differs from the file's: a
+        threshold only means something for scores computed the same way. Other options (``action``,
         ``fallback``, ``abstain_message``) pass through. SOC and Typo interventions are
         rebuilt from the file; others (paraphrases) must be passed in. A file calibrated
         with ``--min-variants`` turns sequential ESI on with its fitted stopping rule
@@ -218,7 +222,8 @@ class ESIGuard(BaseChatModel):
         """
         calibrated = ThresholdFile.read(path)
         expected = calibrated.scoring
-        options = ("n_variants", "top_k", "distance", "seed", "max_new_tokens", "decide_on")
+        options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
+                   "decide_on")  # fmt: skip
         settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
         if calibrated.sequential is not None:
             settings.setdefault("stop_constant", calibrated.sequential["constant"])
@@ -227,6 +232,8 @@ class ESIGuard(BaseChatModel):
             )
         if intervention is None:
             intervention = rebuild_intervention(expected.intervention)
+            # A file older than some of the intervention's options names fewer of them.
+            expected = expected.model_copy(update={"intervention": intervention.describe()})
         if backend is not None:
             kwargs["backend"] = backend
         guard = cls(
@@ -257,6 +264,7 @@ class ESIGuard(BaseChatModel):
             n_variants=self.n_variants,
             top_k=self.top_k,
             distance=self.distance,
+            support=self.support,
             values=self.backend.values_kind,
             approximate=self.backend.approximate,
             seed=self.seed,

@@ -166,7 +166,7 @@ class _CharacterEdit(Intervention):
         rng = _rng(seed, question)
         if not self.distinct:
             return [self._apply(question, rng) for _ in range(n)]
-        seen, out = {question}, []
+        seen, out = {question}, list[str]()
         while len(out) < n:
             for _ in range(TRIES):
                 text = self._apply(question, rng)

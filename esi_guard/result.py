@@ -42,6 +42,9 @@ class ScoringConfig(BaseModel):
     """k, the tokens kept in each truncated distribution."""
     distance: str
     """The distance between truncated distributions."""
+    support: Literal["pair", "all"] = "pair"
+    """The tokens two truncated distributions are compared on (see
+    :func:`~esi_guard.esi_score`)."""
     values: Literal["logits", "logprobs"]
     """What the backend's top-k values are."""
     approximate: bool

@@ -9,7 +9,10 @@ top-k at the same position under teacher forcing::
     ESI = 1 / (L * N) * sum_l sum_t alpha_t * D(p_t, q_{l,t})
 
 * ``p_t`` and ``q_{l,t}`` are *truncated* distributions: a softmax over the kept
-  values, on the union of the two top-k id sets (the paper's appendix).
+  values, on the union of the two top-k id sets (``support="pair"``, the default), or
+  on the union over all of the answer's distributions, every variant and position
+  (``support="all"``, the authors' code; the paper's appendix says "all participating
+  distributions").
 * A token kept on one side but missing on the other gets a fill value on the side
   that lacks it (see :func:`fill_value`).
 * ``alpha_t`` is the entropy, in nats, of the original truncated distribution taken
@@ -37,6 +40,7 @@ __all__ = [
     "DISTANCE_BOUNDS",
     "Distance",
     "ESIScore",
+    "Support",
     "TopK",
     "ValueKind",
     "esi_score",
@@ -47,6 +51,10 @@ __all__ = [
 
 Distance = Literal["hellinger", "squared_hellinger", "kl", "bhattacharyya"]
 """Names of the distance functions ESI can use."""
+
+Support = Literal["pair", "all"]
+"""What two truncated distributions are compared on: the union of their own top-k sets,
+or the union over all the distributions of an answer."""
 
 ValueKind = Literal["logits", "logprobs"]
 """What top-k values are: raw model logits (white-box) or log-probabilities (APIs)."""
@@ -176,6 +184,7 @@ def union_distributions(
     q_ids: IntArray,
     q_values: FloatArray,
     kind: ValueKind = "logits",
+    support_size: int | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Log-probabilities of two truncated distributions on the union of their supports.
 
@@ -183,8 +192,14 @@ def union_distributions(
     as ``2k`` slots: ``p``'s tokens first, then ``q``'s tokens that ``p`` lacks; slots of
     ``q``'s tokens that ``p`` also holds, and padding, get ``-inf`` on both sides.
 
+    With ``support_size`` (``support="all"``: the support is a larger set of that many
+    tokens, holding both top-k sets), one more slot stands for the ``c`` tokens of it that
+    neither side kept: each gets its side's fill value, so the slot holds ``c`` times that
+    mass. Every distance here sums a function of ``(p_i, q_i)`` that scales with ``c``
+    for ``c`` equal pairs, so the one slot gives the distance the ``c`` slots would.
+
     Returns:
-        ``(log_p, log_q)``, each of shape ``(..., 2k)``.
+        ``(log_p, log_q)``, each of shape ``(..., 2k)``, or ``(..., 2k + 1)``.
     """
     p_ids, q_ids = np.broadcast_arrays(p_ids, q_ids)
     p_values, q_values = np.broadcast_arrays(p_values, q_values)
@@ -203,8 +218,15 @@ def union_distributions(
 
     first = np.where(p_valid, 0.0, -np.inf)
     second = np.where(q_only, 0.0, -np.inf)
-    log_p = _log_softmax(np.concatenate([p_values + first, p_fill + second], axis=-1))
-    log_q = _log_softmax(np.concatenate([q_first + first, q_values + second], axis=-1))
+    p_parts, q_parts = [p_values + first, p_fill + second], [q_first + first, q_values + second]
+    if support_size is not None:
+        rest = support_size - p_valid.sum(axis=-1) - q_only.sum(axis=-1)
+        with np.errstate(divide="ignore"):
+            log_rest = np.log(np.maximum(rest, 0))[..., None]  # -inf: nothing left out
+        p_parts.append(p_fill + log_rest)
+        q_parts.append(q_fill + log_rest)
+    log_p = _log_softmax(np.concatenate(p_parts, axis=-1))
+    log_q = _log_softmax(np.concatenate(q_parts, axis=-1))
     return log_p, log_q
 
 
@@ -222,8 +244,11 @@ def _hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
 
 
 def _kl(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
-    """KL(p || q): the original against the variant, as the paper's Appendix B derives ESI
-    (``D_KL(p(y | y*_<t, x) || p(y | y*_<t, x~))``) and the authors' code computes it."""
+    """KL(p || q): the original against the variant.
+
+    As the paper's Appendix B derives ESI (``D_KL(p(y | y*_<t, x) || p(y | y*_<t, x~))``)
+    and the authors' code computes it.
+    """
     kept = np.isfinite(log_q) & np.isfinite(log_p)
     safe_q, safe_p = np.where(kept, log_q, 0.0), np.where(kept, log_p, 0.0)
     terms = np.where(kept, np.exp(safe_p) * (safe_p - safe_q), 0.0)
@@ -285,6 +310,7 @@ def esi_score(
     distance: Distance = "hellinger",
     kind: ValueKind = "logits",
     observed: Sequence[int] | None = None,
+    support: Support = "pair",
 ) -> ESIScore:
     """Compute the ESI score of one answer.
 
@@ -299,6 +325,10 @@ def esi_score(
             the distance's upper bound (:data:`DISTANCE_BOUNDS`): the variant's answer
             left the original's there, the most a distribution can move. Their rows in
             ``variants`` are ignored. Needs a bounded distance.
+        support: The tokens each pair of truncated distributions is compared on:
+            ``"pair"``, the union of the two top-k sets; ``"all"``, the union over the
+            original and every variant at every answer position (the authors' code), a
+            token missing from a side's top-k getting that side's fill value.
 
     Returns:
         The score, the per-token contributions, the weights and the raw distances.
@@ -312,6 +342,9 @@ def esi_score(
         raise ScoringError(msg)
     if kind not in get_args(ValueKind):
         msg = f"unknown value kind {kind!r}; expected one of {get_args(ValueKind)}"
+        raise ScoringError(msg)
+    if support not in get_args(Support):
+        msg = f"unknown support {support!r}; expected one of {get_args(Support)}"
         raise ScoringError(msg)
     n_positions = original.n_positions
     if n_positions == 0:
@@ -334,7 +367,11 @@ def esi_score(
         if limit is not None:  # unobserved rows: anything, replaced before the math
             q_ids[index, limit:], q_values[index, limit:] = p_ids[limit:], p_values[limit:]
 
-    log_p, log_q = union_distributions(p_ids[None], p_values[None], q_ids, q_values, kind)
+    size = None
+    if support == "all":
+        everything = np.concatenate([p_ids.ravel(), q_ids.ravel()])
+        size = int(np.unique(everything[everything >= 0]).size)
+    log_p, log_q = union_distributions(p_ids[None], p_values[None], q_ids, q_values, kind, size)
     distances = DISTANCES[distance](log_p, log_q)
     for index, limit in enumerate(limits):
         if limit is not None:

@@ -236,6 +236,8 @@ def test_threshold_file_round_trip_and_guard(tmp_path: Path) -> None:
         ({"top_k": 20}, "top_k"),
         ({"intervention": Typo()}, "intervention"),
         ({"n_variants": 5}, "n_variants"),
+        ({"support": "all"}, "support"),
+        ({"intervention": SkipOneChar(distinct=False)}, "intervention"),
     ],
 )
 def test_a_mismatched_threshold_file_is_refused(
@@ -246,6 +248,19 @@ def test_a_mismatched_threshold_file_is_refused(
     threshold_file(**({"model": model} if model else {})).write(path)
     with pytest.raises(ConfigurationError, match=problem):
         ESIGuard.from_calibration(path, backend=FakeBackend(), **kwargs)
+
+
+def test_a_file_from_before_distinct_variants_rebuilds_the_draws_it_was_calibrated_with(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "threshold.json"
+    old = {"name": "skip_one_char", "p": 0.3, "min_chars": 3}  # esi-guard 0.1.0's describe()
+    scoring = threshold_file().scoring.model_copy(update={"intervention": old})
+    threshold_file(scoring=scoring).write(path)
+    guard = ESIGuard.from_calibration(path, backend=FakeBackend())
+    assert guard.intervention == SkipOneChar(distinct=False) and guard.support == "pair"
+    with pytest.raises(ConfigurationError, match="intervention"):
+        ESIGuard.from_calibration(path, backend=FakeBackend(), intervention=SkipOneChar())
 
 
 @pytest.mark.parametrize(

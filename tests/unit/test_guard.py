@@ -437,3 +437,12 @@ def test_a_live_stream_is_refused_where_a_shown_answer_could_be_withheld(
 ) -> None:
     with pytest.raises(ConfigurationError, match="cannot be withheld"):
         make_guard(stream_mode="live", **settings)
+
+
+def test_support_all_reaches_the_score_and_is_recorded() -> None:
+    pair = make_guard().invoke(UNSURE).response_metadata["esi"]
+    every = make_guard(support="all").invoke(UNSURE).response_metadata["esi"]
+    assert (pair["scoring"]["support"], every["scoring"]["support"]) == ("pair", "all")
+    assert every["variants"] == pair["variants"] and every["score"] != pair["score"]
+    with pytest.raises(ConfigurationError):
+        make_guard(support="some")

@@ -247,3 +247,42 @@ def test_head_keeps_the_first_k_columns_of_sorted_rows() -> None:
     top2 = topk.head(2)
     assert top2.ids.tolist() == [[7, 3], [1, 2]]
     assert top2.values.tolist() == [[3.0, 2.0], [0.5, 0.1]]
+
+
+def _expanded(ids: np.ndarray, values: np.ndarray, support: list[int]) -> np.ndarray:
+    """A row's truncated distribution on ``support``, missing tokens at the fill value."""
+    fill = values.min() / 10 if values.min() > 0 else values.min() - math.log(10)
+    own = dict(zip(ids.tolist(), values.tolist(), strict=True))
+    full = np.array([own.get(token, fill) for token in support])
+    return np.exp(full - full.max()) / np.exp(full - full.max()).sum()
+
+
+@pytest.mark.parametrize("distance", sorted(DISTANCES))
+def test_support_all_compares_on_every_token_of_the_answer(distance: str) -> None:
+    rng = np.random.default_rng(7)
+    original = TopK(np.tile(np.arange(5), (3, 1)), rng.normal(3, 1, (3, 5)))
+    variants = [TopK(np.stack([rng.choice(40, 5, replace=False) for _ in range(3)]),
+                     rng.normal(3, 1, (3, 5))) for _ in range(4)]  # fmt: skip
+    support = sorted(set(original.ids.ravel()) | {i for v in variants for i in v.ids.ravel()})
+    by_hand = []
+    for v in variants:
+        row = []
+        for t in range(3):
+            p = _expanded(original.ids[t], original.values[t], support)
+            q = _expanded(v.ids[t], v.values[t], support)
+            row.append(hand_distance(distance, p.tolist(), q.tolist()))
+        by_hand.append(row)
+    got = esi_score(original, variants, distance=distance, support="all")  # type: ignore[arg-type]
+    assert got.distances == pytest.approx(np.array(by_hand), rel=1e-9)
+    pair = esi_score(original, variants, distance=distance)  # type: ignore[arg-type]
+    assert got.score != pytest.approx(pair.score)  # the other tokens do count
+
+
+def test_support_all_equals_pair_when_every_distribution_keeps_the_same_tokens() -> None:
+    ids = np.tile(np.arange(6), (2, 1))
+    original = TopK(ids, np.array([[5.0, 4, 3, 2, 1, 0.5]] * 2))
+    variants = [TopK(ids, np.array([[4.0, 5, 3, 2, 1, 0.5]] * 2))]
+    pair = esi_score(original, variants).score
+    assert esi_score(original, variants, support="all").score == pytest.approx(pair, rel=1e-12)
+    with pytest.raises(ScoringError, match="unknown support"):
+        esi_score(original, variants, support="most")  # type: ignore[arg-type]
