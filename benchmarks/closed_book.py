@@ -44,12 +44,25 @@ DISTANCES = ("squared_hellinger", "kl", "bhattacharyya")
 N_SAMPLES, TEMPERATURE = 10, 1.0
 SE_THRESHOLD = 0.8
 EMBEDDINGS = "all-MiniLM-L6-v2 cosine"
+SUPPORT_ALL = "ESI(SOC) support=all"
+FIDELITY = {
+    "ESI(SOC) repeats allowed": SkipOneChar(distinct=False),
+    "ESI(SOC) exact words": SkipOneChar(words="exact"),
+}
+"""SOC as the paper's text reads (independent draws: repeats and unchanged copies
+count, scoring 0) and as the authors' code edits (ceil(p*n) words), beside the default
+(draws that differ from the question and from each other)."""
 NOTES = {
     "semantic entropy": f"equivalence: {EMBEDDINGS} >= {SE_THRESHOLD} both ways "
     "(paper: DeBERTa-MNLI)",
     "SAR (sentence)": f"relevance: {EMBEDDINGS} (paper: RoBERTa cross-encoder); sentence "
     "level only",
     "ESI(Para) L=10": "precomputed paraphrases (paraphrase.jsonl), SOC top-up",
+    "ESI(Para) L=5": "the paper's L for Para: the first 5 of the L=10 pass (time: half)",
+    SUPPORT_ALL: "union over all the answer's distributions (the authors' code)",
+    "ESI(SOC) repeats allowed": "independent draws, as the paper's text (0.1.0's default)",
+    "ESI(SOC) exact words": "ceil(p*n) eligible words edited, as the authors' code",
+    "ESI(SOC) kl": "KL(original || variant), the paper's direction",
 }
 
 
@@ -68,6 +81,25 @@ def force(
         for e, g, vs in zip(examples, gens, variants, strict=True)
     ]  # fmt: skip
     return list(backend.teacher_force(requests, top_k=K_MAX))
+
+
+def _force_some(
+    backend: HFBackend, examples: list[Example], gens: list[Generation], variants: list[list[str]]
+) -> list[Any]:
+    """:func:`force` for the questions with a variant; None for the others.
+
+    SOC has no variant of a question without a long enough word: the guard does not
+    score it either.
+    """
+    some = [i for i, (e, vs) in enumerate(zip(examples, variants, strict=True))
+            if any(v != e.question for v in vs)]  # fmt: skip
+    out: list[Any] = [None] * len(examples)
+    if some:
+        forced = force(backend, [examples[i] for i in some], [gens[i] for i in some],
+                       [variants[i] for i in some])  # fmt: skip
+        for i, f in zip(some, forced, strict=True):
+            out[i] = f
+    return out
 
 
 def p_true_scores(
@@ -132,10 +164,15 @@ def _score(
     socs = [SkipOneChar().variants(e.question, L_MAX, seed=0) for e in examples]
     for n_variants in (*LS, L_MAX):
         with clock.stage(f"force L={n_variants}"):
-            forced = force(backend, examples, gens, [v[:n_variants] for v in socs])
+            forced = _force_some(backend, examples, gens, [v[:n_variants] for v in socs])
         for r, g, f in zip(records, gens, forced, strict=True):
-            r["scores"][f"ESI(SOC) L={n_variants}"] = esi_score(g.topk, f.variants).score
+            if f is not None:
+                r["scores"][f"ESI(SOC) L={n_variants}"] = esi_score(g.topk, f.variants).score
     for r, g, f in zip(records, gens, forced, strict=True):  # the L=10 pass
+        r["scores"]["NLL (greedy)"] = neg_log_likelihood(token_logprobs(g))
+        r["scores"]["mean token entropy"] = mean_token_entropy(g.topk.values)
+        if f is None:
+            continue
         r["variants"]["ESI(SOC)"] = list(esi_score(g.topk, f.variants).variant_scores)
         for k in KS:
             ablation = [v.head(k) for v in f.variants]
@@ -143,8 +180,14 @@ def _score(
         for distance in DISTANCES:
             esi = esi_score(g.topk, f.variants, distance=distance)  # type: ignore[arg-type]
             r["scores"][f"ESI(SOC) {distance}"] = esi.score
-        r["scores"]["NLL (greedy)"] = neg_log_likelihood(token_logprobs(g))
-        r["scores"]["mean token entropy"] = mean_token_entropy(g.topk.values)
+        r["scores"][SUPPORT_ALL] = esi_score(g.topk, f.variants, support="all").score
+    for name, soc in FIDELITY.items():  # the paper's text, the authors' code: own passes
+        with clock.stage(f"force {name}"):
+            variants = [soc.variants(e.question, L_MAX, seed=0) for e in examples]
+            forced = _force_some(backend, examples, gens, variants)
+        for r, g, f in zip(records, gens, forced, strict=True):
+            if f is not None:
+                r["scores"][name] = esi_score(g.topk, f.variants).score
     if para is not None:
         with clock.stage("force para"):
             paras = [para.variants(e.question, L_MAX, seed=0) for e in examples]
@@ -152,6 +195,7 @@ def _score(
         for r, g, f in zip(records, gens, forced, strict=True):
             esi = esi_score(g.topk, f.variants)
             r["scores"]["ESI(Para) L=10"] = esi.score
+            r["scores"]["ESI(Para) L=5"] = esi_score(g.topk, f.variants[:5]).score
             r["variants"]["ESI(Para)"] = list(esi.variant_scores)
     with clock.stage("sample"):
         samples = backend.sample(
@@ -196,7 +240,8 @@ def run_closed(
     para_file = path.parent / "paraphrase.jsonl"
     para = FixedVariants.from_jsonl(para_file) if para_file.is_file() else None
     header = {"data": str(path), "model": backend.model_id, "max_new_tokens": max_new_tokens,
-              "system": SYSTEM, "L": L_MAX, "k": K_MAX}  # fmt: skip
+              "system": SYSTEM, "L": L_MAX, "k": K_MAX, "soc": SkipOneChar().describe(),
+              "methods": 2}  # fmt: skip
     cache = Cache(cache_dir, f"{dataset}-closed", header)
     k, n = shard
     done = cache.done()
@@ -232,7 +277,11 @@ def report(
     shard: tuple[int, int],
 ) -> list[dict[str, Any]]:
     """Every method's records on one data set, the sequential rows included."""
-    kept = [(e, r) for e, r in zip(examples, rows, strict=True) if r["scores"]]
+    # Questions every method scored (SOC has no variant of a question without a long
+    # enough word): every AUROC is on the same questions, so they pair.
+    methods = list(dict.fromkeys(m for r in rows for m in r["scores"]))
+    kept = [(e, r) for e, r in zip(examples, rows, strict=True)
+            if r["scores"] and all(m in r["scores"] for m in methods)]  # fmt: skip
     labeller: Labeller = semantic if any(e.incorrect for e in examples) else Containment()
     questions, answers = [e.question for e, _ in kept], [r["answer"] for _, r in kept]
     right = labeller.label(questions, answers, [e.answers for e, _ in kept],
@@ -250,6 +299,9 @@ def report(
         **{f"ESI(SOC) k={k}": plain + t[f"force L={L_MAX}"] for k in KS},
         **{f"ESI(SOC) {d}": plain + t[f"force L={L_MAX}"] for d in DISTANCES},
         "ESI(Para) L=10": plain + t["force para"],
+        "ESI(Para) L=5": plain + t["force para"] / 2,
+        SUPPORT_ALL: plain + t[f"force L={L_MAX}"],
+        **{name: plain + t[f"force {name}"] for name in FIDELITY},
         "NLL (greedy)": plain,
         "mean token entropy": plain,
         "LN-PE": plain + t["sample"],
@@ -259,10 +311,10 @@ def report(
         "P(True)": plain + t["p_true"],
     }
     dataset = cache.name.removesuffix("-closed")
-    common = {"dataset": dataset, "n": n,
-              "accuracy": 1 - sum(wrong) / n, "labels": labeller.name}  # fmt: skip
+    common = {"dataset": dataset, "n": n, "accuracy": 1 - sum(wrong) / n,
+              "labels": labeller.name, "n_unscored": len(rows) - n}  # fmt: skip
     records = []
-    for method in kept[0][1]["scores"]:
+    for method in methods:
         values = [r["scores"][method] for _, r in kept]
         estimate = bootstrap(auroc, values, wrong, n_resamples=2000)
         records.append({
