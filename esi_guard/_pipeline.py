@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from esi_guard._rounds import Rounds
 from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -145,6 +146,8 @@ class Pipeline:
     action: Action
     on_error: OnError
     stop: tuple[str, ...] = ()
+    combined: CombinedScore | None = None
+    """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
     """Stop sequences for generation."""
 
     def run(self, items: Sequence[Item]) -> None:
@@ -430,8 +433,9 @@ class Pipeline:
         except ScoringError as exc:
             return self.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
+        signals = free_signals(base, item.answer_ids, self.backend.values_kind)
         result = self.result(
-            item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance
+            item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals
         )
         result.variant_scores = [float(x) for x in esi.variant_scores]
         return result
@@ -476,9 +480,13 @@ class Pipeline:
         token_scores: list[float] | None = None,
         forced: int = 0,
         context_reliance: float | None = None,
+        signals: dict[str, float] | None = None,
     ) -> ESIResult:
         """The item's result: scored, or unscored with ``why``; the decision it implies."""
         decision: Decision
+        p_wrong = None
+        if score is not None and self.combined is not None:
+            p_wrong = self.combined.p_wrong({"esi": score, **(signals or {})})
         if (
             score is not None
             and self.config.decide_on == "context_reliance"
@@ -493,6 +501,8 @@ class Pipeline:
             decision = "flag" if self.on_error == "flag" else "abstain"
         elif context_reliance is not None and self.config.decide_on == "context_reliance":
             decision = "accept" if context_reliance >= self.threshold else self.action
+        elif p_wrong is not None:
+            decision = "accept" if p_wrong <= self.threshold else self.action
         else:
             decision = "accept" if score <= self.threshold else self.action
         return ESIResult(
@@ -511,6 +521,8 @@ class Pipeline:
             work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
             context_reliance=context_reliance,
             variants_used=len(item.variants),
+            signals=dict(signals or {}),
+            p_wrong=p_wrong,
         )
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:

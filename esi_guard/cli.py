@@ -38,9 +38,10 @@ from esi_guard import __version__
 from esi_guard.backends.adapters import local_backend
 from esi_guard.backends.base import Backend
 from esi_guard.calibration import labels as label_methods
+from esi_guard.calibration.combining import Combined, fit_on_part
 from esi_guard.calibration.data import Example, dataset_hash, load_examples
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
-from esi_guard.calibration.metrics import Estimate, summarise
+from esi_guard.calibration.metrics import Estimate, auroc, expected_calibration_error, summarise
 from esi_guard.calibration.prompts import run_prompts
 from esi_guard.calibration.runner import run_header, score_examples, scoring_config
 from esi_guard.calibration.thresholds import (
@@ -67,6 +68,13 @@ class LabelMethod(str, Enum):
     f1 = "f1"
     semantic = "semantic"
     judge = "judge"
+
+
+class ScoreName(str, Enum):
+    """What the threshold applies to."""
+
+    esi = "esi"
+    combined = "combined"
 
 
 class Selection(str, Enum):
@@ -428,8 +436,19 @@ def calibrate(
     stop_delta: Annotated[
         float, typer.Option(help="Sequential: allowed failure probability of that bound.")
     ] = 0.1,
+    score: Annotated[
+        ScoreName,
+        typer.Option(help="esi, or combined: P(wrong) from ESI and the answer's free signals."),
+    ] = ScoreName.esi,
+    fit_fraction: Annotated[
+        float,
+        typer.Option(help="Combined: share of the answers it is fitted on (the rest choose)."),
+    ] = 0.5,
 ) -> None:
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
+    if score is ScoreName.combined and min_variants is not None:
+        console.print("[red]error:[/red] --score combined and --min-variants: choose one")
+        raise typer.Exit(2)
     guard, run = _run(
         lambda: _guard(model, api_base, api_mode, device, runner, chat_template,
                        intervention.value, n_variants, top_k, distance, max_new_tokens, 0),
@@ -441,6 +460,10 @@ def calibrate(
         run.examples, run.digest, run.labeller, run.scores, run.wrong
     )  # fmt: skip
     metrics = _report(run, data, resamples)
+    combined = None
+    if score is ScoreName.combined:
+        combined = _combined(run, fit_fraction, seed or 0)
+        scores, wrong = combined.p_wrong, combined.wrong  # the threshold is chosen on these
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
     if choice is None:
         console.print(
@@ -455,6 +478,8 @@ def calibrate(
                                 stop_delta)  # fmt: skip
     result = ThresholdFile(
         sequential=sequential,
+        combined=combined and combined.model,
+        combined_report=combined and combined.report,
         threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,
         calibration_coverage=choice.coverage,
         calibration_selective_risk=(
@@ -485,9 +510,26 @@ def calibrate(
             scores,
             wrong,
             threshold=choice.threshold,
-            title=f"ESI on {data.parent.name}/{data.name}",
+            title=f"{'P(wrong)' if combined else 'ESI'} on {data.parent.name}/{data.name}",
         )
         console.print(f"wrote {plot}")
+
+
+def _combined(run: _Run, fraction: float, seed: int) -> Combined:
+    """Fit the combined score on part of the run; say how it does on the rest."""
+    try:
+        combined = fit_on_part([r for r in run.records if r["scored"]], run.wrong,
+                               fraction=fraction, seed=seed)  # fmt: skip
+    except ESIGuardError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    report = combined.report
+    console.print(
+        f"combined score: fitted on {report['n_fit']} answers; on the other "
+        f"{report['n_select']} (threshold chosen there): ECE {report['ece']:.3f}, AUROC "
+        f"P(wrong) {report['auroc_p_wrong']:.3f} vs ESI {report['auroc_esi']:.3f}"
+    )
+    return combined
 
 
 def _select(
@@ -542,6 +584,10 @@ def evaluate(
     )  # fmt: skip
     scores, wrong = run.scores, run.wrong
     _report(run, data, resamples)
+    if calibrated.combined is not None:  # the threshold is on P(wrong)
+        scores = [float(r["p_wrong"]) for r in run.records if r["scored"]]
+        ece = expected_calibration_error(scores, wrong)
+        console.print(f"P(wrong): AUROC {auroc(scores, wrong):.3f}, ECE {ece:.3f}")
     accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
     realised_risk = sum(accepted) / len(accepted) if accepted else float("nan")
     console.print(

@@ -33,6 +33,7 @@ from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
 from esi_guard.result import ESIResult, ScoringConfig
@@ -125,6 +126,10 @@ class ESIGuard(BaseChatModel):
     above it), or ``context_reliance`` (untrusted *below* it: the answer barely depends
     on the retrieved context; needs ``with_prompt(..., context_key=...)``, else every
     answer is unscored)."""
+    combined: CombinedScore | None = None
+    """A combined score (``esi-guard calibrate --score combined`` fits one; a threshold
+    file carries it to ``from_calibration``): decisions are then made on its ``p_wrong``,
+    from ESI and the answer's free signals, and ``threshold`` is a probability."""
 
     stop: list[str] | None = None
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
@@ -193,9 +198,15 @@ class ESIGuard(BaseChatModel):
                     "ESIGuard.from_calibration(path)"
                 )
                 raise ConfigurationError(msg)
-            if self.decide_on != "esi":
-                msg = "min_variants (sequential ESI) decides on the ESI score: decide_on='esi'"
+            if self.decide_on != "esi" or self.combined is not None:
+                msg = (
+                    "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
+                    "and no combined score"
+                )
                 raise ConfigurationError(msg)
+        if self.combined is not None and self.decide_on != "esi":
+            msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
+            raise ConfigurationError(msg)
         return self
 
     @classmethod
@@ -225,6 +236,8 @@ class ESIGuard(BaseChatModel):
         options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
                    "decide_on")  # fmt: skip
         settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
+        if calibrated.combined is not None:
+            settings["combined"] = kwargs.pop("combined", calibrated.combined)
         if calibrated.sequential is not None:
             settings.setdefault("stop_constant", calibrated.sequential["constant"])
             settings["min_variants"] = kwargs.pop(
@@ -528,6 +541,7 @@ class ESIGuard(BaseChatModel):
             action=self.action,
             on_error=self.on_error,
             stop=tuple(stop if stop is not None else self.stop or ()),
+            combined=self.combined,
         )
 
     def _start(

@@ -129,6 +129,14 @@ class ESIResult:
     (``min_variants``) stopped early."""
     stopped_early: bool = False
     """True when sequential ESI settled the decision before ``n_variants``."""
+    signals: dict[str, float] = field(default_factory=dict)
+    """The greedy answer's free signals from the same pass: ``nll`` (mean negative
+    log-probability of its tokens over their top-k) and ``entropy`` (mean entropy of
+    those distributions). Empty when unscored."""
+    p_wrong: float | None = None
+    """With a combined score (``ESIGuard(combined=...)``, or a threshold file calibrated
+    with ``--score combined``): the probability that the answer is wrong, which the
+    decision is then made on; None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""

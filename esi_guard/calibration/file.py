@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.result import ScoringConfig
 
@@ -61,6 +62,13 @@ class ThresholdFile(BaseModel):
     ``min_variants``, ``disagreement`` (early vs full-L decisions on the calibration data),
     its upper ``bound`` at ``1 - delta``, ``max_disagreement``, ``delta``,
     ``variants_used_mean``. None when not fitted."""
+    combined: CombinedScore | None = None
+    """With ``calibrate --score combined``: the combined score the threshold applies to
+    (a probability that the answer is wrong). None: the threshold is on ESI itself."""
+    combined_report: dict[str, Any] | None = None
+    """How the combined score was fitted and checked: ``n_fit`` and ``n_select`` (the
+    answers it was fitted on, and the others the threshold was chosen and its ECE
+    measured on), ``ece`` (held out), and the AUROC of ``p_wrong`` and of ESI there."""
 
     def write(self, path: str | Path) -> None:
         """Write as indented JSON."""

@@ -24,6 +24,7 @@ __all__ = [
     "aurc",
     "auroc",
     "bootstrap",
+    "expected_calibration_error",
     "paired_difference",
     "prr",
     "risk_coverage",
@@ -108,6 +109,22 @@ class Estimate:
 
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def expected_calibration_error(p_wrong: ArrayLike, wrong: ArrayLike, bins: int = 10) -> float:
+    """Expected calibration error of predicted probabilities that answers are wrong.
+
+    Over ``bins`` equal-width bins of ``p_wrong``: the share-weighted mean of |mean
+    predicted - observed rate of wrong answers|.
+    """
+    p, y = _arrays(p_wrong, wrong)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        inside = which == b
+        if inside.any():
+            total += inside.mean() * abs(float(p[inside].mean()) - float(y[inside].mean()))
+    return total
 
 
 def bootstrap(

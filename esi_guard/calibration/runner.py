@@ -149,4 +149,5 @@ def _record(index: int, example: Example, message: Any) -> dict[str, Any]:
     esi = message.response_metadata["esi"]
     return {**base, "prediction": esi["answer"], "score": esi["score"], "scored": esi["scored"],
             "reason": esi["reason"], "context_reliance": esi.get("context_reliance"),
-            "variant_scores": esi.get("variant_scores")}  # fmt: skip
+            "variant_scores": esi.get("variant_scores"), "signals": esi.get("signals"),
+            "p_wrong": esi.get("p_wrong")}  # fmt: skip
