@@ -1,0 +1,141 @@
+"""The ``esi-guard`` CLI's choices and shared options (typer annotations)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = [
+    "AnswersField",
+    "ApiBase",
+    "ApiMode",
+    "BatchSize",
+    "Cache",
+    "ChatTemplateOption",
+    "Data",
+    "Device",
+    "IncorrectField",
+    "InterventionName",
+    "Judge",
+    "LabelMethod",
+    "LabelThreshold",
+    "Labels",
+    "Limit",
+    "LocalBackend",
+    "Model",
+    "PromptFile",
+    "QuestionField",
+    "Resamples",
+    "Runner",
+    "ScoreName",
+    "Seed",
+    "Selection",
+    "System",
+]
+
+
+class LabelMethod(str, Enum):
+    """How correctness is decided."""
+
+    containment = "containment"
+    exact = "exact"
+    f1 = "f1"
+    semantic = "semantic"
+    judge = "judge"
+
+
+class ScoreName(str, Enum):
+    """What the threshold applies to."""
+
+    esi = "esi"
+    combined = "combined"
+
+
+class Selection(str, Enum):
+    """How the threshold is chosen."""
+
+    risk = "risk"
+    coverage = "coverage"
+    f1 = "f1"
+    youden = "youden"
+
+
+class LocalBackend(str, Enum):
+    """What runs a local model (``--model default``, a folder, a hub id or a ``.gguf`` file)."""
+
+    transformers = "transformers"
+    llamacpp = "llamacpp"
+
+
+class InterventionName(str, Enum):
+    """Character-level interventions available from the command line."""
+
+    soc = "soc"
+    typo = "typo"
+
+
+# -- shared options ---------------------------------------------------------------------
+
+Data = Annotated[Path, typer.Option("--data", help="QA file (JSONL/CSV; shared formats known).")]
+QuestionField = Annotated[str | None, typer.Option(help="Question field of other formats.")]
+AnswersField = Annotated[str | None, typer.Option(help="Gold answers field of other formats.")]
+IncorrectField = Annotated[
+    str | None,
+    typer.Option(help="Known wrong answers field, used by semantic/judge labels (optional)."),
+]
+Limit = Annotated[int | None, typer.Option(help="Use the first N examples (after --seed).")]
+Seed = Annotated[int | None, typer.Option(help="Shuffle the examples with this seed first.")]
+Model = Annotated[
+    str, typer.Option(help="'default' (embedded SmolLM2), a HF id/path or .gguf file.")
+]
+ApiBase = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (API backend).")]
+ApiMode = Annotated[str, typer.Option(help="API backend mode: echo, chat or auto.")]
+Device = Annotated[str | None, typer.Option(help="Device for local models (cpu, cuda...).")]
+ChatTemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template",
+        help="A Jinja chat template file overriding the model's, or 'completion' for a base "
+        "model that has none (the messages' text, then 'Answer:').",
+    ),
+]
+Runner = Annotated[
+    LocalBackend,
+    typer.Option(
+        "--backend",
+        help="What runs a local model: transformers (faster on many questions in batches) "
+        "or llamacpp (a .gguf file or 'default'; loads in a second, answers faster, forces "
+        "variants slower on CPUs).",
+    ),
+]
+Cache = Annotated[
+    Path | None, typer.Option(help="JSONL cache of per-example results; reruns resume from it.")
+]
+BatchSize = Annotated[int, typer.Option(help="Questions per batched guard call.")]
+System = Annotated[
+    str | None,
+    typer.Option(
+        help="System prompt before each question ('' for none). Default: a short-answer "
+        "instruction for closed-book data, none with a --prompt template or passage data."
+    ),
+]
+PromptFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--prompt",
+        help="Template file with {question} (and {context} for data with passages, such as "
+        "SQuAD 2.0); only {question} is intervened on. Default for passage data: the "
+        "built-in RAG template.",
+    ),
+]
+Labels = Annotated[LabelMethod, typer.Option(help="Correctness labels.")]
+LabelThreshold = Annotated[
+    float | None, typer.Option(help="Threshold of f1 (0.5) or semantic (0.7) labels.")
+]
+Judge = Annotated[
+    str | None, typer.Option(help="module:attribute of a LangChain chat model, for --labels judge.")
+]
+Resamples = Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")]
