@@ -32,8 +32,14 @@ from esi_guard.baselines import (
 )
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
-from esi_guard.calibration.metrics import auroc, bootstrap
+from esi_guard.calibration.metrics import (
+    auroc,
+    bootstrap,
+    expected_calibration_error,
+    paired_difference,
+)
 from esi_guard.calibration.prompts import DEFAULT_SYSTEM
+from esi_guard.combined import fit_combined
 
 __all__ = ["prompt", "run_closed"]
 
@@ -44,6 +50,8 @@ DISTANCES = ("squared_hellinger", "kl", "bhattacharyya")
 N_SAMPLES, TEMPERATURE = 10, 1.0
 SE_THRESHOLD = 0.8
 EMBEDDINGS = "all-MiniLM-L6-v2 cosine"
+ESI = "ESI(SOC) L=10"
+COMBINED = "combined P(wrong)"
 SUPPORT_ALL = "ESI(SOC) support=all"
 FIDELITY = {
     "ESI(SOC) repeats allowed": SkipOneChar(distinct=False),
@@ -325,6 +333,25 @@ def report(
     records.append({**common, "method": "plain greedy answer", "auroc": None,
                     "seconds_per_example": plain, "extra_seconds_per_example": 0.0,
                     "note": "no guard"})  # fmt: skip
+    by_method = {m: [r["scores"][m] for _, r in kept] for m in methods}
+    combined = _combined(by_method, wrong)
+    if combined is not None:
+        estimate = bootstrap(auroc, combined, wrong, n_resamples=2000)
+        records.append({
+            **common, "method": COMBINED, "auroc": estimate.value, "auroc_low": estimate.low,
+            "auroc_high": estimate.high, "seconds_per_example": cost[ESI],
+            "extra_seconds_per_example": cost[ESI] - plain,
+            "ece": expected_calibration_error(combined, wrong),
+            "note": "P(wrong) from ESI(SOC) L=10, NLL, entropy; fitted on one half, "
+            "measured on the other (both ways)",
+        })  # fmt: skip
+        by_method[COMBINED] = combined
+    for first, second in _pairs(by_method, wrong):
+        diff = paired_difference(auroc, by_method[first], by_method[second], wrong,
+                                 n_resamples=2000)  # fmt: skip
+        records.append({**common, "method": f"{first} - {second}", "paired": True,
+                        "auroc_difference": diff.value, "low": diff.low,
+                        "high": diff.high})  # fmt: skip
     messages = [[("system", SYSTEM), ("human", e.question)] for e, _ in kept]
     for name, method in intervention.items():
         if method is None or name not in kept[0][1]["variants"]:
@@ -339,6 +366,39 @@ def report(
         if row is not None:
             records.append({**common, **row})
     return records
+
+
+def _combined(values: dict[str, list[float]], wrong: list[int]) -> list[float] | None:
+    """Cross-fitted P(wrong): each half's from the model fitted on the other half."""
+    names = {"esi": ESI, "nll": "NLL (greedy)", "entropy": "mean token entropy"}
+    signals = [{k: values[m][i] for k, m in names.items()} for i in range(len(wrong))]
+    halves = [list(range(0, len(wrong), 2)), list(range(1, len(wrong), 2))]
+    out = [0.0] * len(wrong)
+    for fit, apply in (halves, halves[::-1]):
+        try:
+            model = fit_combined([signals[i] for i in fit], [wrong[i] for i in fit])
+        except ConfigurationError:  # too few right (or wrong) answers in a half
+            return None
+        for i in apply:
+            out[i] = model.p_wrong(signals[i])
+    return out
+
+
+def _pairs(values: dict[str, list[float]], wrong: list[int]) -> list[tuple[str, str]]:
+    """The paired comparisons the report gives.
+
+    ESI against each other method, the default against each fidelity choice, and the
+    combined score against the best of what it combines.
+    """
+    pairs = [(ESI, m) for m in values if not m.startswith("ESI") and m != COMBINED]
+    pairs += [(ESI, m) for m in (*FIDELITY, SUPPORT_ALL, "ESI(SOC) kl") if m in values]
+    if "ESI(Para) L=5" in values:
+        pairs.append(("ESI(Para) L=10", "ESI(Para) L=5"))
+    if COMBINED in values:
+        parts = (ESI, "NLL (greedy)", "mean token entropy")
+        best = max(parts, key=lambda m: auroc(values[m], wrong))
+        pairs.append((COMBINED, best))
+    return pairs
 
 
 def _slug(name: str) -> str:

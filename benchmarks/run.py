@@ -66,7 +66,8 @@ def _seconds(record: dict[str, Any]) -> str:
 def markdown(records: list[dict[str, Any]]) -> str:
     """AUROC and seconds per example, methods by data sets, and the speed ratios."""
     rag = [r for r in records if r.get("target")]
-    records = [r for r in records if not r.get("target")]
+    paired = [r for r in records if r.get("paired") and not r.get("target")]
+    records = [r for r in records if not r.get("target") and not r.get("paired")]
     if not records:
         return rag_markdown(rag)
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
@@ -118,8 +119,31 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 f"{seq:.2f} s vs full L {whole:.2f} s ({seq / whole:.2f}x), "
                 f"vs plain {seq / plain:.2f}x. {r['note']}"
             )
+    if paired:
+        lines += ["", _paired_markdown(paired)]
     if rag:
         lines += ["", rag_markdown(rag)]
+    return "\n".join(lines)
+
+
+def _paired_markdown(records: list[dict[str, Any]]) -> str:
+    """Paired AUROC differences (same questions, 95% paired bootstrap): a win, a loss or a tie."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in records))
+    cell = {(r["dataset"], r["method"]): r for r in records}
+    lines = ["| AUROC difference [95% paired CI] | " + " | ".join(datasets) + " |",
+             "|---" * (1 + len(datasets)) + "|"]  # fmt: skip
+    for method in dict.fromkeys(r["method"] for r in records):
+        row = []
+        for d in datasets:
+            r = cell.get((d, method))
+            if r is None:
+                row.append("")
+                continue
+            verdict = "tie" if r["low"] <= 0 <= r["high"] else ("win" if r["low"] > 0 else "loss")
+            row.append(
+                f"{r['auroc_difference']:+.3f} [{r['low']:+.2f}, {r['high']:+.2f}] {verdict}"
+            )
+        lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
