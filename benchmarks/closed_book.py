@@ -12,6 +12,7 @@ is made from the caches.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,31 @@ NOTES = {
     "ESI(SOC) exact words": "ceil(p*n) eligible words edited, as the authors' code",
     "ESI(SOC) kl": "KL(original || variant), the paper's direction",
 }
+
+
+@dataclass(frozen=True)
+class Parts:
+    """How many leading questions (of the shuffled set) get the costly parts of the run.
+
+    ESI and the free signals run on every question; the sampling baselines and P(True)
+    on the first ``sampling``, the L=2/3/5 passes timed on their own on the first
+    ``ablation`` (beyond it their scores come from the first variants of the L=10 pass),
+    and the sequential rows' guarded runs on the first ``sequential`` answers. None: all.
+    """
+
+    sampling: int | None = None
+    ablation: int | None = None
+    sequential: int | None = None
+
+    def needs(self, index: int) -> dict[str, bool]:
+        """The parts question ``index`` gets."""
+        return {"sampling": self.sampling is None or index < self.sampling,
+                "ablation": self.ablation is None or index < self.ablation}  # fmt: skip
+
+    def covered(self, record: dict[str, Any]) -> bool:
+        """Whether a cached record has every part its question needs now."""
+        had = record.get("parts", {"sampling": True, "ablation": True})
+        return all(had[part] or not need for part, need in self.needs(record["index"]).items())
 
 
 def prompt(question: str) -> list[ChatMessage]:
@@ -137,6 +163,7 @@ def score_batch(
     para: FixedVariants | None,
     similarity: Any,
     max_new_tokens: int,
+    parts: Parts,
 ) -> list[dict[str, Any]]:
     """Every method on one batch; one record per question (``scores`` empty: no answer)."""
     clock = Clock()
@@ -144,33 +171,42 @@ def score_batch(
     with clock.stage("generate"):
         out = backend.generate([prompt(e.question) for e in examples],
                                max_new_tokens=max_new_tokens, top_k=K_MAX)  # fmt: skip
-    records = [
+    records: list[dict[str, Any]] = [
         {"index": i, "question": e.question,
          "answer": g.text if isinstance(g, Generation) else "", "scores": {}, "variants": {}}
         for (i, e), g in zip(chunk, out, strict=True)
     ]  # fmt: skip
-    kept = [(r, e, g) for r, e, g in zip(records, examples, out, strict=True)
-            if isinstance(g, Generation) and g.token_ids]  # fmt: skip
-    if kept:
-        _score(backend, clock, kept, para=para, similarity=similarity,
-               max_new_tokens=max_new_tokens)  # fmt: skip
     for record in records:
-        record["seconds"] = {stage: s / len(chunk) for stage, s in clock.seconds.items()}
+        record["seconds"] = {"generate": clock.seconds["generate"] / len(chunk)}
+        record["parts"] = parts.needs(record["index"])
+    groups: dict[tuple[bool, bool], list[Any]] = defaultdict(list)
+    for r, e, g in zip(records, examples, out, strict=True):
+        if isinstance(g, Generation) and g.token_ids:
+            groups[r["parts"]["ablation"], r["parts"]["sampling"]].append((r, e, g))
+    for (ablation, sampling), kept in groups.items():
+        seconds = _score(backend, kept, para=para, similarity=similarity,
+                         max_new_tokens=max_new_tokens, ablation=ablation,
+                         sampling=sampling)  # fmt: skip
+        for r, _, _ in kept:
+            r["seconds"] |= {stage: s / len(kept) for stage, s in seconds.items()}
     return records
 
 
 def _score(
     backend: HFBackend,
-    clock: Clock,
     kept: list[tuple[dict[str, Any], Example, Generation]],
     *,
     para: FixedVariants | None,
     similarity: Any,
     max_new_tokens: int,
-) -> None:
+    ablation: bool,
+    sampling: bool,
+) -> dict[str, float]:
+    """Every method on answers already generated; the seconds of each stage."""
+    clock = Clock()
     records, examples, gens = (list(x) for x in zip(*kept, strict=True))
     socs = [SkipOneChar().variants(e.question, L_MAX, seed=0) for e in examples]
-    for n_variants in (*LS, L_MAX):
+    for n_variants in (*LS, L_MAX) if ablation else (L_MAX,):
         with clock.stage(f"force L={n_variants}"):
             forced = _force_some(backend, examples, gens, [v[:n_variants] for v in socs])
         for r, g, f in zip(records, gens, forced, strict=True):
@@ -181,10 +217,14 @@ def _score(
         r["scores"]["mean token entropy"] = mean_token_entropy(g.topk.values)
         if f is None:
             continue
+        if not ablation:  # the first L of the same variants, forced in the L=10 pass
+            for n_variants in LS:
+                esi = esi_score(g.topk, f.variants[:n_variants])
+                r["scores"][f"ESI(SOC) L={n_variants}"] = esi.score
         r["variants"]["ESI(SOC)"] = list(esi_score(g.topk, f.variants).variant_scores)
         for k in KS:
-            ablation = [v.head(k) for v in f.variants]
-            r["scores"][f"ESI(SOC) k={k}"] = esi_score(g.topk.head(k), ablation).score
+            heads = [v.head(k) for v in f.variants]
+            r["scores"][f"ESI(SOC) k={k}"] = esi_score(g.topk.head(k), heads).score
         for distance in DISTANCES:
             esi = esi_score(g.topk, f.variants, distance=distance)  # type: ignore[arg-type]
             r["scores"][f"ESI(SOC) {distance}"] = esi.score
@@ -205,6 +245,21 @@ def _score(
             r["scores"]["ESI(Para) L=10"] = esi.score
             r["scores"]["ESI(Para) L=5"] = esi_score(g.topk, f.variants[:5]).score
             r["variants"]["ESI(Para)"] = list(esi.variant_scores)
+    if sampling:
+        _sampling(backend, clock, records, examples, gens, similarity, max_new_tokens)
+    return dict(clock.seconds)
+
+
+def _sampling(
+    backend: HFBackend,
+    clock: Clock,
+    records: list[dict[str, Any]],
+    examples: list[Example],
+    gens: list[Generation],
+    similarity: Any,
+    max_new_tokens: int,
+) -> None:
+    """The sampling baselines and P(True)."""
     with clock.stage("sample"):
         samples = backend.sample(
             [prompt(e.question) for e in examples], n=N_SAMPLES, temperature=TEMPERATURE,
@@ -235,11 +290,13 @@ def run_closed(
     max_disagreement: float,
     cache_dir: Path,
     shard: tuple[int, int],
+    parts: Parts | None = None,
 ) -> list[dict[str, Any]]:
     """Score this shard's questions (resuming); every method's records once all are scored.
 
     Returns no records while another shard still has questions to score.
     """
+    parts = parts or Parts()
     if not isinstance(backend, Sampler):  # the sampling baselines need one
         msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
         raise ConfigurationError(msg)
@@ -253,14 +310,15 @@ def run_closed(
     cache = Cache(cache_dir, f"{dataset}-closed", header)
     k, n = shard
     done = cache.done()
-    todo = [(i, e) for i, e in enumerate(examples) if i % n == k and i not in done]
+    todo = [(i, e) for i, e in enumerate(examples)
+            if i % n == k and not (i in done and parts.covered(done[i]))]  # fmt: skip
     for start in range(0, len(todo), batch):
         cache.add(shard, score_batch(backend, todo[start : start + batch], para=para,
                                      similarity=semantic.similarity,
-                                     max_new_tokens=max_new_tokens))  # fmt: skip
+                                     max_new_tokens=max_new_tokens, parts=parts))  # fmt: skip
         print(f"  {dataset} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
     done = cache.done()
-    rows = [done[i] for i in range(len(examples)) if i in done]
+    rows = [done[i] for i in range(len(examples)) if i in done and parts.covered(done[i])]
     if len(rows) < len(examples):
         print(f"  {dataset}: {len(rows)}/{len(examples)} scored; the other shards go on",
               flush=True)  # fmt: skip
@@ -268,7 +326,7 @@ def run_closed(
     return report(backend, examples, rows, cache, semantic=semantic,
                   intervention={"ESI(SOC)": SkipOneChar(), "ESI(Para)": para},
                   max_new_tokens=max_new_tokens, batch=batch, max_disagreement=max_disagreement,
-                  shard=shard)  # fmt: skip
+                  shard=shard, sequential=parts.sequential)  # fmt: skip
 
 
 def report(
@@ -283,82 +341,66 @@ def report(
     batch: int,
     max_disagreement: float,
     shard: tuple[int, int],
+    sequential: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Every method's records on one data set, the sequential rows included."""
-    # Questions every method scored (SOC has no variant of a question without a long
-    # enough word): every AUROC is on the same questions, so they pair.
-    methods = list(dict.fromkeys(m for r in rows for m in r["scores"]))
-    kept = [(e, r) for e, r in zip(examples, rows, strict=True)
-            if r["scores"] and all(m in r["scores"] for m in methods)]  # fmt: skip
+    """Every method's records on one data set, the sequential rows included.
+
+    Each method's AUROC is on the questions it scored (all of them for ESI and the free
+    signals; the first ``--sampling-limit`` for the sampling baselines); each paired
+    difference on the questions both methods scored.
+    """
+    kept = [(e, r) for e, r in zip(examples, rows, strict=True) if ESI in r["scores"]]
     labeller: Labeller = semantic if any(e.incorrect for e in examples) else Containment()
     questions, answers = [e.question for e, _ in kept], [r["answer"] for _, r in kept]
     right = labeller.label(questions, answers, [e.answers for e, _ in kept],
                            [e.incorrect for e, _ in kept])  # fmt: skip
-    wrong = [int(not ok) for ok in right]
-    n = len(kept)
-    seconds: dict[str, float] = defaultdict(float)
-    for r in rows:
-        for stage, s in r["seconds"].items():
-            seconds[stage] += s
-    t = defaultdict(lambda: float("nan"), {stage: s / max(n, 1) for stage, s in seconds.items()})
+    wrong = {r["index"]: int(not ok) for (_, r), ok in zip(kept, right, strict=True)}
+    methods = list(dict.fromkeys(m for _, r in kept for m in r["scores"]))
+    values = {m: {r["index"]: r["scores"][m] for _, r in kept if m in r["scores"]}
+              for m in methods}  # fmt: skip
+    t = _stage_seconds(rows)
     plain = t["generate"]
-    cost = {
-        **{f"ESI(SOC) L={L}": plain + t[f"force L={L}"] for L in (*LS, L_MAX)},
-        **{f"ESI(SOC) k={k}": plain + t[f"force L={L_MAX}"] for k in KS},
-        **{f"ESI(SOC) {d}": plain + t[f"force L={L_MAX}"] for d in DISTANCES},
-        "ESI(Para) L=10": plain + t["force para"],
-        "ESI(Para) L=5": plain + t["force para"] / 2,
-        SUPPORT_ALL: plain + t[f"force L={L_MAX}"],
-        **{name: plain + t[f"force {name}"] for name in FIDELITY},
-        "NLL (greedy)": plain,
-        "mean token entropy": plain,
-        "LN-PE": plain + t["sample"],
-        "lexical similarity (ROUGE-L)": plain + t["sample"] + t["rouge"],
-        "semantic entropy": plain + t["sample"] + t["embed"] / 2,
-        "SAR (sentence)": plain + t["sample"] + t["embed"] / 2,
-        "P(True)": plain + t["p_true"],
-    }
     dataset = cache.name.removesuffix("-closed")
-    common = {"dataset": dataset, "n": n, "accuracy": 1 - sum(wrong) / n,
+    n = len(kept)
+    common = {"dataset": dataset, "accuracy": 1 - sum(wrong.values()) / n,
               "labels": labeller.name, "n_unscored": len(rows) - n}  # fmt: skip
+    combined = _combined(values, wrong)
+    if combined is not None:
+        values[COMBINED] = combined
     records = []
-    for method in methods:
-        values = [r["scores"][method] for _, r in kept]
-        estimate = bootstrap(auroc, values, wrong, n_resamples=2000)
-        records.append({
-            **common, "method": method, "auroc": estimate.value, "auroc_low": estimate.low,
-            "auroc_high": estimate.high, "seconds_per_example": cost[method],
-            "extra_seconds_per_example": cost[method] - plain, "note": NOTES.get(method, ""),
-        })  # fmt: skip
-    records.append({**common, "method": "plain greedy answer", "auroc": None,
+    for method, scores in values.items():
+        labels = [wrong[i] for i in scores]
+        estimate = bootstrap(auroc, list(scores.values()), labels, n_resamples=2000)
+        cost = plain + _extra(method, t)
+        record = {
+            **common, "method": method, "n": len(scores), "auroc": estimate.value,
+            "auroc_low": estimate.low, "auroc_high": estimate.high,
+            "seconds_per_example": cost, "extra_seconds_per_example": cost - plain,
+            "note": NOTES.get(method, ""),
+        }  # fmt: skip
+        if method == COMBINED:
+            record["ece"] = expected_calibration_error(list(scores.values()), labels)
+        records.append(record)
+    records.append({**common, "method": "plain greedy answer", "n": n, "auroc": None,
                     "seconds_per_example": plain, "extra_seconds_per_example": 0.0,
                     "note": "no guard"})  # fmt: skip
-    by_method = {m: [r["scores"][m] for _, r in kept] for m in methods}
-    combined = _combined(by_method, wrong)
-    if combined is not None:
-        estimate = bootstrap(auroc, combined, wrong, n_resamples=2000)
-        records.append({
-            **common, "method": COMBINED, "auroc": estimate.value, "auroc_low": estimate.low,
-            "auroc_high": estimate.high, "seconds_per_example": cost[ESI],
-            "extra_seconds_per_example": cost[ESI] - plain,
-            "ece": expected_calibration_error(combined, wrong),
-            "note": "P(wrong) from ESI(SOC) L=10, NLL, entropy; fitted on one half, "
-            "measured on the other (both ways)",
-        })  # fmt: skip
-        by_method[COMBINED] = combined
-    for first, second in _pairs(by_method, wrong):
-        diff = paired_difference(auroc, by_method[first], by_method[second], wrong,
+    for first, second in _pairs(values, wrong):
+        both = [i for i in values[first] if i in values[second]]
+        diff = paired_difference(auroc, [values[first][i] for i in both],
+                                 [values[second][i] for i in both], [wrong[i] for i in both],
                                  n_resamples=2000)  # fmt: skip
         records.append({**common, "method": f"{first} - {second}", "paired": True,
-                        "auroc_difference": diff.value, "low": diff.low,
+                        "n": len(both), "auroc_difference": diff.value, "low": diff.low,
                         "high": diff.high})  # fmt: skip
-    messages = [[("system", SYSTEM), ("human", e.question)] for e, _ in kept]
+    head = kept[:sequential]
+    messages = [[("system", SYSTEM), ("human", e.question)] for e, _ in head]
     for name, method in intervention.items():
-        if method is None or name not in kept[0][1]["variants"]:
+        if method is None or any(name not in r["variants"] for _, r in head):
             continue
         row = sequential_row(
-            backend, messages, [r["variants"][name] for _, r in kept], wrong,
-            indices=[r["index"] for _, r in kept], name=name, intervention=method,
+            backend, messages, [r["variants"][name] for _, r in head],
+            [wrong[r["index"]] for _, r in head], indices=[r["index"] for _, r in head],
+            name=name, intervention=method,
             cache=Cache(cache.directory, f"{dataset}-{_slug(name)}", cache.header),
             shard=shard, generate_seconds=plain, max_new_tokens=max_new_tokens, batch=batch,
             max_disagreement=max_disagreement,
@@ -368,23 +410,51 @@ def report(
     return records
 
 
-def _combined(values: dict[str, list[float]], wrong: list[int]) -> list[float] | None:
+def _stage_seconds(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per question of each stage, over the questions that ran it."""
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for r in rows:
+        for stage, s in r["seconds"].items():
+            total[stage] += s
+            count[stage] += 1
+    return defaultdict(lambda: float("nan"), {k: total[k] / count[k] for k in total})
+
+
+def _extra(method: str, t: dict[str, float]) -> float:
+    """Seconds per question a method needs beyond the greedy answer."""
+    full = t[f"force L={L_MAX}"]
+    sampled = t["sample"] + (t["rouge"] if "ROUGE" in method else t["embed"] / 2)
+    extra = {
+        **{f"ESI(SOC) L={L}": t[f"force L={L}"] for L in LS},
+        "ESI(Para) L=10": t["force para"], "ESI(Para) L=5": t["force para"] / 2,
+        **{name: t[f"force {name}"] for name in FIDELITY},
+        "NLL (greedy)": 0.0, "mean token entropy": 0.0, "LN-PE": t["sample"],
+        "lexical similarity (ROUGE-L)": sampled, "semantic entropy": sampled,
+        "SAR (sentence)": sampled, "P(True)": t["p_true"],
+    }  # fmt: skip
+    return extra.get(method, full)  # the rest come from the L=10 pass (combined too)
+
+
+def _combined(
+    values: dict[str, dict[int, float]], wrong: dict[int, int]
+) -> dict[int, float] | None:
     """Cross-fitted P(wrong): each half's from the model fitted on the other half."""
     names = {"esi": ESI, "nll": "NLL (greedy)", "entropy": "mean token entropy"}
-    signals = [{k: values[m][i] for k, m in names.items()} for i in range(len(wrong))]
-    halves = [list(range(0, len(wrong), 2)), list(range(1, len(wrong), 2))]
-    out = [0.0] * len(wrong)
+    order = list(values[ESI])
+    signals = {i: {k: values[m][i] for k, m in names.items()} for i in order}
+    halves = [order[0::2], order[1::2]]
+    out: dict[int, float] = {}
     for fit, apply in (halves, halves[::-1]):
         try:
             model = fit_combined([signals[i] for i in fit], [wrong[i] for i in fit])
         except ConfigurationError:  # too few right (or wrong) answers in a half
             return None
-        for i in apply:
-            out[i] = model.p_wrong(signals[i])
-    return out
+        out |= {i: model.p_wrong(signals[i]) for i in apply}
+    return {i: out[i] for i in order}
 
 
-def _pairs(values: dict[str, list[float]], wrong: list[int]) -> list[tuple[str, str]]:
+def _pairs(values: dict[str, dict[int, float]], wrong: dict[int, int]) -> list[tuple[str, str]]:
     """The paired comparisons the report gives.
 
     ESI against each other method, the default against each fidelity choice, and the
@@ -396,7 +466,8 @@ def _pairs(values: dict[str, list[float]], wrong: list[int]) -> list[tuple[str, 
         pairs.append(("ESI(Para) L=10", "ESI(Para) L=5"))
     if COMBINED in values:
         parts = (ESI, "NLL (greedy)", "mean token entropy")
-        best = max(parts, key=lambda m: auroc(values[m], wrong))
+        best = max(parts, key=lambda m: auroc(list(values[m].values()),
+                                              [wrong[i] for i in values[m]]))  # fmt: skip
         pairs.append((COMBINED, best))
     return pairs
 

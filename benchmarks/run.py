@@ -38,7 +38,7 @@ from esi_guard.calibration.labels import Semantic
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.closed_book import run_closed
+from benchmarks.closed_book import Parts, run_closed
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
 
@@ -176,6 +176,12 @@ def main() -> None:
         help="score the questions i with i %% N == K (run N side by side; a report "
         "comes once every shard is done)",
     )
+    for part, what in (("sampling", "the sampling baselines and P(True)"),
+                       ("ablation", "the L=2/3/5 passes timed on their own"),
+                       ("sequential", "the sequential rows")):  # fmt: skip
+        parser.add_argument(f"--{part}-limit", type=int, metavar="N",
+                            help=f"closed-book sets: {what} on the first N questions only "
+                            "(default: all)")  # fmt: skip
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -190,8 +196,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.table:
-        records = [r for path in args.table for r in json.loads(path.read_text())]
-        table = markdown(records)
+        earlier = [r for path in args.table for r in json.loads(path.read_text())]
+        table = markdown(earlier)
         print(table)
         if args.markdown:
             args.markdown.write_text(table + "\n")
@@ -212,13 +218,14 @@ def main() -> None:
             print(f"  {path.parent.name}: kept from {args.json}", flush=True)
             continue
         k, _, n = args.shard.partition("/")
-        settings = {"limit": args.limit, "max_new_tokens": args.max_new_tokens,
+        settings: dict[str, Any] = {"limit": args.limit, "max_new_tokens": args.max_new_tokens,
                     "batch": args.batch, "semantic": semantic, "cache_dir": args.cache,
                     "shard": (int(k), int(n))}  # fmt: skip
         if _has_passages(path):
             records += run_rag(backend, path, **settings)
         else:
-            records += run_closed(backend, path, **settings,
+            parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit)
+            records += run_closed(backend, path, **settings, parts=parts,
                                   max_disagreement=args.max_disagreement)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)

@@ -66,16 +66,18 @@ def data(tmp_path: Path) -> Path:
 
 
 def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tuple[int, int],
-         kill_after: int | None = None, limit: int = 7) -> tuple[list[int], Any]:  # fmt: skip
+         kill_after: int | None = None, limit: int = 7,
+         parts: closed_book.Parts | None = None) -> tuple[list[int], Any]:  # fmt: skip
     scored: list[int] = []
     reports: list[Any] = []
 
-    def score_batch(backend: Any, chunk: list[Any], **_: Any) -> list[dict[str, Any]]:
+    def score_batch(backend: Any, chunk: list[Any], **kwargs: Any) -> list[dict[str, Any]]:
         if kill_after is not None and len(scored) >= kill_after:
             raise _Killed
         scored.extend(i for i, _ in chunk)
         return [{"index": i, "question": e.question, "answer": "a", "scores": {"m": 0.5},
-                 "variants": {}, "seconds": {"generate": 1.0}} for i, e in chunk]  # fmt: skip
+                 "variants": {}, "seconds": {"generate": 1.0},
+                 "parts": kwargs["parts"].needs(i)} for i, e in chunk]  # fmt: skip
 
     def report(backend: Any, examples: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
         reports.append([r["index"] for r in rows])
@@ -86,7 +88,7 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
     try:
         out = closed_book.run_closed(
             _Sampling(), data, limit=limit, max_new_tokens=4, batch=2, semantic=Semantic(),  # type: ignore[arg-type]
-            max_disagreement=0.05, cache_dir=cache, shard=shard,
+            max_disagreement=0.05, cache_dir=cache, shard=shard, parts=parts,
         )  # fmt: skip
     except _Killed:
         out = None
@@ -121,6 +123,21 @@ def test_a_larger_limit_adds_questions_to_the_same_cache(
     small, _ = _run(data, cache, monkeypatch, shard=(0, 1), limit=3)
     more, (_, reports) = _run(data, cache, monkeypatch, shard=(0, 1), limit=7)
     assert len(small) == 3 and len(more) == 4 and reports == [list(range(7))]
+
+
+def test_questions_past_a_parts_limit_are_scored_again_when_the_limit_grows(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    few = closed_book.Parts(sampling=3, ablation=7)
+    assert few.needs(2) == {"sampling": True, "ablation": True}
+    assert few.needs(3) == {"sampling": False, "ablation": True}
+    first, _ = _run(data, cache, monkeypatch, shard=(0, 1), parts=few)
+    again, _ = _run(data, cache, monkeypatch, shard=(0, 1), parts=few)
+    assert len(first) == 7 and again == []  # covered: nothing to redo
+    more, (_, reports) = _run(data, cache, monkeypatch, shard=(0, 1),
+                              parts=closed_book.Parts(sampling=5))  # fmt: skip
+    assert more == [3, 4] and reports == [list(range(7))]
 
 
 def test_sequential_rows_resume_from_their_cache(
