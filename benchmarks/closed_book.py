@@ -28,6 +28,7 @@ from esi_guard.baselines import (
     mean_token_entropy,
     neg_log_likelihood,
     p_true,
+    sar,
     semantic_entropy,
     sentence_sar,
 )
@@ -41,6 +42,7 @@ from esi_guard.calibration.metrics import (
 )
 from esi_guard.calibration.prompts import DEFAULT_SYSTEM
 from esi_guard.combined import fit_combined
+from esi_guard.nli import NLIModel
 
 __all__ = ["prompt", "run_closed"]
 
@@ -66,6 +68,7 @@ NOTES = {
     "(paper: DeBERTa-MNLI)",
     "SAR (sentence)": f"relevance: {EMBEDDINGS} (paper: RoBERTa cross-encoder); sentence "
     "level only",
+    "SAR": f"token and sentence relevance: {EMBEDDINGS} (paper: RoBERTa cross-encoder)",
     "ESI(Para) L=10": "precomputed paraphrases (paraphrase.jsonl), SOC top-up",
     "ESI(Para) L=5": "the paper's L for Para: the first 5 of the L=10 pass (time: half)",
     SUPPORT_ALL: "union over all the answer's distributions (the authors' code)",
@@ -73,6 +76,33 @@ NOTES = {
     "ESI(SOC) exact words": "ceil(p*n) eligible words edited, as the authors' code",
     "ESI(SOC) kl": "KL(original || variant), the paper's direction",
 }
+
+
+@dataclass(frozen=True)
+class Judges:
+    """What decides meaning for the semantic baselines: embeddings, or a local NLI model."""
+
+    similarity: Any
+    """The packaged MiniLM's cosine similarity (texts -> n x n)."""
+    nli: NLIModel | None = None
+    """``--nli MODEL``: entailment both ways clusters semantic entropy, and its scores are
+    SAR's relevance (the papers' choice); None keeps the embeddings."""
+
+    def semantic_entropy(self, samples: list[Sample]) -> float:
+        if self.nli is None:
+            return semantic_entropy(samples, self.similarity, SE_THRESHOLD)
+        return semantic_entropy(samples, self.nli.equivalence, 0.5)
+
+    @property
+    def relevance(self) -> Any:
+        return self.similarity if self.nli is None else self.nli.relevance
+
+    @property
+    def pairs(self) -> Any:
+        return None if self.nli is None else self.nli.pair_scores
+
+    def describe(self) -> str | None:
+        return None if self.nli is None else self.nli.name
 
 
 @dataclass(frozen=True)
@@ -161,7 +191,7 @@ def score_batch(
     chunk: list[tuple[int, Example]],
     *,
     para: FixedVariants | None,
-    similarity: Any,
+    judges: Judges,
     max_new_tokens: int,
     parts: Parts,
 ) -> list[dict[str, Any]]:
@@ -184,7 +214,7 @@ def score_batch(
         if isinstance(g, Generation) and g.token_ids:
             groups[r["parts"]["ablation"], r["parts"]["sampling"]].append((r, e, g))
     for (ablation, sampling), kept in groups.items():
-        seconds = _score(backend, kept, para=para, similarity=similarity,
+        seconds = _score(backend, kept, para=para, judges=judges,
                          max_new_tokens=max_new_tokens, ablation=ablation,
                          sampling=sampling)  # fmt: skip
         for r, _, _ in kept:
@@ -197,7 +227,7 @@ def _score(
     kept: list[tuple[dict[str, Any], Example, Generation]],
     *,
     para: FixedVariants | None,
-    similarity: Any,
+    judges: Judges,
     max_new_tokens: int,
     ablation: bool,
     sampling: bool,
@@ -246,7 +276,7 @@ def _score(
             r["scores"]["ESI(Para) L=5"] = esi_score(g.topk, f.variants[:5]).score
             r["variants"]["ESI(Para)"] = list(esi.variant_scores)
     if sampling:
-        _sampling(backend, clock, records, examples, gens, similarity, max_new_tokens)
+        _sampling(backend, clock, records, examples, gens, judges, max_new_tokens)
     return dict(clock.seconds)
 
 
@@ -256,7 +286,7 @@ def _sampling(
     records: list[dict[str, Any]],
     examples: list[Example],
     gens: list[Generation],
-    similarity: Any,
+    judges: Judges,
     max_new_tokens: int,
 ) -> None:
     """The sampling baselines and P(True)."""
@@ -271,9 +301,12 @@ def _sampling(
         r["scores"]["LN-PE"] = ln_pe(usable)
         with clock.stage("rouge"):
             r["scores"]["lexical similarity (ROUGE-L)"] = lexical_similarity(usable)
-        with clock.stage("embed"):
-            r["scores"]["semantic entropy"] = semantic_entropy(usable, similarity, SE_THRESHOLD)
-            r["scores"]["SAR (sentence)"] = sentence_sar(usable, similarity)
+        with clock.stage("judge semantic entropy"):
+            r["scores"]["semantic entropy"] = judges.semantic_entropy(usable)
+        with clock.stage("judge SAR (sentence)"):
+            r["scores"]["SAR (sentence)"] = sentence_sar(usable, judges.relevance)
+        with clock.stage("judge SAR"):
+            r["scores"]["SAR"] = sar(usable, judges.similarity, pairs=judges.pairs)
     with clock.stage("p_true"):
         for r, value in zip(records, p_true_scores(backend, examples, gens), strict=True):
             r["scores"]["P(True)"] = value
@@ -291,12 +324,14 @@ def run_closed(
     cache_dir: Path,
     shard: tuple[int, int],
     parts: Parts | None = None,
+    nli: NLIModel | None = None,
 ) -> list[dict[str, Any]]:
     """Score this shard's questions (resuming); every method's records once all are scored.
 
     Returns no records while another shard still has questions to score.
     """
     parts = parts or Parts()
+    judges = Judges(semantic.similarity, nli)
     if not isinstance(backend, Sampler):  # the sampling baselines need one
         msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
         raise ConfigurationError(msg)
@@ -306,7 +341,7 @@ def run_closed(
     para = FixedVariants.from_jsonl(para_file) if para_file.is_file() else None
     header = {"data": str(path), "model": backend.model_id, "max_new_tokens": max_new_tokens,
               "system": SYSTEM, "L": L_MAX, "k": K_MAX, "soc": SkipOneChar().describe(),
-              "methods": 2}  # fmt: skip
+              "methods": 3, "nli": judges.describe()}  # fmt: skip
     cache = Cache(cache_dir, f"{dataset}-closed", header)
     k, n = shard
     done = cache.done()
@@ -314,7 +349,7 @@ def run_closed(
             if i % n == k and not (i in done and parts.covered(done[i]))]  # fmt: skip
     for start in range(0, len(todo), batch):
         cache.add(shard, score_batch(backend, todo[start : start + batch], para=para,
-                                     similarity=semantic.similarity,
+                                     judges=judges,
                                      max_new_tokens=max_new_tokens, parts=parts))  # fmt: skip
         print(f"  {dataset} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
     done = cache.done()
@@ -359,6 +394,12 @@ def report(
     values = {m: {r["index"]: r["scores"][m] for _, r in kept if m in r["scores"]}
               for m in methods}  # fmt: skip
     t = _stage_seconds(rows)
+    notes = dict(NOTES)
+    if cache.header.get("nli"):
+        model = cache.header["nli"]
+        notes |= {"semantic entropy": f"equivalence: entailment both ways by {model}",
+                  "SAR (sentence)": f"relevance: {model}; sentence level only",
+                  "SAR": f"token and sentence relevance: {model}"}  # fmt: skip
     plain = t["generate"]
     dataset = cache.name.removesuffix("-closed")
     n = len(kept)
@@ -376,7 +417,7 @@ def report(
             **common, "method": method, "n": len(scores), "auroc": estimate.value,
             "auroc_low": estimate.low, "auroc_high": estimate.high,
             "seconds_per_example": cost, "extra_seconds_per_example": cost - plain,
-            "note": NOTES.get(method, ""),
+            "note": notes.get(method, ""),
         }  # fmt: skip
         if method == COMBINED:
             record["ece"] = expected_calibration_error(list(scores.values()), labels)
@@ -395,7 +436,7 @@ def report(
     head = kept[:sequential]
     messages = [[("system", SYSTEM), ("human", e.question)] for e, _ in head]
     for name, method in intervention.items():
-        if method is None or any(name not in r["variants"] for _, r in head):
+        if method is None or not head or any(name not in r["variants"] for _, r in head):
             continue
         row = sequential_row(
             backend, messages, [r["variants"][name] for _, r in head],
@@ -424,14 +465,14 @@ def _stage_seconds(rows: list[dict[str, Any]]) -> dict[str, float]:
 def _extra(method: str, t: dict[str, float]) -> float:
     """Seconds per question a method needs beyond the greedy answer."""
     full = t[f"force L={L_MAX}"]
-    sampled = t["sample"] + (t["rouge"] if "ROUGE" in method else t["embed"] / 2)
+    sampled = t["sample"] + (t["rouge"] if "ROUGE" in method else t[f"judge {method}"])
     extra = {
         **{f"ESI(SOC) L={L}": t[f"force L={L}"] for L in LS},
         "ESI(Para) L=10": t["force para"], "ESI(Para) L=5": t["force para"] / 2,
         **{name: t[f"force {name}"] for name in FIDELITY},
         "NLL (greedy)": 0.0, "mean token entropy": 0.0, "LN-PE": t["sample"],
         "lexical similarity (ROUGE-L)": sampled, "semantic entropy": sampled,
-        "SAR (sentence)": sampled, "P(True)": t["p_true"],
+        "SAR (sentence)": sampled, "SAR": sampled, "P(True)": t["p_true"],
     }  # fmt: skip
     return extra.get(method, full)  # the rest come from the L=10 pass (combined too)
 

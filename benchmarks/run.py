@@ -35,6 +35,7 @@ from typing import Any
 from esi_guard import HFBackend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.labels import Semantic
+from esi_guard.nli import NLIModel
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -183,6 +184,12 @@ def main() -> None:
                             help=f"closed-book sets: {what} on the first N questions only "
                             "(default: all)")  # fmt: skip
     parser.add_argument(
+        "--nli",
+        metavar="MODEL",
+        help="a local NLI or cross-encoder model (folder) for semantic entropy and SAR; "
+        "default: the packaged MiniLM embeddings",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the data sets already in --json and run only the others",
@@ -209,6 +216,7 @@ def main() -> None:
         HFBackend.default() if args.model == "default" else HFBackend.from_pretrained(args.model)
     )
     semantic = Semantic()
+    nli = NLIModel(args.nli) if args.nli else None
     records: list[dict[str, Any]] = []
     if args.resume and args.json.is_file():
         records = json.loads(args.json.read_text())
@@ -225,7 +233,7 @@ def main() -> None:
             records += run_rag(backend, path, **settings)
         else:
             parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit)
-            records += run_closed(backend, path, **settings, parts=parts,
+            records += run_closed(backend, path, **settings, parts=parts, nli=nli,
                                   max_disagreement=args.max_disagreement)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)

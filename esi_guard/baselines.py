@@ -18,7 +18,9 @@ Configured as in the ESI paper's appendix ("Baseline Implementation Details"):
 * :func:`lexical_similarity`: 1 - mean pairwise ROUGE-L F among samples;
 * :func:`p_true`: 1 - P(True) of the model judging its own greedy answer;
 * :func:`sentence_sar`: SAR's sentence-relevance-weighted entropy (Duan et al. 2024) with
-  embedding similarity as relevance.
+  embedding similarity as relevance; :func:`sar`: SAR in full, tokens weighted by their
+  relevance first, with a cross-encoder or NLI model's scores (:mod:`esi_guard.nli`) or
+  the embedding fallback.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "mean_token_entropy",
     "neg_log_likelihood",
     "p_true",
+    "sar",
     "semantic_entropy",
     "sentence_sar",
 ]
@@ -173,4 +176,61 @@ def sentence_sar(
     relevance = np.clip(np.asarray(similarity([s.text for s in samples]), dtype=np.float64), 0, 1)
     np.fill_diagonal(relevance, 0.0)
     shifted = probs + (relevance @ probs) / temperature
+    return float(-np.log(shifted).mean())
+
+
+PairScore = Callable[[Sequence[str], Sequence[str]], np.ndarray]
+"""Scores of text pairs, ``(firsts, seconds) -> (n,)`` in [0, 1]: how much the second keeps
+of the first's meaning (an :class:`~esi_guard.nli.NLIModel`'s ``pair_scores``)."""
+
+
+def sar(
+    samples: Sequence[Sample],
+    similarity: Similarity,
+    temperature: float = 0.001,
+    *,
+    pairs: PairScore | None = None,
+) -> float:
+    """SAR (Duan et al. 2024): relevance-weighted tokens, then relevance-shifted sentences.
+
+    Each sample's tokens are weighted by their relevance, ``1 - sim(answer, answer without
+    the token)`` (normalised to sum 1), so its probability is
+    ``exp(sum_t weight_t * log p_t)`` instead of the plain length-normalised one; the
+    sentence shift of :func:`sentence_sar` then runs on those probabilities. ``sim`` is
+    ``pairs`` when given (a cross-encoder or NLI model, as the paper), else the first row of
+    ``similarity`` over the answer and its token-dropped copies (embeddings).
+
+    Raises:
+        ScoringError: A sample without its tokens' texts (an API backend gives none).
+    """
+    _check(samples, "sar")
+    log_probs = []
+    for sample in samples:
+        if len(sample.tokens) != len(sample.token_logprobs):
+            msg = "token-level SAR needs each sample's token texts (Sample.tokens)"
+            raise ScoringError(msg)
+        dropped = ["".join(sample.tokens[:t] + sample.tokens[t + 1 :]).strip()
+                   for t in range(len(sample.tokens))]  # fmt: skip
+        if pairs is not None:
+            kept = np.asarray(pairs([sample.text] * len(dropped), dropped), dtype=np.float64)
+        else:
+            kept = np.asarray(similarity([sample.text, *dropped]), dtype=np.float64)[0, 1:]
+        relevance = 1.0 - np.clip(kept, 0.0, 1.0)
+        weights = relevance / relevance.sum() if relevance.sum() > 0 else None
+        logps = np.array(sample.token_logprobs)
+        log_probs.append(float(logps @ weights) if weights is not None else float(logps.mean()))
+    probs = np.exp(np.array(log_probs))
+    texts = [s.text for s in samples]
+    if pairs is not None:
+        n = len(texts)
+        grid = [(i, j) for i in range(n) for j in range(n) if i != j]
+        matrix = np.zeros((n, n))
+        scores = pairs([texts[i] for i, _ in grid], [texts[j] for _, j in grid])
+        for (i, j), value in zip(grid, scores, strict=True):
+            matrix[i, j] = value
+        relevance_matrix = np.clip((matrix + matrix.T) / 2, 0, 1)
+    else:
+        relevance_matrix = np.clip(np.asarray(similarity(texts), dtype=np.float64), 0, 1)
+    np.fill_diagonal(relevance_matrix, 0.0)
+    shifted = probs + (relevance_matrix @ probs) / temperature
     return float(-np.log(shifted).mean())

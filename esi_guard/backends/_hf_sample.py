@@ -64,4 +64,5 @@ def sample_answers(
 def _sample(backend: HFBackend, tokens: list[int], logprobs: list[float]) -> Sample:
     stop = next((t for t, token in enumerate(tokens) if token in backend._eos_ids), len(tokens))
     text = str(backend.tokenizer.decode(tokens[:stop], skip_special_tokens=True)).strip()
-    return Sample(text=text, token_logprobs=tuple(logprobs[:stop]))
+    pieces = tuple(str(backend.tokenizer.decode([t])) for t in tokens[:stop])
+    return Sample(text=text, token_logprobs=tuple(logprobs[:stop]), tokens=pieces)

@@ -84,6 +84,8 @@ class Sample:
 
     text: str
     token_logprobs: tuple[float, ...]
+    tokens: tuple[str, ...] = ()
+    """Each token's text, in order (for token-level SAR); empty when a backend gives none."""
 
     @property
     def logprob(self) -> float:

@@ -441,7 +441,11 @@ class LlamaCppBackend(Backend):
             position = len(row) + step
             logits = engine.decode([], [Row(seq, [tokens[seq][-1]], position, [0]) for seq in live])
         return [
-            Sample(text=self._decode(t).strip(), token_logprobs=tuple(lp))
+            Sample(
+                text=self._decode(t).strip(),
+                token_logprobs=tuple(lp),
+                tokens=tuple(self._decode([one]) for one in t),
+            )
             for t, lp in zip(tokens, logprobs, strict=True)
         ]
 
