@@ -229,15 +229,22 @@ class ESIGuard(BaseChatModel):
         ``fallback``, ``abstain_message``) pass through. SOC and Typo interventions are
         rebuilt from the file; others (paraphrases) must be passed in. A file calibrated
         with ``--min-variants`` turns sequential ESI on with its fitted stopping rule
-        (``min_variants=None`` turns it off).
+        (``min_variants=None`` turns it off); one calibrated with ``--score combined``
+        decides on its combined score's ``p_wrong``.
         """
         calibrated = ThresholdFile.read(path)
         expected = calibrated.scoring
         options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
                    "decide_on")  # fmt: skip
         settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
+        if "combined" in kwargs:
+            msg = (
+                "combined comes from the threshold file (its threshold is on that score's "
+                "p_wrong, or on ESI when the file has none): do not pass it"
+            )
+            raise ConfigurationError(msg)
         if calibrated.combined is not None:
-            settings["combined"] = kwargs.pop("combined", calibrated.combined)
+            settings["combined"] = calibrated.combined
         if calibrated.sequential is not None:
             settings.setdefault("stop_constant", calibrated.sequential["constant"])
             settings["min_variants"] = kwargs.pop(

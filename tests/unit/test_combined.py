@@ -126,6 +126,8 @@ def test_calibrate_with_a_combined_score_then_evaluate(
     assert written.combined_report["n_select"] == 40 and 0 <= written.threshold <= 1
     guard = ESIGuard.from_calibration(out, backend=backend)
     assert guard.combined == written.combined
+    with pytest.raises(ConfigurationError, match="from the threshold file"):
+        ESIGuard.from_calibration(out, backend=backend, combined=None)
     evaluated = runner.invoke(cli_module.app, [
         "evaluate", "--threshold", str(out), *common, "--cache", str(tmp_path / "e.jsonl"),
     ])  # fmt: skip
