@@ -10,9 +10,11 @@ can be re-split (another ``--shard``) between sessions.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["Cache"]
 
@@ -24,6 +26,7 @@ class Cache:
         self.directory = directory
         self.name = name
         self.header = header
+        self._checked: set[Path] = set()  # files whose header was read once already
 
     def path(self, shard: tuple[int, int]) -> Path:
         """The file of shard ``k`` of ``n``."""
@@ -40,12 +43,31 @@ class Cache:
     def add(self, shard: tuple[int, int], records: Iterable[dict[str, Any]]) -> None:
         """Append ``records`` to the shard's file (made, with the header, if new)."""
         path = self.path(shard)
-        self._read(path)  # refuses another run's file before anything is written to it
+        if path not in self._checked:  # refuses another run's file before writing to it
+            self._read(path)
+            self._checked.add(path)
+        with path.open("rb") as old:
+            old.seek(-1, 2)
+            cut = old.read(1) != b"\n"  # the last line was cut short by a kill
         with path.open("a", encoding="utf-8") as out:
-            if not path.read_bytes().endswith(b"\n"):
-                out.write("\n")  # after a line a kill cut short
+            if cut:
+                out.write("\n")
             for record in records:
                 out.write(json.dumps(record) + "\n")
+
+    def fill(
+        self,
+        shard: tuple[int, int],
+        todo: Sequence[T],
+        batch: int,
+        score: Callable[[Sequence[T]], Iterable[dict[str, Any]]],
+    ) -> None:
+        """Score ``todo`` in batches of ``batch``, each batch's records kept as it ends."""
+        k, n = shard
+        for start in range(0, len(todo), batch):
+            self.add(shard, score(todo[start : start + batch]))
+            done = min(start + batch, len(todo))
+            print(f"  {self.name} shard {k}/{n}: {done}/{len(todo)}", flush=True)
 
     def _read(self, path: Path) -> dict[int, dict[str, Any]]:
         if not path.exists() or path.stat().st_size == 0:

@@ -306,7 +306,7 @@ def _sampling(
         with clock.stage("judge SAR (sentence)"):
             r["scores"]["SAR (sentence)"] = sentence_sar(usable, judges.relevance)
         with clock.stage("judge SAR"):
-            r["scores"]["SAR"] = sar(usable, judges.similarity, pairs=judges.pairs)
+            r["scores"]["SAR"] = sar(usable, judges.relevance, pairs=judges.pairs)
     with clock.stage("p_true"):
         for r, value in zip(records, p_true_scores(backend, examples, gens), strict=True):
             r["scores"]["P(True)"] = value
@@ -347,11 +347,9 @@ def run_closed(
     done = cache.done()
     todo = [(i, e) for i, e in enumerate(examples)
             if i % n == k and not (i in done and parts.covered(done[i]))]  # fmt: skip
-    for start in range(0, len(todo), batch):
-        cache.add(shard, score_batch(backend, todo[start : start + batch], para=para,
-                                     judges=judges,
-                                     max_new_tokens=max_new_tokens, parts=parts))  # fmt: skip
-        print(f"  {dataset} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
+    cache.fill(shard, todo, batch,
+               lambda chunk: score_batch(backend, list(chunk), para=para, judges=judges,
+                                         max_new_tokens=max_new_tokens, parts=parts))  # fmt: skip
     done = cache.done()
     rows = [done[i] for i in range(len(examples)) if i in done and parts.covered(done[i])]
     if len(rows) < len(examples):

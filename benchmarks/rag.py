@@ -178,10 +178,9 @@ def run_rag(
     done = cache.done()
     todo = [(i, e) for i, e in enumerate(examples) if i % n == k and i not in done]
     pipeline = _pipeline(backend, max_new_tokens)
-    for start in range(0, len(todo), batch):
-        cache.add(shard, _score_batch(pipeline, backend, todo[start : start + batch],
-                                      semantic.similarity))  # fmt: skip
-        print(f"  {path.parent.name} shard {k}/{n}: {start + batch}/{len(todo)}", flush=True)
+    similarity = semantic.similarity
+    cache.fill(shard, todo, batch,
+               lambda chunk: _score_batch(pipeline, backend, list(chunk), similarity))  # fmt: skip
     return report(cache)
 
 

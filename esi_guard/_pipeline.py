@@ -433,7 +433,7 @@ class Pipeline:
         except ScoringError as exc:
             return self.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
-        signals = free_signals(base, item.answer_ids, self.backend.values_kind)
+        signals = free_signals(base, item.answer_ids, self.backend.values_kind, esi.alphas)
         result = self.result(
             item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals
         )

@@ -172,10 +172,17 @@ def sentence_sar(
     """
     _check(samples, "sentence_sar")
     probs = np.exp(np.array([s.mean_logprob for s in samples]))
+    return _sentence_shifted(probs, [s.text for s in samples], similarity, temperature)
+
+
+def _sentence_shifted(
+    probs: np.ndarray, texts: list[str], relevance: Similarity, temperature: float
+) -> float:
+    """SAR's sentence step: mean of ``-log(p_i + sum_{j != i} rel(i, j) p_j / t)``."""
     # Relevance is a score in [0, 1] (SAR's cross-encoder); cosine similarity can be < 0.
-    relevance = np.clip(np.asarray(similarity([s.text for s in samples]), dtype=np.float64), 0, 1)
-    np.fill_diagonal(relevance, 0.0)
-    shifted = probs + (relevance @ probs) / temperature
+    matrix = np.clip(np.asarray(relevance(texts), dtype=np.float64), 0, 1)
+    np.fill_diagonal(matrix, 0.0)
+    shifted = probs + (matrix @ probs) / temperature
     return float(-np.log(shifted).mean())
 
 
@@ -186,7 +193,7 @@ of the first's meaning (an :class:`~esi_guard.nli.NLIModel`'s ``pair_scores``)."
 
 def sar(
     samples: Sequence[Sample],
-    similarity: Similarity,
+    relevance: Similarity,
     temperature: float = 0.001,
     *,
     pairs: PairScore | None = None,
@@ -196,9 +203,10 @@ def sar(
     Each sample's tokens are weighted by their relevance, ``1 - sim(answer, answer without
     the token)`` (normalised to sum 1), so its probability is
     ``exp(sum_t weight_t * log p_t)`` instead of the plain length-normalised one; the
-    sentence shift of :func:`sentence_sar` then runs on those probabilities. ``sim`` is
-    ``pairs`` when given (a cross-encoder or NLI model, as the paper), else the first row of
-    ``similarity`` over the answer and its token-dropped copies (embeddings).
+    sentence step of :func:`sentence_sar` then runs on those probabilities with
+    ``relevance``. ``sim`` is ``pairs`` when given (a cross-encoder or NLI model, as the
+    paper), else the first row of ``relevance`` over the answer and its token-dropped
+    copies (embeddings).
 
     Raises:
         ScoringError: A sample without its tokens' texts (an API backend gives none).
@@ -214,23 +222,10 @@ def sar(
         if pairs is not None:
             kept = np.asarray(pairs([sample.text] * len(dropped), dropped), dtype=np.float64)
         else:
-            kept = np.asarray(similarity([sample.text, *dropped]), dtype=np.float64)[0, 1:]
-        relevance = 1.0 - np.clip(kept, 0.0, 1.0)
-        weights = relevance / relevance.sum() if relevance.sum() > 0 else None
+            kept = np.asarray(relevance([sample.text, *dropped]), dtype=np.float64)[0, 1:]
+        weights = 1.0 - np.clip(kept, 0.0, 1.0)
         logps = np.array(sample.token_logprobs)
-        log_probs.append(float(logps @ weights) if weights is not None else float(logps.mean()))
+        total = weights.sum()
+        log_probs.append(float(logps @ weights / total) if total > 0 else float(logps.mean()))
     probs = np.exp(np.array(log_probs))
-    texts = [s.text for s in samples]
-    if pairs is not None:
-        n = len(texts)
-        grid = [(i, j) for i in range(n) for j in range(n) if i != j]
-        matrix = np.zeros((n, n))
-        scores = pairs([texts[i] for i, _ in grid], [texts[j] for _, j in grid])
-        for (i, j), value in zip(grid, scores, strict=True):
-            matrix[i, j] = value
-        relevance_matrix = np.clip((matrix + matrix.T) / 2, 0, 1)
-    else:
-        relevance_matrix = np.clip(np.asarray(similarity(texts), dtype=np.float64), 0, 1)
-    np.fill_diagonal(relevance_matrix, 0.0)
-    shifted = probs + (relevance_matrix @ probs) / temperature
-    return float(-np.log(shifted).mean())
+    return _sentence_shifted(probs, [s.text for s in samples], relevance, temperature)

@@ -53,7 +53,7 @@ from esi_guard.backends.base import Backend
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.combining import Combined, fit_on_part
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
-from esi_guard.calibration.metrics import auroc, expected_calibration_error
+from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
 from esi_guard.calibration.runner import scoring_config
 from esi_guard.calibration.thresholds import (
     Choice,
@@ -279,7 +279,8 @@ def _combined(run: Run, fraction: float, seed: int) -> Combined:
     console.print(
         f"combined score: fitted on {report['n_fit']} answers; on the other "
         f"{report['n_select']} (threshold chosen there): ECE {report['ece']:.3f}, AUROC "
-        f"P(wrong) {report['auroc_p_wrong']:.3f} vs ESI {report['auroc_esi']:.3f}"
+        f"[95% CI] P(wrong) {Estimate(**report['auroc_p_wrong'])} vs ESI "
+        f"{Estimate(**report['auroc_esi'])}"
     )
     return combined
 
@@ -339,7 +340,8 @@ def evaluate(
     if calibrated.combined is not None:  # the threshold is on P(wrong)
         scores = [float(r["p_wrong"]) for r in run.records if r["scored"]]
         ece = expected_calibration_error(scores, wrong)
-        console.print(f"P(wrong): AUROC {auroc(scores, wrong):.3f}, ECE {ece:.3f}")
+        estimate = bootstrap(auroc, scores, wrong, n_resamples=resamples)
+        console.print(f"P(wrong): AUROC [95% CI] {estimate}, ECE {ece:.3f}")
     accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
     realised_risk = sum(accepted) / len(accepted) if accepted else float("nan")
     console.print(

@@ -8,9 +8,10 @@ falls when a signal rises (monotone in each), fitted by :func:`fit_combined` wit
 strength chosen by stratified cross-validation. It is small enough to live in a threshold
 file as plain numbers (no pickle): ``esi-guard calibrate --score combined``.
 
-Signals (:data:`FEATURES`): ``esi`` (the score), ``nll`` (mean negative log-probability
-of the answer's tokens, each normalised over its position's top-k) and ``entropy`` (mean
-entropy of those truncated distributions, ESI's ``alpha_t``).
+Signals (:data:`FEATURES`): ``esi`` (the score), ``nll`` (the answer's negative
+log-probability, its tokens' summed, each normalised over its position's top-k, as the
+benchmark's "NLL (greedy)") and ``entropy`` (mean entropy of those truncated
+distributions, ESI's ``alpha_t``, as "mean token entropy").
 """
 
 from __future__ import annotations
@@ -34,22 +35,30 @@ STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 """The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
 
 
-def free_signals(original: TopK, answer_ids: Sequence[int], kind: ValueKind) -> dict[str, float]:
+def free_signals(
+    original: TopK, answer_ids: Sequence[int], kind: ValueKind, alphas: np.ndarray | None = None
+) -> dict[str, float]:
     """``nll`` and ``entropy`` of an answer from its original top-k (no model call).
 
-    A token missing from its position's top-k (a forced, non-greedy answer) gets the
-    fill value ESI gives a missing token.
+    ``nll`` is :func:`~esi_guard.baselines.neg_log_likelihood` of the answer's tokens, each
+    normalised over its position's top-k (the benchmark's "NLL (greedy)"); a token missing
+    from its top-k (a forced, non-greedy answer) gets the fill value ESI gives a missing
+    token. ``entropy`` is the mean of ESI's ``alpha_t``: pass them (``ESIScore.alphas``)
+    when they are at hand, else they are computed.
     """
+    from esi_guard.baselines import neg_log_likelihood
+
     valid = original.ids >= 0
+    values = np.where(valid, original.values, -np.inf)
     fill = fill_value(original.values, valid, kind)
-    nll = []
-    for t, token in enumerate(answer_ids):
-        row = original.values[t][valid[t]]
-        where = np.flatnonzero(original.ids[t][valid[t]] == token)
-        kept = row if where.size else np.append(row, fill[t])  # the token joins its row
-        value = row[where[0]] if where.size else fill[t]
-        nll.append(float(np.logaddexp.reduce(kept) - value))
-    return {"nll": float(np.mean(nll)), "entropy": float(truncated_entropy(original).mean())}
+    ids = np.asarray(answer_ids)[:, None]
+    found = (original.ids == ids) & valid
+    value = np.where(found.any(axis=1), np.where(found, values, -np.inf).max(axis=1), fill)
+    # A missing token joins its row at the fill value: the row's mass then includes it.
+    norm = np.logaddexp.reduce(values, axis=1)
+    norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
+    entropy = truncated_entropy(original) if alphas is None else alphas
+    return {"nll": neg_log_likelihood((value - norm).tolist()), "entropy": float(np.mean(entropy))}
 
 
 class CombinedScore(BaseModel):

@@ -54,6 +54,7 @@ class NLIModel:
         self.device = device
         self.batch_size = batch_size
         self.name = str(path)
+        self._last: tuple[tuple[str, ...], tuple[np.ndarray, np.ndarray]] | None = None
         labels = {int(i): str(name).lower() for i, name in self.model.config.id2label.items()}
         self.entailment: int | None = None
         if self.model.config.num_labels > 1:
@@ -89,6 +90,19 @@ class NLIModel:
         return np.asarray(shifted[:, self.entailment] / shifted.sum(axis=1), dtype=np.float64)
 
     def _both_ways(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Pair scores and entailment of every ordered pair of ``texts``.
+
+        The last texts' are kept: ``equivalence`` and ``relevance`` of the same samples
+        run the model once.
+        """
+        key = tuple(texts)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        result = self._score_all(texts)
+        self._last = (key, result)
+        return result
+
+    def _score_all(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         n = len(texts)
         grid = [(i, j) for i in range(n) for j in range(n) if i != j]
         logits = self._logits([texts[i] for i, _ in grid], [texts[j] for _, j in grid])

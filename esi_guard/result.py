@@ -130,9 +130,9 @@ class ESIResult:
     stopped_early: bool = False
     """True when sequential ESI settled the decision before ``n_variants``."""
     signals: dict[str, float] = field(default_factory=dict)
-    """The greedy answer's free signals from the same pass: ``nll`` (mean negative
-    log-probability of its tokens over their top-k) and ``entropy`` (mean entropy of
-    those distributions). Empty when unscored."""
+    """The greedy answer's free signals from the same pass: ``nll`` (its negative
+    log-probability, each token's over its position's top-k) and ``entropy`` (mean entropy
+    of those distributions). Empty when unscored."""
     p_wrong: float | None = None
     """With a combined score (``ESIGuard(combined=...)``, or a threshold file calibrated
     with ``--score combined``): the probability that the answer is wrong, which the

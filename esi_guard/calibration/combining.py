@@ -9,9 +9,10 @@ model never saw, and the calibration error (ECE) is measured there too.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any, NamedTuple
 
-from esi_guard.calibration.metrics import auroc, expected_calibration_error
+from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error
 from esi_guard.combined import CombinedScore, fit_combined
 from esi_guard.exceptions import ConfigurationError
 
@@ -27,7 +28,8 @@ class Combined(NamedTuple):
     wrong: list[int]
     """Their labels."""
     report: dict[str, Any]
-    """``n_fit``, ``n_select``, ``ece`` and the held-out AUROC of ``p_wrong`` and of ESI."""
+    """``n_fit``, ``n_select``, ``ece`` and the held-out AUROC of ``p_wrong`` and of ESI
+    (``value``, ``low``, ``high``: 95% bootstrap)."""
 
 
 def fit_on_part(
@@ -60,11 +62,12 @@ def fit_on_part(
     model = fit_combined([signals[i] for i in fit], [wrong[i] for i in fit], seed=seed)
     p_wrong = [model.p_wrong(signals[i]) for i in held]
     labels = [int(wrong[i]) for i in held]
+    esi = [signals[i]["esi"] for i in held]
     report = {
         "n_fit": len(fit), "n_select": len(held),
         "ece": expected_calibration_error(p_wrong, labels),
-        "auroc_p_wrong": auroc(p_wrong, labels),
-        "auroc_esi": auroc([signals[i]["esi"] for i in held], labels),
+        "auroc_p_wrong": asdict(bootstrap(auroc, p_wrong, labels)),
+        "auroc_esi": asdict(bootstrap(auroc, esi, labels)),
         "weights": dict(zip(model.features, model.weights, strict=True)),
     }  # fmt: skip
     return Combined(model, p_wrong, labels, report)

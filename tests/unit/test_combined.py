@@ -15,7 +15,7 @@ from esi_guard import cli as cli_module
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.metrics import expected_calibration_error
 from esi_guard.combined import CombinedScore, fit_combined, free_signals
-from esi_guard.scoring import TopK
+from esi_guard.scoring import TopK, truncated_entropy
 
 
 def synthetic(n: int, seed: int) -> tuple[list[dict[str, float]], list[int]]:
@@ -63,11 +63,12 @@ def test_too_few_answers_of_a_class_is_a_clear_error() -> None:
 def test_free_signals_match_the_formula() -> None:
     topk = TopK(np.array([[3, 4], [5, 6]]), np.array([[2.0, 1.0], [1.0, 1.0]]))
     got = free_signals(topk, [3, 6], "logits")
-    nll = (-math.log(math.e**2 / (math.e**2 + math.e)) + math.log(2)) / 2
+    nll = -math.log(math.e**2 / (math.e**2 + math.e)) + math.log(2)  # summed over tokens
     assert got["nll"] == pytest.approx(nll)
     p = math.e**2 / (math.e**2 + math.e)
     entropy = (-(p * math.log(p) + (1 - p) * math.log(1 - p)) + math.log(2)) / 2
     assert got["entropy"] == pytest.approx(entropy)
+    assert free_signals(topk, [3, 6], "logits", truncated_entropy(topk)) == got  # given alphas
     # A token outside the top-k gets ESI's fill value: less likely than every kept one.
     assert free_signals(topk, [9, 6], "logits")["nll"] > got["nll"]
 

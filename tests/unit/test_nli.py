@@ -70,6 +70,10 @@ def test_equivalence_needs_entailment_both_ways(
     monkeypatch.setattr(model, "_logits", scripted)
     texts = ["Paris", "the capital is Paris", "a city"]
     assert model.equivalence(texts).tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    calls = []
+    monkeypatch.setattr(model, "_logits", lambda *a: calls.append(a) or scripted(*a))
+    model.relevance(texts)  # the same samples again: the model is not run twice
+    assert calls == []
     samples = [Sample(t, (-0.1,)) for t in texts]
     # Two meanings, not three: the NLI clusters decide semantic entropy.
     two = semantic_entropy(samples, model.equivalence, 0.5)
