@@ -40,7 +40,8 @@ from langchain_core.prompts import PromptTemplate
 from benchmarks.cache import Cache
 from benchmarks.common import Clock, token_logprobs
 from esi_guard import HFBackend, SkipOneChar, esi_score
-from esi_guard._pipeline import GuardedPrompt, Item, Pipeline
+from esi_guard._items import GuardedPrompt, Item
+from esi_guard._pipeline import Pipeline
 from esi_guard._templates import TemplatedPrompt
 from esi_guard.backends import ForcingRequest, Sample
 from esi_guard.baselines import (

@@ -14,8 +14,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from esi_guard._inputs import parse_input
+from esi_guard._items import GuardedPrompt, Item
 from esi_guard._keywords import check_keywords
-from esi_guard._pipeline import GuardedPrompt, Item
 from esi_guard.exceptions import InputError
 
 __all__ = ["item_for", "items", "kept", "prefetched"]

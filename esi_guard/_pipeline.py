@@ -4,8 +4,8 @@ Each prompt travels as one :class:`Item`; a step fills in what it learned (the a
 the variants) or decides the item's ``outcome`` (an unscored result, or the error that
 ``on_error="raise"`` will raise). The steps that talk to the backend or the intervention
 come in a sync and an async form, and a failure of a whole call becomes every item's own
-error (:func:`shield`), so one bad call never takes a batch down. Everything else here
-is pure.
+error (:func:`~esi_guard._shield.shield`), so one bad call never takes a batch down.
+Everything else here is pure.
 
 :meth:`Pipeline.run` (and ``arun``) drives it::
 
@@ -19,13 +19,15 @@ when it traces them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
+from esi_guard._items import Item, Outcome
 from esi_guard._rounds import Rounds
-from esi_guard.backends.base import Backend, ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard._shield import ashield, shield, wrapped
+from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
     BackendError,
@@ -44,95 +46,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Action",
-    "GuardedPrompt",
-    "Item",
     "OnError",
     "Pipeline",
-    "Templated",
     "raised",
-    "shield",
 ]
 
 Action = Literal["flag", "abstain", "route"]
 OnError = Literal["abstain", "flag", "raise"]
-Outcome = ESIResult | BackendError
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Templated:
-    """A prompt rendered from a template whose question is one of its variables."""
-
-    question: str
-    """The question variable's value: the only text the intervention changes."""
-    render: Callable[[str], list[ChatMessage]]
-    """The prompt rendered again with the question variable replaced (all else as given)."""
-    without_context: list[ChatMessage] | None = None
-    """The prompt rendered with the context variable emptied, for ``context_reliance``."""
-
-
-@dataclass(frozen=True)
-class GuardedPrompt:
-    """A prompt as chat messages, and where its question is."""
-
-    messages: tuple[ChatMessage, ...]
-    """The whole prompt."""
-    question_index: int
-    """Index of the message that holds the question."""
-    template: Templated | None = None
-    """Set when the prompt came from a template: the question is then a variable's value
-    inside that message, and variants are rendered by the template."""
-
-    @property
-    def question(self) -> str:
-        """The question text: the whole message, or the template's question variable."""
-        if self.template is not None:
-            return self.template.question
-        return self.messages[self.question_index]["content"]
-
-    def with_question(self, text: str) -> list[ChatMessage]:
-        """The same prompt with the question replaced by ``text``."""
-        if self.template is not None:
-            return self.template.render(text)
-        messages = list(self.messages)
-        messages[self.question_index] = ChatMessage(role="user", content=text)
-        return messages
-
-
-@dataclass
-class Item:
-    """One prompt on its way through the pipeline."""
-
-    prompt: GuardedPrompt
-    """The prompt and its question."""
-    index: int = 0
-    """Where the prompt sits among the guard's inputs."""
-    answer: str = ""
-    """The answer (generated, or the one handed to ``ESIGuard.score``)."""
-    answer_ids: tuple[int, ...] = ()
-    """Its tokens, end-of-sequence excluded."""
-    finish_reason: str | None = None
-    """``stop`` or ``length`` for a generated answer."""
-    original: TopK | None = None
-    """The original distributions, when generation gave them."""
-    prompt_tokens: int | None = None
-    """How many tokens the prompt took, when the backend said."""
-    variants: list[str] = field(default_factory=list)
-    """The L question texts the intervention made."""
-    outcome: Outcome | None = None
-    """The result, or the error to raise; None while the item is still on its way."""
-    steps: dict[str, Any] = field(default_factory=dict)
-    """What each step gave this item (``generate``, ``intervene``, ``score``), for traces."""
-
-    @property
-    def changed(self) -> list[str]:
-        """The distinct variant texts that differ from the question, in first-seen order.
-
-        Each is forced once: repeats share its result, and a variant equal to the question
-        has the original's distributions (distance 0), so it is not run at all.
-        """
-        question = self.prompt.question
-        return [text for text in dict.fromkeys(self.variants) if text != question]
 
 
 @dataclass(frozen=True)
@@ -200,7 +120,7 @@ class Pipeline:
         except (ConfigurationError, InputError):
             raise
         except Exception as exc:  # the engine failed: this answer fails closed
-            gen = _wrapped(exc, "generate", BackendError)
+            gen = wrapped(exc, "generate", BackendError)
         self.generated([item], [gen or BackendError("the backend streamed no answer")])
 
     async def astream(self, item: Item) -> AsyncIterator[str]:
@@ -216,7 +136,7 @@ class Pipeline:
         except (ConfigurationError, InputError):
             raise
         except Exception as exc:  # the engine failed: this answer fails closed
-            gen = _wrapped(exc, "generate", BackendError)
+            gen = wrapped(exc, "generate", BackendError)
         self.generated([item], [gen or BackendError("the backend streamed no answer")])
 
     def _stream_args(self) -> dict[str, Any]:
@@ -536,52 +456,3 @@ def raised(outcome: Outcome) -> BackendError | ScoringError:
     code = (outcome.reason or "").partition(":")[0] or None
     msg = f"the answer could not be scored: {outcome.reason}"
     return ScoringError(msg, result=outcome, code=code)
-
-
-def _checked(out: Sequence[Any], size: int, what: str) -> list[Any]:
-    if len(out) != size:
-        msg = f"{what} returned {len(out)} results for {size} inputs"
-        return [BackendError(msg)] * size
-    return list(out)
-
-
-def _wrapped(exc: Exception, what: str, kind: type[BackendError]) -> BackendError:
-    if isinstance(exc, kind):
-        return exc
-    error = kind(f"{what} failed: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def shield(
-    call: Callable[[], Sequence[T | BackendError]],
-    size: int,
-    what: str,
-    kind: type[BackendError] = BackendError,
-) -> list[T | BackendError]:
-    """A batched step's results; a failure of the whole call is each input's ``kind`` error.
-
-    Configuration and input errors still raise: they are the caller's to fix, and no
-    answer has been produced that could slip through.
-    """
-    try:
-        return _checked(call(), size, what)
-    except (ConfigurationError, InputError):
-        raise
-    except Exception as exc:  # any engine failure fails closed, per input
-        return [_wrapped(exc, what, kind)] * size
-
-
-async def ashield(
-    call: Callable[[], Awaitable[Sequence[T | BackendError]]],
-    size: int,
-    what: str,
-    kind: type[BackendError] = BackendError,
-) -> list[T | BackendError]:
-    """Async :func:`shield` (cancellation still propagates)."""
-    try:
-        return _checked(await call(), size, what)
-    except (ConfigurationError, InputError):
-        raise
-    except Exception as exc:  # any engine failure fails closed, per input
-        return [_wrapped(exc, what, kind)] * size

@@ -20,8 +20,9 @@ from langchain_core.callbacks import (
 )
 
 from esi_guard import _live
+from esi_guard._items import Item
 from esi_guard._messages import piece_chunk
-from esi_guard._pipeline import Item, Pipeline
+from esi_guard._pipeline import Pipeline
 from esi_guard.backends.base import Generation
 from esi_guard.result import ESIResult
 

@@ -8,7 +8,6 @@ run (``esi:generate``, ``esi:intervene``, ``esi:score``, and ``esi:fallback`` wh
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -24,18 +23,19 @@ from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from esi_guard import _batching, _live, _tracing
+from esi_guard._guard_config import check_settings, from_threshold_file
 from esi_guard._inputs import parse_input, rendered, resolve
+from esi_guard._items import GuardedPrompt, Item
 from esi_guard._keywords import check_keywords, unknown_keyword
 from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
-from esi_guard._pipeline import Action, GuardedPrompt, Item, OnError, Pipeline, raised
+from esi_guard._pipeline import Action, OnError, Pipeline, raised
 from esi_guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.calibration.file import ThresholdFile
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
-from esi_guard.interventions import Intervention, SkipOneChar, rebuild_intervention
+from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.result import ESIResult, ScoringConfig
 from esi_guard.scoring import Distance, Support
 
@@ -174,39 +174,7 @@ class ESIGuard(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
-        if not math.isfinite(self.threshold):
-            msg = f"threshold must be a finite number, got {self.threshold!r}"
-            raise ConfigurationError(msg)
-        if self.action == "route" and self.fallback is None:
-            msg = "action='route' needs a fallback runnable"
-            raise ConfigurationError(msg)
-        if self.stream_mode == "live" and (self.action != "flag" or self.on_error == "abstain"):
-            msg = (
-                "stream_mode='live' shows the answer before it is scored, so it needs "
-                f"action='flag' and on_error='flag' or 'raise' (got action={self.action!r}, "
-                f"on_error={self.on_error!r}): an answer already shown cannot be withheld"
-            )
-            raise ConfigurationError(msg)
-        if self.temperature not in (None, 0):
-            msg = f"ESI scores the greedy answer: temperature must be 0, got {self.temperature}"
-            raise ConfigurationError(msg)
-        if self.min_variants is not None:
-            if self.stop_constant is None:
-                msg = (
-                    "min_variants needs stop_constant, the stopping rule's calibrated constant: "
-                    "run esi-guard calibrate --min-variants N and build the guard with "
-                    "ESIGuard.from_calibration(path)"
-                )
-                raise ConfigurationError(msg)
-            if self.decide_on != "esi" or self.combined is not None:
-                msg = (
-                    "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
-                    "and no combined score"
-                )
-                raise ConfigurationError(msg)
-        if self.combined is not None and self.decide_on != "esi":
-            msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
-            raise ConfigurationError(msg)
+        check_settings(self)
         return self
 
     @classmethod
@@ -232,49 +200,7 @@ class ESIGuard(BaseChatModel):
         (``min_variants=None`` turns it off); one calibrated with ``--score combined``
         decides on its combined score's ``p_wrong``.
         """
-        calibrated = ThresholdFile.read(path)
-        expected = calibrated.scoring
-        options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
-                   "decide_on")  # fmt: skip
-        settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
-        if "combined" in kwargs:
-            msg = (
-                "combined comes from the threshold file (its threshold is on that score's "
-                "p_wrong, or on ESI when the file has none): do not pass it"
-            )
-            raise ConfigurationError(msg)
-        if calibrated.combined is not None:
-            settings["combined"] = calibrated.combined
-        if calibrated.sequential is not None:
-            settings.setdefault("stop_constant", calibrated.sequential["constant"])
-            settings["min_variants"] = kwargs.pop(
-                "min_variants", calibrated.sequential["min_variants"]
-            )
-        if intervention is None:
-            intervention = rebuild_intervention(expected.intervention)
-            # A file older than some of the intervention's options names fewer of them.
-            expected = expected.model_copy(update={"intervention": intervention.describe()})
-        if backend is not None:
-            kwargs["backend"] = backend
-        guard = cls(
-            threshold=calibrated.threshold,
-            intervention=intervention,
-            **settings,
-            **kwargs,
-        )
-        problems = expected.differences(
-            guard.scoring_config,
-            ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
-        )
-        if guard.backend.model_id != calibrated.model:
-            problems.insert(0, f"model: {calibrated.model!r} vs {guard.backend.model_id!r}")
-        if problems:
-            msg = (
-                f"threshold file {path} does not match this guard (calibrated vs given): "
-                + "; ".join(problems)
-            )
-            raise ConfigurationError(msg)
-        return guard
+        return from_threshold_file(cls, path, backend=backend, intervention=intervention, **kwargs)
 
     @property
     def scoring_config(self) -> ScoringConfig:

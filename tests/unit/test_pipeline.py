@@ -9,7 +9,8 @@ import pytest
 
 import esi_guard
 from esi_guard import BackendError, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
-from esi_guard._pipeline import GuardedPrompt, Item, Pipeline, raised
+from esi_guard._items import GuardedPrompt, Item
+from esi_guard._pipeline import Pipeline, raised
 from esi_guard.backends import ChatMessage
 from esi_guard.exceptions import InterventionError, ScoringError
 

@@ -1,0 +1,109 @@
+"""The guard's settings: the rules they must keep, and a guard from a threshold file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.exceptions import ConfigurationError
+from esi_guard.interventions import rebuild_intervention
+
+if TYPE_CHECKING:
+    from esi_guard.backends.base import Backend
+    from esi_guard.guard import ESIGuard
+    from esi_guard.interventions import Intervention
+
+__all__ = ["check_settings", "from_threshold_file"]
+
+G = TypeVar("G", bound="ESIGuard")
+
+
+def check_settings(guard: ESIGuard) -> None:
+    """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
+    if not math.isfinite(guard.threshold):
+        msg = f"threshold must be a finite number, got {guard.threshold!r}"
+        raise ConfigurationError(msg)
+    if guard.action == "route" and guard.fallback is None:
+        msg = "action='route' needs a fallback runnable"
+        raise ConfigurationError(msg)
+    if guard.stream_mode == "live" and (guard.action != "flag" or guard.on_error == "abstain"):
+        msg = (
+            "stream_mode='live' shows the answer before it is scored, so it needs "
+            f"action='flag' and on_error='flag' or 'raise' (got action={guard.action!r}, "
+            f"on_error={guard.on_error!r}): an answer already shown cannot be withheld"
+        )
+        raise ConfigurationError(msg)
+    if guard.temperature not in (None, 0):
+        msg = f"ESI scores the greedy answer: temperature must be 0, got {guard.temperature}"
+        raise ConfigurationError(msg)
+    if guard.min_variants is not None:
+        if guard.stop_constant is None:
+            msg = (
+                "min_variants needs stop_constant, the stopping rule's calibrated constant: "
+                "run esi-guard calibrate --min-variants N and build the guard with "
+                "ESIGuard.from_calibration(path)"
+            )
+            raise ConfigurationError(msg)
+        if guard.decide_on != "esi" or guard.combined is not None:
+            msg = (
+                "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
+                "and no combined score"
+            )
+            raise ConfigurationError(msg)
+    if guard.combined is not None and guard.decide_on != "esi":
+        msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
+        raise ConfigurationError(msg)
+
+
+def from_threshold_file(
+    cls: type[G],
+    path: str | Path,
+    *,
+    backend: Backend | None = None,
+    intervention: Intervention | None = None,
+    **kwargs: Any,
+) -> G:
+    """``cls.from_calibration``: see :meth:`esi_guard.ESIGuard.from_calibration`."""
+    calibrated = ThresholdFile.read(path)
+    expected = calibrated.scoring
+    options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
+               "decide_on")  # fmt: skip
+    settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
+    if "combined" in kwargs:
+        msg = (
+            "combined comes from the threshold file (its threshold is on that score's "
+            "p_wrong, or on ESI when the file has none): do not pass it"
+        )
+        raise ConfigurationError(msg)
+    if calibrated.combined is not None:
+        settings["combined"] = calibrated.combined
+    if calibrated.sequential is not None:
+        settings.setdefault("stop_constant", calibrated.sequential["constant"])
+        settings["min_variants"] = kwargs.pop("min_variants", calibrated.sequential["min_variants"])
+    if intervention is None:
+        intervention = rebuild_intervention(expected.intervention)
+        # A file older than some of the intervention's options names fewer of them.
+        expected = expected.model_copy(update={"intervention": intervention.describe()})
+    if backend is not None:
+        kwargs["backend"] = backend
+    guard = cls(
+        threshold=calibrated.threshold,
+        intervention=intervention,
+        **settings,
+        **kwargs,
+    )
+    problems = expected.differences(
+        guard.scoring_config,
+        ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
+    )
+    if guard.backend.model_id != calibrated.model:
+        problems.insert(0, f"model: {calibrated.model!r} vs {guard.backend.model_id!r}")
+    if problems:
+        msg = (
+            f"threshold file {path} does not match this guard (calibrated vs given): "
+            + "; ".join(problems)
+        )
+        raise ConfigurationError(msg)
+    return guard
