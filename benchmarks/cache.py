@@ -4,7 +4,9 @@ One file per shard, ``<directory>/<name>-<k>of<n>.jsonl``, its first line the ru
 a cache written by another run (other data, model or settings) is refused, never mixed in.
 Each question's record is appended as soon as its batch is done; a line cut short by a kill
 is dropped and that question scored again. Every shard's records count as done, so a run
-can be re-split (another ``--shard``) between sessions.
+can be re-split (another ``--shard``) between sessions. A question's record written again
+(a part added, or scored anew) replaces the earlier one, whichever shard wrote either: each
+write of an index carries the next ``"revision"``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class Cache:
         """Every shard's records so far, by index."""
         rows: dict[int, dict[str, Any]] = {}
         for path in sorted(self.directory.glob(f"{self.name}-*of*.jsonl")):
-            rows.update(self._read(path))
+            for index, record in self._read(path).items():
+                if index not in rows or _revision(record) >= _revision(rows[index]):
+                    rows[index] = record
         return rows
 
     def add(self, shard: tuple[int, int], records: Iterable[dict[str, Any]]) -> None:
@@ -49,10 +53,13 @@ class Cache:
         with path.open("rb") as old:
             old.seek(-1, 2)
             cut = old.read(1) != b"\n"  # the last line was cut short by a kill
+        earlier = self.done()
         with path.open("a", encoding="utf-8") as out:
             if cut:
                 out.write("\n")
             for record in records:
+                if record["index"] in earlier:
+                    record = {**record, "revision": _revision(earlier[record["index"]]) + 1}
                 out.write(json.dumps(record) + "\n")
 
     def fill(
@@ -86,3 +93,7 @@ class Cache:
                 continue  # cut short by a kill: scored again
             done[record["index"]] = record
         return done
+
+
+def _revision(record: dict[str, Any]) -> int:
+    return int(record.get("revision", 0))

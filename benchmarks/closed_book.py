@@ -166,13 +166,11 @@ def _force_some(
     return out
 
 
-def p_true_scores(
-    backend: HFBackend, examples: list[Example], gens: list[Generation]
-) -> list[float]:
+def p_true_scores(backend: HFBackend, examples: list[Example], answers: list[str]) -> list[float]:
     """1 - P(True) of the model judging its own greedy answer (next token: A or B)."""
     prompts = [
-        [ChatMessage(role="user", content=PTRUE_PROMPT.format(question=e.question, answer=g.text))]
-        for e, g in zip(examples, gens, strict=True)
+        [ChatMessage(role="user", content=PTRUE_PROMPT.format(question=e.question, answer=a))]
+        for e, a in zip(examples, answers, strict=True)
     ]
     vocab = len(backend.tokenizer)
     outs = backend.generate(prompts, max_new_tokens=1, top_k=vocab)
@@ -276,8 +274,36 @@ def _score(
             r["scores"]["ESI(Para) L=5"] = esi_score(g.topk, f.variants[:5]).score
             r["variants"]["ESI(Para)"] = list(esi.variant_scores)
     if sampling:
-        _sampling(backend, clock, records, examples, gens, judges, max_new_tokens)
+        answers = [g.text for g in gens]
+        _sampling(backend, clock, records, examples, answers, judges, max_new_tokens)
     return dict(clock.seconds)
+
+
+def top_up(
+    backend: HFBackend,
+    chunk: list[tuple[dict[str, Any], Example]],
+    *,
+    judges: Judges,
+    max_new_tokens: int,
+) -> list[dict[str, Any]]:
+    """The sampling baselines and P(True) for questions cached without them.
+
+    Each record comes back whole, its ESI scores and times kept (the cache keeps the newer
+    one): a larger ``--sampling-limit`` costs only the sampling.
+    """
+    clock = Clock()
+    records = [
+        {**r, "scores": dict(r["scores"]), "seconds": dict(r["seconds"]),
+         "parts": {**r["parts"], "sampling": True}}
+        for r, _ in chunk
+    ]  # fmt: skip
+    kept = [(r, e) for r, (_, e) in zip(records, chunk, strict=True) if r["scores"]]
+    if kept:
+        _sampling(backend, clock, [r for r, _ in kept], [e for _, e in kept],
+                  [r["answer"] for r, _ in kept], judges, max_new_tokens)  # fmt: skip
+        for r, _ in kept:
+            r["seconds"] |= {stage: s / len(kept) for stage, s in clock.seconds.items()}
+    return records
 
 
 def _sampling(
@@ -285,7 +311,7 @@ def _sampling(
     clock: Clock,
     records: list[dict[str, Any]],
     examples: list[Example],
-    gens: list[Generation],
+    answers: list[str],
     judges: Judges,
     max_new_tokens: int,
 ) -> None:
@@ -308,7 +334,7 @@ def _sampling(
         with clock.stage("judge SAR"):
             r["scores"]["SAR"] = sar(usable, judges.relevance, pairs=judges.pairs)
     with clock.stage("p_true"):
-        for r, value in zip(records, p_true_scores(backend, examples, gens), strict=True):
+        for r, value in zip(records, p_true_scores(backend, examples, answers), strict=True):
             r["scores"]["P(True)"] = value
 
 
@@ -345,11 +371,17 @@ def run_closed(
     cache = Cache(cache_dir, f"{dataset}-closed", header)
     k, n = shard
     done = cache.done()
-    todo = [(i, e) for i, e in enumerate(examples)
+    mine = [(i, e) for i, e in enumerate(examples)
             if i % n == k and not (i in done and parts.covered(done[i]))]  # fmt: skip
+    sampling_only = [(done[i], e) for i, e in mine if i in done and _lacks_sampling_only(
+        done[i], parts)]  # fmt: skip
+    todo = [(i, e) for i, e in mine if i not in done or not _lacks_sampling_only(done[i], parts)]
     cache.fill(shard, todo, batch,
                lambda chunk: score_batch(backend, list(chunk), para=para, judges=judges,
                                          max_new_tokens=max_new_tokens, parts=parts))  # fmt: skip
+    cache.fill(shard, sampling_only, batch,
+               lambda chunk: top_up(backend, list(chunk), judges=judges,
+                                    max_new_tokens=max_new_tokens))  # fmt: skip
     done = cache.done()
     rows = [done[i] for i in range(len(examples)) if i in done and parts.covered(done[i])]
     if len(rows) < len(examples):
@@ -447,6 +479,13 @@ def report(
         if row is not None:
             records.append({**common, **row})
     return records
+
+
+def _lacks_sampling_only(record: dict[str, Any], parts: Parts) -> bool:
+    """Whether a cached record needs only the sampling part now (topped up, not redone)."""
+    had = record.get("parts", {"sampling": True, "ablation": True})
+    need = parts.needs(record["index"])
+    return not had["sampling"] and need["sampling"] and (had["ablation"] or not need["ablation"])
 
 
 def _stage_seconds(rows: list[dict[str, Any]]) -> dict[str, float]:

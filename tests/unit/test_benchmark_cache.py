@@ -65,11 +65,17 @@ def data(tmp_path: Path) -> Path:
     return path
 
 
+topped: list[int] = []  # the last _run's questions given only their sampling part
+sampled: list[list[int]] = []  # the last _run's report: the questions with sampling scores
+
+
 def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tuple[int, int],
          kill_after: int | None = None, limit: int = 7,
          parts: closed_book.Parts | None = None) -> tuple[list[int], Any]:  # fmt: skip
     scored: list[int] = []
     reports: list[Any] = []
+    topped.clear()
+    sampled.clear()
 
     def score_batch(backend: Any, chunk: list[Any], **kwargs: Any) -> list[dict[str, Any]]:
         if kill_after is not None and len(scored) >= kill_after:
@@ -79,11 +85,18 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
                  "variants": {}, "seconds": {"generate": 1.0},
                  "parts": kwargs["parts"].needs(i)} for i, e in chunk]  # fmt: skip
 
+    def top_up(backend: Any, chunk: list[Any], **kwargs: Any) -> list[dict[str, Any]]:
+        topped.extend(r["index"] for r, _ in chunk)
+        return [{**r, "scores": {**r["scores"], "sampled": 1.0},
+                 "parts": {**r["parts"], "sampling": True}} for r, _ in chunk]  # fmt: skip
+
     def report(backend: Any, examples: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
         reports.append([r["index"] for r in rows])
+        sampled.append([r["index"] for r in rows if "sampled" in r["scores"]])
         return [{"dataset": "set"}]
 
     monkeypatch.setattr(closed_book, "score_batch", score_batch)
+    monkeypatch.setattr(closed_book, "top_up", top_up)
     monkeypatch.setattr(closed_book, "report", report)
     try:
         out = closed_book.run_closed(
@@ -125,19 +138,27 @@ def test_a_larger_limit_adds_questions_to_the_same_cache(
     assert len(small) == 3 and len(more) == 4 and reports == [list(range(7))]
 
 
-def test_questions_past_a_parts_limit_are_scored_again_when_the_limit_grows(
+def test_a_larger_sampling_limit_tops_up_the_cached_questions_without_rescoring(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = tmp_path / "cache"
-    few = closed_book.Parts(sampling=3, ablation=7)
+    few = closed_book.Parts(sampling=3, ablation=5)
     assert few.needs(2) == {"sampling": True, "ablation": True}
     assert few.needs(3) == {"sampling": False, "ablation": True}
-    first, _ = _run(data, cache, monkeypatch, shard=(0, 1), parts=few)
+    first, _ = _run(data, cache, monkeypatch, shard=(0, 2), parts=few)
+    first += _run(data, cache, monkeypatch, shard=(1, 2), parts=few)[0]
     again, _ = _run(data, cache, monkeypatch, shard=(0, 1), parts=few)
-    assert len(first) == 7 and again == []  # covered: nothing to redo
+    assert sorted(first) == list(range(7)) and again == []  # covered: nothing to redo
+    # 3 and 4 lack only the sampling part: topped up. 5 lacks the timed L=2/3/5 passes,
+    # which need the greedy answer's distributions: scored anew. Both replace the records
+    # shards 0/2 and 1/2 wrote, though shard 0/1 writes them.
     more, (_, reports) = _run(data, cache, monkeypatch, shard=(0, 1),
-                              parts=closed_book.Parts(sampling=5))  # fmt: skip
-    assert more == [3, 4] and reports == [list(range(7))]
+                              parts=closed_book.Parts(sampling=5, ablation=6))  # fmt: skip
+    assert more == [5] and topped == [3, 4] and reports == [list(range(7))]
+    assert sampled == [[3, 4]]  # the topped-up records are the ones reported
+    again, _ = _run(data, cache, monkeypatch, shard=(0, 1),
+                    parts=closed_book.Parts(sampling=5, ablation=6))  # fmt: skip
+    assert again == [] and topped == []
 
 
 def test_sequential_rows_resume_from_their_cache(
