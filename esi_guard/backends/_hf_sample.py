@@ -6,7 +6,7 @@ import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from esi_guard.backends.base import Messages, Sample, check_sampling
+from esi_guard.backends.base import Messages, Sample, check_sampling, make_sample
 
 if TYPE_CHECKING:
     from esi_guard.backends.hf import HFBackend
@@ -21,6 +21,7 @@ def sample_answers(
     temperature: float,
     max_new_tokens: int,
     seed: int,
+    stop: Sequence[str] = (),
 ) -> list[list[Sample]]:
     """:meth:`HFBackend.sample`'s work (under the backend's lock)."""
     check_sampling(n, temperature)
@@ -57,12 +58,13 @@ def sample_answers(
                 logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
                 picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
             tokens = new.cpu().tolist()
-            results.append([_sample(backend, t, lp) for t, lp in zip(tokens, picked, strict=True)])
+            results.append([_sample(backend, t, lp, stop)
+                            for t, lp in zip(tokens, picked, strict=True)])  # fmt: skip
     return results
 
 
-def _sample(backend: HFBackend, tokens: list[int], logprobs: list[float]) -> Sample:
-    stop = next((t for t, token in enumerate(tokens) if token in backend._eos_ids), len(tokens))
-    text = str(backend.tokenizer.decode(tokens[:stop], skip_special_tokens=True)).strip()
-    pieces = tuple(str(backend.tokenizer.decode([t])) for t in tokens[:stop])
-    return Sample(text=text, token_logprobs=tuple(logprobs[:stop]), tokens=pieces)
+def _sample(
+    backend: HFBackend, tokens: list[int], logprobs: list[float], stop: Sequence[str]
+) -> Sample:
+    end = next((t for t, token in enumerate(tokens) if token in backend._eos_ids), len(tokens))
+    return make_sample(tokens[:end], logprobs[:end], decode=backend._decode, stop=stop)

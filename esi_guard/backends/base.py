@@ -247,6 +247,27 @@ def stopped_length(
     return None
 
 
+def make_sample(
+    tokens: Sequence[Tok],
+    logprobs: Sequence[float],
+    *,
+    decode: Callable[[Sequence[Tok]], str],
+    stop: Sequence[str] = (),
+) -> Sample:
+    """A sampled answer's tokens (end-of-sequence already cut) made into a :class:`Sample`.
+
+    The answer ends before the first stop sequence, as a greedy one does
+    (:func:`stopped_length`), its log-probabilities and token texts cut with it.
+    """
+    kept = stopped_length(tokens, decode, stop)
+    end = len(tokens) if kept is None else kept
+    return Sample(
+        text=decode(tokens[:end]).strip(),
+        token_logprobs=tuple(float(lp) for lp in logprobs[:end]),
+        tokens=tuple(decode([one]) for one in tokens[:end]),
+    )
+
+
 def shared_prefix(rows: Sequence[Sequence[int]], reuse: bool = True) -> int:
     """How many leading tokens all ``rows`` share and a backend computes once.
 
@@ -368,8 +389,9 @@ class Sampler(Protocol):
         temperature: float,
         max_new_tokens: int,
         seed: int = 0,
+        stop: Sequence[str] = (),
     ) -> Sequence[list[Sample] | BackendError]:
-        """``n`` sampled answers per prompt.
+        """``n`` sampled answers per prompt, each ending before the first of ``stop``.
 
         Token log-probabilities are the model's own (temperature 1), whatever
         ``temperature`` the sampling used.

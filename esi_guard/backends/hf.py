@@ -379,13 +379,15 @@ class HFBackend(Backend):
         temperature: float,
         max_new_tokens: int,
         seed: int = 0,
+        stop: Sequence[str] = (),
     ) -> list[list[Sample]]:
         """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
 
         Each token's log-probability is the model's own (raw logits, temperature 1).
         ``seed`` seeds torch's global generator for the call (under the backend's lock).
+        An answer ends before the first of ``stop``, as a greedy one does.
         """
-        return sample_answers(self, prompts, n, temperature, max_new_tokens, seed)
+        return sample_answers(self, prompts, n, temperature, max_new_tokens, seed, stop)
 
     def _left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
         torch = _import_torch()

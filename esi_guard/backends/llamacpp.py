@@ -41,6 +41,7 @@ from esi_guard.backends.base import (
     StreamedText,
     check_sampling,
     finish_greedy,
+    make_sample,
     non_finite,
     shared_prefix,
 )
@@ -383,11 +384,13 @@ class LlamaCppBackend(Backend):
         temperature: float,
         max_new_tokens: int,
         seed: int = 0,
+        stop: Sequence[str] = (),
     ) -> list[list[Sample] | BackendError]:
         """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
 
         Each token's log-probability is the model's own (raw logits, temperature 1). The
-        prompt runs once; the ``n`` answers are decoded together.
+        prompt runs once; the ``n`` answers are decoded together. An answer ends before
+        the first of ``stop``, as a greedy one does.
         """
         check_sampling(n, temperature)
         rng = np.random.default_rng(seed)
@@ -404,7 +407,9 @@ class LlamaCppBackend(Backend):
                 for start in range(0, n, self._engine.n_seq_max):
                     count = min(self._engine.n_seq_max, n - start)
                     try:
-                        samples += self._sample_group(row, count, temperature, max_new_tokens, rng)
+                        group = self._sample_group(row, count, temperature, max_new_tokens, rng)
+                        samples += [make_sample(t, lp, decode=self._decode, stop=stop)
+                                    for t, lp in group]  # fmt: skip
                     finally:
                         self._engine.clear()
             results.append(samples)
@@ -412,7 +417,7 @@ class LlamaCppBackend(Backend):
 
     def _sample_group(
         self, row: list[int], n: int, temperature: float, max_new_tokens: int, rng: Any
-    ) -> list[Sample]:
+    ) -> list[tuple[list[int], list[float]]]:
         seqs = list(range(n))
         engine = self._engine
         shared = [(row[:-1], seqs)] if len(row) > 1 else []
@@ -440,14 +445,7 @@ class LlamaCppBackend(Backend):
                 break
             position = len(row) + step
             logits = engine.decode([], [Row(seq, [tokens[seq][-1]], position, [0]) for seq in live])
-        return [
-            Sample(
-                text=self._decode(t).strip(),
-                token_logprobs=tuple(lp),
-                tokens=tuple(self._decode([one]) for one in t),
-            )
-            for t, lp in zip(tokens, logprobs, strict=True)
-        ]
+        return list(zip(tokens, logprobs, strict=True))
 
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.model_id!r}, n_ctx={self.context_length})"

@@ -202,6 +202,11 @@ def test_samples_carry_the_models_own_token_logprobs(backend: HFBackend) -> None
             expected = lone_logits(backend, prompt, ids).log_softmax(-1)
             picked = expected[torch.arange(len(ids)), torch.tensor(ids)]
             assert sample.token_logprobs == pytest.approx(picked.tolist(), abs=1e-5)
+    cut = backend.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=7, stop=[" "])
+    pairs = [p for a, b in zip(first, cut, strict=True) for p in zip(a, b, strict=True)]
+    for whole, short in pairs:  # the same draws, cut before the first space
+        assert short.text == whole.text.split(" ")[0]
+        assert short.token_logprobs == whole.token_logprobs[: len(short.token_logprobs)]
 
 
 def test_prompts_past_the_context_window_are_refused_alone(backend: HFBackend) -> None:

@@ -156,6 +156,11 @@ def test_sampling_is_seeded_with_the_models_logprobs(backend: LlamaCppBackend) -
     assert isinstance(a, list) and len(a) == 3
     assert [s.text for s in a] == [s.text for s in b]
     assert all(s.token_logprobs and max(s.token_logprobs) <= 0 for s in a)
+    (c,) = backend.sample([prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1, stop=[" "])
+    assert isinstance(c, list)
+    for whole, cut in zip(a, c, strict=True):  # the same draws, cut before the first space
+        assert " " not in cut.text and whole.text.startswith(cut.text)
+        assert cut.token_logprobs == whole.token_logprobs[: len(cut.token_logprobs)]
     with pytest.raises(ConfigurationError, match="temperature"):
         backend.sample([prompt], n=2, temperature=0, max_new_tokens=4)
 
