@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cache import Cache
-from benchmarks.common import Clock, token_logprobs
+from benchmarks.common import Answering, Clock, token_logprobs
 from benchmarks.sequential import sequential_row
 from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
@@ -40,13 +40,11 @@ from esi_guard.calibration.metrics import (
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.calibration.prompts import DEFAULT_SYSTEM
 from esi_guard.combined import fit_combined
 from esi_guard.nli import NLIModel
 
-__all__ = ["prompt", "run_closed"]
+__all__ = ["run_closed"]
 
-SYSTEM = DEFAULT_SYSTEM  # the paper's QA instruction, as the CLI uses it
 L_MAX, K_MAX = 10, 100
 LS, KS = (2, 3, 5), (5, 20)
 DISTANCES = ("squared_hellinger", "kl", "bhattacharyya")
@@ -130,17 +128,17 @@ class Parts:
         return all(had[part] or not need for part, need in self.needs(record["index"]).items())
 
 
-def prompt(question: str) -> list[ChatMessage]:
-    """The paper's QA prompt: instruction as system message, the question as user's."""
-    return [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=question)]
-
-
 def force(
-    backend: HFBackend, examples: list[Example], gens: list[Generation], variants: list[list[str]]
+    backend: HFBackend,
+    examples: list[Example],
+    gens: list[Generation],
+    variants: list[list[str]],
+    answering: Answering,
 ) -> list[Any]:
     """Teacher-force each greedy answer after its question's variants."""
+    ask = answering.messages
     requests = [
-        ForcingRequest(prompt=prompt(e.question), variants=[prompt(v) for v in vs],
+        ForcingRequest(prompt=ask(e.question), variants=[ask(v) for v in vs],
                        answer_ids=g.token_ids, answer=g.text)
         for e, g, vs in zip(examples, gens, variants, strict=True)
     ]  # fmt: skip
@@ -148,7 +146,11 @@ def force(
 
 
 def _force_some(
-    backend: HFBackend, examples: list[Example], gens: list[Generation], variants: list[list[str]]
+    backend: HFBackend,
+    examples: list[Example],
+    gens: list[Generation],
+    variants: list[list[str]],
+    answering: Answering,
 ) -> list[Any]:
     """:func:`force` for the questions with a variant; None for the others.
 
@@ -160,7 +162,7 @@ def _force_some(
     out: list[Any] = [None] * len(examples)
     if some:
         forced = force(backend, [examples[i] for i in some], [gens[i] for i in some],
-                       [variants[i] for i in some])  # fmt: skip
+                       [variants[i] for i in some], answering)  # fmt: skip
         for i, f in zip(some, forced, strict=True):
             out[i] = f
     return out
@@ -190,15 +192,16 @@ def score_batch(
     *,
     para: FixedVariants | None,
     judges: Judges,
-    max_new_tokens: int,
+    answering: Answering,
     parts: Parts,
 ) -> list[dict[str, Any]]:
     """Every method on one batch; one record per question (``scores`` empty: no answer)."""
     clock = Clock()
     examples = [e for _, e in chunk]
     with clock.stage("generate"):
-        out = backend.generate([prompt(e.question) for e in examples],
-                               max_new_tokens=max_new_tokens, top_k=K_MAX)  # fmt: skip
+        out = backend.generate([answering.messages(e.question) for e in examples],
+                               max_new_tokens=answering.max_new_tokens, top_k=K_MAX,
+                               stop=answering.stop)  # fmt: skip
     records: list[dict[str, Any]] = [
         {"index": i, "question": e.question,
          "answer": g.text if isinstance(g, Generation) else "", "scores": {}, "variants": {}}
@@ -213,7 +216,7 @@ def score_batch(
             groups[r["parts"]["ablation"], r["parts"]["sampling"]].append((r, e, g))
     for (ablation, sampling), kept in groups.items():
         seconds = _score(backend, kept, para=para, judges=judges,
-                         max_new_tokens=max_new_tokens, ablation=ablation,
+                         answering=answering, ablation=ablation,
                          sampling=sampling)  # fmt: skip
         for r, _, _ in kept:
             r["seconds"] |= {stage: s / len(kept) for stage, s in seconds.items()}
@@ -226,7 +229,7 @@ def _score(
     *,
     para: FixedVariants | None,
     judges: Judges,
-    max_new_tokens: int,
+    answering: Answering,
     ablation: bool,
     sampling: bool,
 ) -> dict[str, float]:
@@ -236,7 +239,8 @@ def _score(
     socs = [SkipOneChar().variants(e.question, L_MAX, seed=0) for e in examples]
     for n_variants in (*LS, L_MAX) if ablation else (L_MAX,):
         with clock.stage(f"force L={n_variants}"):
-            forced = _force_some(backend, examples, gens, [v[:n_variants] for v in socs])
+            forced = _force_some(backend, examples, gens, [v[:n_variants] for v in socs],
+                                 answering)  # fmt: skip
         for r, g, f in zip(records, gens, forced, strict=True):
             if f is not None:
                 r["scores"][f"ESI(SOC) L={n_variants}"] = esi_score(g.topk, f.variants).score
@@ -260,14 +264,14 @@ def _score(
     for name, soc in FIDELITY.items():  # the paper's text, the authors' code: own passes
         with clock.stage(f"force {name}"):
             variants = [soc.variants(e.question, L_MAX, seed=0) for e in examples]
-            forced = _force_some(backend, examples, gens, variants)
+            forced = _force_some(backend, examples, gens, variants, answering)
         for r, g, f in zip(records, gens, forced, strict=True):
             if f is not None:
                 r["scores"][name] = esi_score(g.topk, f.variants).score
     if para is not None:
         with clock.stage("force para"):
             paras = [para.variants(e.question, L_MAX, seed=0) for e in examples]
-            forced = force(backend, examples, gens, paras)
+            forced = force(backend, examples, gens, paras, answering)
         for r, g, f in zip(records, gens, forced, strict=True):
             esi = esi_score(g.topk, f.variants)
             r["scores"]["ESI(Para) L=10"] = esi.score
@@ -275,7 +279,7 @@ def _score(
             r["variants"]["ESI(Para)"] = list(esi.variant_scores)
     if sampling:
         answers = [g.text for g in gens]
-        _sampling(backend, clock, records, examples, answers, judges, max_new_tokens)
+        _sampling(backend, clock, records, examples, answers, judges, answering)
     return dict(clock.seconds)
 
 
@@ -284,7 +288,7 @@ def top_up(
     chunk: list[tuple[dict[str, Any], Example]],
     *,
     judges: Judges,
-    max_new_tokens: int,
+    answering: Answering,
 ) -> list[dict[str, Any]]:
     """The sampling baselines and P(True) for questions cached without them.
 
@@ -300,7 +304,7 @@ def top_up(
     kept = [(r, e) for r, (_, e) in zip(records, chunk, strict=True) if r["scores"]]
     if kept:
         _sampling(backend, clock, [r for r, _ in kept], [e for _, e in kept],
-                  [r["answer"] for r, _ in kept], judges, max_new_tokens)  # fmt: skip
+                  [r["answer"] for r, _ in kept], judges, answering)  # fmt: skip
         for r, _ in kept:
             r["seconds"] |= {stage: s / len(kept) for stage, s in clock.seconds.items()}
     return records
@@ -313,13 +317,13 @@ def _sampling(
     examples: list[Example],
     answers: list[str],
     judges: Judges,
-    max_new_tokens: int,
+    answering: Answering,
 ) -> None:
     """The sampling baselines and P(True)."""
     with clock.stage("sample"):
         samples = backend.sample(
-            [prompt(e.question) for e in examples], n=N_SAMPLES, temperature=TEMPERATURE,
-            max_new_tokens=max_new_tokens,
+            [answering.messages(e.question) for e in examples], n=N_SAMPLES,
+            temperature=TEMPERATURE, max_new_tokens=answering.max_new_tokens, stop=answering.stop,
         )  # fmt: skip
     for r, per in zip(records, samples, strict=True):
         assert not isinstance(per, Exception)
@@ -343,12 +347,12 @@ def run_closed(
     path: Path,
     *,
     limit: int,
-    max_new_tokens: int,
     batch: int,
     semantic: Semantic,
     max_disagreement: float,
     cache_dir: Path,
     shard: tuple[int, int],
+    answering: Answering | None = None,
     parts: Parts | None = None,
     nli: NLIModel | None = None,
 ) -> list[dict[str, Any]]:
@@ -356,6 +360,7 @@ def run_closed(
 
     Returns no records while another shard still has questions to score.
     """
+    answering = answering or Answering()
     parts = parts or Parts()
     judges = Judges(semantic.similarity, nli)
     if not isinstance(backend, Sampler):  # the sampling baselines need one
@@ -365,23 +370,23 @@ def run_closed(
     dataset = path.parent.name
     para_file = path.parent / "paraphrase.jsonl"
     para = FixedVariants.from_jsonl(para_file) if para_file.is_file() else None
-    header = {"data": str(path), "model": backend.model_id, "max_new_tokens": max_new_tokens,
-              "system": SYSTEM, "L": L_MAX, "k": K_MAX, "soc": SkipOneChar().describe(),
+    header = {"data": str(path), "model": backend.model_id, **answering.describe(),
+              "L": L_MAX, "k": K_MAX, "soc": SkipOneChar().describe(),
               "methods": 3, "nli": judges.describe()}  # fmt: skip
+    if getattr(backend, "chat_template", None):  # a template of the run's own (a base model)
+        header["chat_template"] = backend.chat_template
     cache = Cache(cache_dir, f"{dataset}-closed", header)
     k, n = shard
     done = cache.done()
     mine = [(i, e) for i, e in enumerate(examples)
             if i % n == k and not (i in done and parts.covered(done[i]))]  # fmt: skip
-    sampling_only = [(done[i], e) for i, e in mine if i in done and _lacks_sampling_only(
-        done[i], parts)]  # fmt: skip
-    todo = [(i, e) for i, e in mine if i not in done or not _lacks_sampling_only(done[i], parts)]
-    cache.fill(shard, todo, batch,
+    top = {i for i, _ in mine if i in done and _lacks_sampling_only(done[i], parts)}
+    cache.fill(shard, [(i, e) for i, e in mine if i not in top], batch,
                lambda chunk: score_batch(backend, list(chunk), para=para, judges=judges,
-                                         max_new_tokens=max_new_tokens, parts=parts))  # fmt: skip
-    cache.fill(shard, sampling_only, batch,
+                                         answering=answering, parts=parts))  # fmt: skip
+    cache.fill(shard, [(done[i], e) for i, e in mine if i in top], batch,
                lambda chunk: top_up(backend, list(chunk), judges=judges,
-                                    max_new_tokens=max_new_tokens))  # fmt: skip
+                                    answering=answering))  # fmt: skip
     done = cache.done()
     rows = [done[i] for i in range(len(examples)) if i in done and parts.covered(done[i])]
     if len(rows) < len(examples):
@@ -390,7 +395,7 @@ def run_closed(
         return []
     return report(backend, examples, rows, cache, semantic=semantic,
                   intervention={"ESI(SOC)": SkipOneChar(), "ESI(Para)": para},
-                  max_new_tokens=max_new_tokens, batch=batch, max_disagreement=max_disagreement,
+                  answering=answering, batch=batch, max_disagreement=max_disagreement,
                   shard=shard, sequential=parts.sequential)  # fmt: skip
 
 
@@ -402,7 +407,7 @@ def report(
     *,
     semantic: Semantic,
     intervention: dict[str, Any],
-    max_new_tokens: int,
+    answering: Answering,
     batch: int,
     max_disagreement: float,
     shard: tuple[int, int],
@@ -464,7 +469,7 @@ def report(
                         "n": len(both), "auroc_difference": diff.value, "low": diff.low,
                         "high": diff.high})  # fmt: skip
     head = kept[:sequential]
-    messages = [[("system", SYSTEM), ("human", e.question)] for e, _ in head]
+    messages = [[("system", answering.system), ("human", e.question)] for e, _ in head]
     for name, method in intervention.items():
         if method is None or not head or any(name not in r["variants"] for _, r in head):
             continue
@@ -473,7 +478,7 @@ def report(
             [wrong[r["index"]] for _, r in head], indices=[r["index"] for _, r in head],
             name=name, intervention=method,
             cache=Cache(cache.directory, f"{dataset}-{_slug(name)}", cache.header),
-            shard=shard, generate_seconds=plain, max_new_tokens=max_new_tokens, batch=batch,
+            shard=shard, generate_seconds=plain, answering=answering, batch=batch,
             max_disagreement=max_disagreement,
         )  # fmt: skip
         if row is not None:

@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: stage timing and the greedy tokens' log-probabilities."""
+"""What the benchmark scripts share: how a question is asked, stage timing, log-probabilities."""
 
 from __future__ import annotations
 
@@ -6,12 +6,56 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from esi_guard.backends import Generation
+from esi_guard.backends import ChatMessage, Generation
+from esi_guard.calibration.prompts import DEFAULT_SYSTEM
 
-__all__ = ["Clock", "token_logprobs"]
+__all__ = ["FEW_SHOT", "FEW_SHOT_TEMPLATE", "Answering", "Clock", "token_logprobs"]
+
+FEW_SHOT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% else %}Question: {{ m['content'] }}\nAnswer:{% endif %}{% endfor %}"
+)
+"""A base model's prompt (``--few-shot``): the instruction and worked examples, then
+``Question: ...`` and ``Answer:`` for the model to go on; the question is still the user
+message alone, so ESI's variants edit it and nothing else."""
+
+FEW_SHOT = (
+    "\n\nQuestion: What is the capital of France?\nAnswer: Paris"
+    "\n\nQuestion: Which gas do plants take in for photosynthesis?\nAnswer: carbon dioxide"
+    "\n\nQuestion: Who wrote Hamlet?\nAnswer: William Shakespeare"
+)
+"""Three worked examples after the instruction (none from the shared sets)."""
+
+
+@dataclass(frozen=True)
+class Answering:
+    """How the model is asked a question and how its answer ends."""
+
+    max_new_tokens: int = 24
+    system: str = DEFAULT_SYSTEM
+    """The system message: the paper's QA instruction (as the CLI uses it)."""
+    stop: tuple[str, ...] = ()
+    """Where an answer ends besides end-of-sequence (``("\\n",)`` for a base model)."""
+
+    @classmethod
+    def few_shot(cls, max_new_tokens: int = 24) -> Answering:
+        """A base model's settings: worked examples after the instruction, one line each."""
+        return cls(max_new_tokens, DEFAULT_SYSTEM + FEW_SHOT, ("\n",))
+
+    def messages(self, question: str) -> list[ChatMessage]:
+        """The question's prompt: the instruction as system message, the question as user's."""
+        return [ChatMessage(role="system", content=self.system),
+                ChatMessage(role="user", content=question)]  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        """What a cache header records of it (the default's as before ``stop`` existed)."""
+        out: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "system": self.system}
+        return out | ({"stop": list(self.stop)} if self.stop else {})
 
 
 class Clock:

