@@ -110,21 +110,25 @@ class Parts:
     ESI and the free signals run on every question; the sampling baselines and P(True)
     on the first ``sampling``, the L=2/3/5 passes timed on their own on the first
     ``ablation`` (beyond it their scores come from the first variants of the L=10 pass),
-    and the sequential rows' guarded runs on the first ``sequential`` answers. None: all.
+    the fidelity passes (``FIDELITY``: SOC as the paper's text and as the authors' code)
+    on the first ``fidelity``, and the sequential rows' guarded runs on the first
+    ``sequential`` answers. None: all.
     """
 
     sampling: int | None = None
     ablation: int | None = None
     sequential: int | None = None
+    fidelity: int | None = None
 
     def needs(self, index: int) -> dict[str, bool]:
         """The parts question ``index`` gets."""
-        return {"sampling": self.sampling is None or index < self.sampling,
-                "ablation": self.ablation is None or index < self.ablation}  # fmt: skip
+        return {part: limit is None or index < limit for part, limit in (
+            ("sampling", self.sampling), ("ablation", self.ablation),
+            ("fidelity", self.fidelity))}  # fmt: skip
 
     def covered(self, record: dict[str, Any]) -> bool:
         """Whether a cached record has every part its question needs now."""
-        had = record.get("parts", {"sampling": True, "ablation": True})
+        had = _had(record)
         return all(had[part] or not need for part, need in self.needs(record["index"]).items())
 
 
@@ -210,14 +214,14 @@ def score_batch(
     for record in records:
         record["seconds"] = {"generate": clock.seconds["generate"] / len(chunk)}
         record["parts"] = parts.needs(record["index"])
-    groups: dict[tuple[bool, bool], list[Any]] = defaultdict(list)
+    groups: dict[tuple[bool, ...], list[Any]] = defaultdict(list)
     for r, e, g in zip(records, examples, out, strict=True):
         if isinstance(g, Generation) and g.token_ids:
-            groups[r["parts"]["ablation"], r["parts"]["sampling"]].append((r, e, g))
-    for (ablation, sampling), kept in groups.items():
-        seconds = _score(backend, kept, para=para, judges=judges,
-                         answering=answering, ablation=ablation,
-                         sampling=sampling)  # fmt: skip
+            needs = r["parts"]
+            groups[needs["ablation"], needs["sampling"], needs["fidelity"]].append((r, e, g))
+    for (ablation, sampling, fidelity), kept in groups.items():
+        seconds = _score(backend, kept, para=para, judges=judges, answering=answering,
+                         ablation=ablation, sampling=sampling, fidelity=fidelity)  # fmt: skip
         for r, _, _ in kept:
             r["seconds"] |= {stage: s / len(kept) for stage, s in seconds.items()}
     return records
@@ -232,6 +236,7 @@ def _score(
     answering: Answering,
     ablation: bool,
     sampling: bool,
+    fidelity: bool = True,
 ) -> dict[str, float]:
     """Every method on answers already generated; the seconds of each stage."""
     clock = Clock()
@@ -261,7 +266,7 @@ def _score(
             esi = esi_score(g.topk, f.variants, distance=distance)  # type: ignore[arg-type]
             r["scores"][f"ESI(SOC) {distance}"] = esi.score
         r["scores"][SUPPORT_ALL] = esi_score(g.topk, f.variants, support="all").score
-    for name, soc in FIDELITY.items():  # the paper's text, the authors' code: own passes
+    for name, soc in FIDELITY.items() if fidelity else ():  # own passes
         with clock.stage(f"force {name}"):
             variants = [soc.variants(e.question, L_MAX, seed=0) for e in examples]
             forced = _force_some(backend, examples, gens, variants, answering)
@@ -488,9 +493,15 @@ def report(
 
 def _lacks_sampling_only(record: dict[str, Any], parts: Parts) -> bool:
     """Whether a cached record needs only the sampling part now (topped up, not redone)."""
-    had = record.get("parts", {"sampling": True, "ablation": True})
-    need = parts.needs(record["index"])
-    return not had["sampling"] and need["sampling"] and (had["ablation"] or not need["ablation"])
+    had, need = _had(record), parts.needs(record["index"])
+    others = all(had[part] or not need[part] for part in need if part != "sampling")
+    return not had["sampling"] and need["sampling"] and others
+
+
+def _had(record: dict[str, Any]) -> dict[str, bool]:
+    """The parts a cached record has (a record from before a part existed has it)."""
+    had = record.get("parts", {})
+    return {part: had.get(part, True) for part in ("sampling", "ablation", "fidelity")}
 
 
 def _stage_seconds(rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -202,7 +202,9 @@ def main() -> None:
     )
     for part, what in (("sampling", "the sampling baselines and P(True)"),
                        ("ablation", "the L=2/3/5 passes timed on their own"),
-                       ("sequential", "the sequential rows")):  # fmt: skip
+                       ("sequential", "the sequential rows"),
+                       ("fidelity", "the SOC passes as the paper's text and the authors' "
+                        "code")):  # fmt: skip
         parser.add_argument(f"--{part}-limit", type=int, metavar="N",
                             help=f"closed-book sets: {what} on the first N questions only "
                             "(default: all)")  # fmt: skip
@@ -265,7 +267,8 @@ def main() -> None:
                 parser.error(f"--few-shot is for the closed-book sets; {path} has passages")
             records += run_rag(backend, path, **settings, max_new_tokens=args.max_new_tokens)
         else:
-            parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit)
+            parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit,
+                          args.fidelity_limit)  # fmt: skip
             records += run_closed(backend, path, **settings, answering=answering, parts=parts,
                                   nli=nli, max_disagreement=args.max_disagreement)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set

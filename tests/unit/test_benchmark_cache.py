@@ -144,8 +144,11 @@ def test_a_larger_sampling_limit_tops_up_the_cached_questions_without_rescoring(
 ) -> None:
     cache = tmp_path / "cache"
     few = closed_book.Parts(sampling=3, ablation=5)
-    assert few.needs(2) == {"sampling": True, "ablation": True}
-    assert few.needs(3) == {"sampling": False, "ablation": True}
+    assert few.needs(2) == {"sampling": True, "ablation": True, "fidelity": True}
+    assert few.needs(3) == {"sampling": False, "ablation": True, "fidelity": True}
+    assert closed_book.Parts(fidelity=1).needs(1)["fidelity"] is False
+    # A record cached before a part existed counts as having it.
+    assert few.covered({"index": 3, "parts": {"sampling": False, "ablation": True}})
     first, _ = _run(data, cache, monkeypatch, shard=(0, 2), parts=few)
     first += _run(data, cache, monkeypatch, shard=(1, 2), parts=few)[0]
     again, _ = _run(data, cache, monkeypatch, shard=(0, 1), parts=few)
