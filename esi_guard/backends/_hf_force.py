@@ -1,9 +1,9 @@
 """Teacher forcing on a transformers model: many answers after many prompts, few passes.
 
 Requests are packed whole into passes of at most ``max_batch_rows`` rows; in a pass the
-prompt prefix every row shares runs once and its KV cache is expanded over the rows, and
-logits are computed only from the first answer position on; only the top-k ids and values
-leave the device.
+prompt prefix every row shares runs once and its KV cache is expanded over the rows; the
+rows are padded so that every answer starts in one column, and the output layer runs at
+the answer positions only; only the top-k ids and values leave the device.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ _shared = shared_prefix  # the name the tests know
 def _cost(group: Sequence[Rendered], reuse: bool) -> int:
     """Token positions a pass over ``group`` computes.
 
-    The shared prefix once, then every row padded to the longest.
+    The shared prefix once, then every row padded to the longest prompt plus the
+    longest answer (answers start in one column).
     """
     prompts = [row for item in group for row in item.rows]
     shared = _shared(prompts, reuse)
-    width = max(len(row) + len(item.request.answer_ids) for item in group for row in item.rows)
-    return _PASS_COST + shared + len(prompts) * (width - shared)
+    answer = max(len(item.request.answer_ids) for item in group)
+    return _PASS_COST + shared + len(prompts) * (max(map(len, prompts)) - shared + answer)
 
 
 def pack(
@@ -87,26 +88,25 @@ def force_group(
         prompts += item.rows
         answers += [list(item.request.answer_ids)] * len(item.rows)
     # A shared prefix is run once; each row keeps at least its last prompt token,
-    # whose logits predict the first answer token.
+    # whose logits predict the first answer token. The rest of each prompt is padded on
+    # the left so that every row's answer starts in the same column: the output layer
+    # (the whole vocabulary) then runs only at the answer positions.
     shared = _shared(prompts, backend.reuse_prefix)
-    rows = [(p + a)[shared:] for p, a in zip(prompts, answers, strict=True)]
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), backend._pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
-    attention[:, :shared] = 1
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        attention[i, shared : shared + len(row)] = 1
-    # Only positions from the shortest prompt's last token on carry answer logits.
-    first = min(len(p) for p in prompts) - 1 - shared if backend._can_trim else 0
+    tails = [p[shared:] for p in prompts]
+    lead = max(len(t) for t in tails)
     n_answer = max(len(a) for a in answers)
-    index = torch.tensor(
-        [
-            [min(len(p) - 1 + t - shared, width - 1) - first for t in range(n_answer)]
-            for p in prompts
-        ]
-    )
-    positions = torch.arange(shared, shared + width).expand(len(rows), width)
+    width = lead + n_answer
+    n_rows = len(prompts)
+    input_ids = torch.full((n_rows, width), backend._pad_id, dtype=torch.long)
+    attention = torch.zeros((n_rows, shared + width), dtype=torch.long)
+    attention[:, :shared] = 1
+    positions = torch.full((n_rows, width), shared, dtype=torch.long)
+    for i, (tail, answer) in enumerate(zip(tails, answers, strict=True)):
+        pad, row = lead - len(tail), tail + answer
+        input_ids[i, pad : pad + len(row)] = torch.tensor(row)
+        attention[i, shared + pad : shared + pad + len(row)] = 1
+        positions[i, pad : pad + len(row)] = torch.arange(shared, shared + len(row))
+    first = lead - 1 if backend._can_trim else 0  # the column predicting answer token 0
     trim = {"logits_to_keep": width - first} if backend._can_trim else {}
     device = backend.device
     with torch.inference_mode():
@@ -114,7 +114,7 @@ def force_group(
         if shared:
             prefix = torch.tensor([prompts[0][:shared]], device=device)
             cache = backend.model(input_ids=prefix, use_cache=True).past_key_values
-            cache.batch_repeat_interleave(len(rows))
+            cache.batch_repeat_interleave(n_rows)
         logits = backend.model(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
@@ -123,7 +123,8 @@ def force_group(
             use_cache=cache is not None,
             **trim,
         ).logits
-        picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))
+        start = lead - 1 - first
+        picked = logits[:, start : start + n_answer]
     ids, values = backend._topk_to_numpy(picked, top_k)
     return _split(backend, [item.request for item in group], ids, values)
 
