@@ -29,6 +29,9 @@ def test_auroc_matches_scikit_learn_and_a_hand_count() -> None:
     rng = np.random.default_rng(1)
     s, w = rng.normal(size=200), rng.integers(0, 2, 200)
     assert metrics.auroc(s, w) == pytest.approx(roc_auc_score(w, s))
+    tied = rng.integers(0, 4, 200).astype(float)  # many ties: each counts one half
+    assert metrics.auroc(tied, w) == pytest.approx(roc_auc_score(w, tied))
+    assert metrics.auroc([0.5, 0.5], [0, 1]) == 0.5
     assert math.isnan(metrics.auroc(SCORES, [1] * 5))
 
 
