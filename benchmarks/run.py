@@ -127,13 +127,27 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 f"{d}: {name}: variants_used_mean {r['variants_used_mean']:.2f}, "
                 f"decision_agreement {r['decision_agreement']:.3f} (n={r['n']}); guarded call "
                 f"{seq:.2f} s vs full L {whole:.2f} s ({seq / whole:.2f}x), "
-                f"vs plain {seq / plain:.2f}x. {r['note']}"
+                f"vs plain {seq / plain:.2f}x{_versus_full(r)}. {r['note']}"
             )
     if paired:
         lines += ["", _paired_markdown(paired)]
     if rag:
         lines += ["", rag_markdown(rag)]
     return "\n".join(lines)
+
+
+def _versus_full(record: dict[str, Any]) -> str:
+    """The sequential guard's AUROC minus the full-L guard's, paired (older records lack it)."""
+    if "auroc_minus_full" not in record:
+        return ""
+    low, high = record["auroc_minus_full_low"], record["auroc_minus_full_high"]
+    return (f"; AUROC minus the full-L guard's {record['auroc_minus_full']:+.3f} "
+            f"[{low:+.3f}, {high:+.3f}] {_verdict(low, high)}")  # fmt: skip
+
+
+def _verdict(low: float, high: float) -> str:
+    """A paired interval read: holding 0 is a tie."""
+    return "tie" if low <= 0 <= high else ("win" if low > 0 else "loss")
 
 
 def _paired_markdown(records: list[dict[str, Any]]) -> str:
@@ -152,9 +166,9 @@ def _paired_markdown(records: list[dict[str, Any]]) -> str:
             if r["auroc_difference"] != r["auroc_difference"]:  # NaN: one class only
                 row.append("n/a")
                 continue
-            verdict = "tie" if r["low"] <= 0 <= r["high"] else ("win" if r["low"] > 0 else "loss")
             row.append(
-                f"{r['auroc_difference']:+.3f} [{r['low']:+.2f}, {r['high']:+.2f}] {verdict}"
+                f"{r['auroc_difference']:+.3f} [{r['low']:+.2f}, {r['high']:+.2f}] "
+                + _verdict(r["low"], r["high"])
             )
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines)
