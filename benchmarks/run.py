@@ -68,6 +68,8 @@ def _auroc(record: dict[str, Any]) -> str:
 def _seconds(record: dict[str, Any]) -> str:
     if "seconds_per_example" not in record:
         return ""
+    if record["seconds_per_example"] != record["seconds_per_example"]:  # NaN
+        return "not timed"  # e.g. L=2/3/5 read off the L=10 pass, with --ablation-limit 0
     extra = record.get("extra_seconds_per_example")
     whole = f"{record['seconds_per_example']:.2f}"
     return whole if extra is None else f"{whole} ({extra:.2f})"
