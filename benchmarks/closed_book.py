@@ -446,12 +446,15 @@ def report(
     common = {"dataset": dataset, "accuracy": 1 - sum(wrong.values()) / n,
               "labels": labeller.name, "n_unscored": len(rows) - n}  # fmt: skip
     combined = _combined(values, wrong)
+    half: dict[int, int] = {}  # the cross-fitted score's half: AUROCs are taken within each
     if combined is not None:
-        values[COMBINED] = combined
+        values[COMBINED], half = combined
     records = []
     for method, scores in values.items():
         labels = [wrong[i] for i in scores]
-        estimate = bootstrap(auroc, list(scores.values()), labels, n_resamples=2000)
+        groups = [half[i] for i in scores] if method == COMBINED else None
+        estimate = bootstrap(auroc, list(scores.values()), labels, n_resamples=2000,
+                             groups=groups)  # fmt: skip
         cost = plain + _extra(method, t)
         record = {
             **common, "method": method, "n": len(scores), "auroc": estimate.value,
@@ -461,15 +464,18 @@ def report(
         }  # fmt: skip
         if method == COMBINED:
             record["ece"] = expected_calibration_error(list(scores.values()), labels)
+            record["note"] = ("fitted on one half, measured on the other, both ways; AUROC "
+                              "the mean of the two halves'")  # fmt: skip
         records.append(record)
     records.append({**common, "method": "plain greedy answer", "n": n, "auroc": None,
                     "seconds_per_example": plain, "extra_seconds_per_example": 0.0,
                     "note": "no guard"})  # fmt: skip
     for first, second in _pairs(values, wrong):
         both = [i for i in values[first] if i in values[second]]
+        groups = [half[i] for i in both] if COMBINED in (first, second) else None
         diff = paired_difference(auroc, [values[first][i] for i in both],
                                  [values[second][i] for i in both], [wrong[i] for i in both],
-                                 n_resamples=2000)  # fmt: skip
+                                 n_resamples=2000, groups=groups)  # fmt: skip
         records.append({**common, "method": f"{first} - {second}", "paired": True,
                         "n": len(both), "auroc_difference": diff.value, "low": diff.low,
                         "high": diff.high})  # fmt: skip
@@ -532,8 +538,12 @@ def _extra(method: str, t: dict[str, float]) -> float:
 
 def _combined(
     values: dict[str, dict[int, float]], wrong: dict[int, int]
-) -> dict[int, float] | None:
-    """Cross-fitted P(wrong): each half's from the model fitted on the other half."""
+) -> tuple[dict[int, float], dict[int, int]] | None:
+    """Cross-fitted P(wrong): each half's from the model fitted on the other half.
+
+    With each question's half: two fitted models' outputs are not on one scale, so the
+    report measures each half on its own and averages (``groups`` in the bootstrap).
+    """
     names = {"esi": ESI, "nll": "NLL (greedy)", "entropy": "mean token entropy"}
     order = list(values[ESI])
     signals = {i: {k: values[m][i] for k, m in names.items()} for i in order}
@@ -545,7 +555,7 @@ def _combined(
         except ConfigurationError:  # too few right (or wrong) answers in a half
             return None
         out |= {i: model.p_wrong(signals[i]) for i in apply}
-    return {i: out[i] for i in order}
+    return {i: out[i] for i in order}, {i: n % 2 for n, i in enumerate(order)}
 
 
 def _pairs(values: dict[str, dict[int, float]], wrong: dict[int, int]) -> list[tuple[str, str]]:

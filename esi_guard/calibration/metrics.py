@@ -144,14 +144,20 @@ def bootstrap(
     n_resamples: int = 1000,
     level: float = 0.95,
     seed: int = 0,
+    groups: ArrayLike | None = None,
 ) -> Estimate:
     """The metric on the data, and a percentile bootstrap interval (resampling examples).
 
     Resamples where the metric is undefined (NaN, e.g. one class only) are skipped.
+    ``groups`` (one label per example) is for scores made by different fitted models, as
+    cross-fitting makes them: the metric is taken within each group and averaged, and
+    each resample draws within each group. Pooling the groups would rank one model's
+    outputs against another's, which no deployed model does.
     """
     s, w = _arrays(scores, wrong)
-    statistic = lambda pick: metric(s[pick], w[pick])  # noqa: E731
-    return _resampled(statistic, s.size, n_resamples=n_resamples, level=level, seed=seed)
+    statistic = lambda picks: _mean_over(metric, s, w, picks)  # noqa: E731
+    return _resampled(statistic, _parts(groups, s.size), n_resamples=n_resamples, level=level,
+                      seed=seed)  # fmt: skip
 
 
 def paired_difference(
@@ -163,39 +169,64 @@ def paired_difference(
     n_resamples: int = 1000,
     level: float = 0.95,
     seed: int = 0,
+    groups: ArrayLike | None = None,
 ) -> Estimate:
     """``metric(first) - metric(second)`` on the same examples, with a paired interval.
 
-    A percentile bootstrap in which each resample picks the same examples for both scores.
+    A percentile bootstrap in which each resample picks the same examples for both scores
+    (within each of ``groups``, as :func:`bootstrap`).
 
     An interval that excludes 0 says one score is better on these data; one that holds
     0 is a tie.
     """
     a, w = _arrays(first, wrong)
     b, _ = _arrays(second, wrong)
-    statistic = lambda pick: metric(a[pick], w[pick]) - metric(b[pick], w[pick])  # noqa: E731
-    return _resampled(statistic, a.size, n_resamples=n_resamples, level=level, seed=seed)
+    statistic = lambda picks: _mean_over(metric, a, w, picks) - _mean_over(metric, b, w, picks)  # noqa: E731
+    return _resampled(statistic, _parts(groups, a.size), n_resamples=n_resamples, level=level,
+                      seed=seed)  # fmt: skip
+
+
+def _parts(groups: ArrayLike | None, size: int) -> list[NDArray[np.int_]]:
+    """The example indices of each group (one group of all without ``groups``)."""
+    if groups is None:
+        return [np.arange(size)]
+    labels = np.asarray(groups)
+    if labels.shape != (size,):
+        msg = f"groups needs one label per example ({size}), got shape {labels.shape}"
+        raise ValueError(msg)
+    return [np.flatnonzero(labels == label) for label in np.unique(labels)]
+
+
+def _mean_over(
+    metric: Metric,
+    scores: NDArray[np.float64],
+    wrong: NDArray[np.int_],
+    picks: list[NDArray[np.int_]],
+) -> float:
+    """The metric within each pick of examples, averaged (NaN if any is undefined)."""
+    return float(np.mean([metric(scores[pick], wrong[pick]) for pick in picks]))
 
 
 def _resampled(
-    statistic: Callable[[NDArray[np.int_]], float],
-    size: int,
+    statistic: Callable[[list[NDArray[np.int_]]], float],
+    parts: list[NDArray[np.int_]],
     *,
     n_resamples: int,
     level: float,
     seed: int,
 ) -> Estimate:
-    """``statistic`` of all ``size`` examples, with a percentile interval.
+    """``statistic`` of all the examples, with a percentile interval.
 
-    The interval is over resamples of the example indices; undefined (NaN) ones are skipped.
+    The interval is over resamples of the example indices, each part resampled within
+    itself; undefined (NaN) ones are skipped.
     """
     rng = np.random.default_rng(seed)
     values = []
     for _ in range(n_resamples):
-        value = statistic(rng.integers(0, size, size))
+        value = statistic([part[rng.integers(0, part.size, part.size)] for part in parts])
         if not math.isnan(value):
             values.append(value)
-    point = statistic(np.arange(size))
+    point = statistic(parts)
     if not values:
         return Estimate(point, math.nan, math.nan)
     tail = (1 - level) / 2 * 100

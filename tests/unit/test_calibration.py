@@ -67,6 +67,32 @@ def test_bootstrap_interval_brackets_the_value_and_summarise_names_every_metric(
                             "selective_accuracy@80%", "selective_accuracy@70%"}  # fmt: skip
 
 
+def test_grouped_bootstrap_measures_each_fitted_model_on_its_own_answers() -> None:
+    # Two cross-fitted halves: each ranks its own answers perfectly, but the second
+    # model's outputs sit lower, so pooling them ranks half of its wrong answers below
+    # the first model's right ones.
+    w = np.array([0, 0, 1, 1] * 10)
+    first = np.array([0.6, 0.7, 0.8, 0.9] * 5)
+    second = np.array([0.1, 0.2, 0.3, 0.4] * 5)
+    scores = np.concatenate([first, second])
+    groups = np.repeat([0, 1], 20)
+    assert metrics.auroc(scores, w) < 0.8
+    grouped = metrics.bootstrap(metrics.auroc, scores, w, n_resamples=200, groups=groups)
+    assert grouped.value == grouped.low == grouped.high == 1.0
+    # Paired: resamples keep each group's examples together for both scores.
+    flat = np.tile([0.1, 0.5, 0.3, 0.4], 10)  # per group: AUROC 0.5
+    diff = metrics.paired_difference(metrics.auroc, scores, flat, w, n_resamples=200,
+                                     groups=groups)  # fmt: skip
+    assert diff.value == pytest.approx(0.5)
+    assert diff.low > 0
+    # Without groups the resampling is what it always was (the same draws, seed 0).
+    plain = metrics.bootstrap(metrics.auroc, scores, w, n_resamples=200)
+    same = metrics.bootstrap(metrics.auroc, scores, w, n_resamples=200, groups=np.zeros(40))
+    assert (plain.value, plain.low, plain.high) == (same.value, same.low, same.high)
+    with pytest.raises(ValueError, match="one label per example"):
+        metrics.bootstrap(metrics.auroc, scores, w, groups=[0, 1])
+
+
 def test_threshold_rules() -> None:
     chosen = thresholds.by_coverage(SCORES, WRONG, 0.6)
     assert (chosen.threshold, chosen.coverage) == (0.3, 0.6)
