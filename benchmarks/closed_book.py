@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cache import Cache
-from benchmarks.common import Answering, Clock, token_logprobs
+from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
 from benchmarks.sequential import sequential_row
 from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
@@ -252,6 +252,7 @@ def _score(
     for r, g, f in zip(records, gens, forced, strict=True):  # the L=10 pass
         r["scores"]["NLL (greedy)"] = neg_log_likelihood(token_logprobs(g))
         r["scores"]["mean token entropy"] = mean_token_entropy(g.topk.values)
+        r["tokens"] = {"logprob": token_logprobs(g), "entropy": token_entropies(g)}
         if f is None:
             continue
         if not ablation:  # the first L of the same variants, forced in the L=10 pass

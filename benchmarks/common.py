@@ -14,7 +14,14 @@ import numpy as np
 from esi_guard.backends import ChatMessage, Generation
 from esi_guard.calibration.prompts import DEFAULT_SYSTEM
 
-__all__ = ["FEW_SHOT", "FEW_SHOT_TEMPLATE", "Answering", "Clock", "token_logprobs"]
+__all__ = [
+    "FEW_SHOT",
+    "FEW_SHOT_TEMPLATE",
+    "Answering",
+    "Clock",
+    "token_entropies",
+    "token_logprobs",
+]
 
 FEW_SHOT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
@@ -77,3 +84,16 @@ def token_logprobs(gen: Generation) -> list[float]:
     values = gen.topk.values
     norm = np.logaddexp.reduce(values, axis=1)
     return [float(values[t, 0] - norm[t]) for t in range(len(gen.token_ids))]
+
+
+def token_entropies(gen: Generation) -> list[float]:
+    """The entropy of each answer position's top-100 distribution.
+
+    Their mean is "mean token entropy"; the benchmark's cache keeps them per token so that
+    other free signals can be computed later without a new run.
+    """
+    values = np.asarray(gen.topk.values, dtype=np.float64)[: len(gen.token_ids)]
+    logp = values - np.logaddexp.reduce(values, axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(np.isfinite(logp), -np.exp(logp) * logp, 0.0)
+    return [float(x) for x in terms.sum(axis=1)]
