@@ -104,21 +104,22 @@ def markdown(records: list[dict[str, Any]]) -> str:
     )
     for d in datasets:
         esi = cell[(d, "ESI(SOC) L=10")]
-        se = cell[(d, "semantic entropy")]
         plain = cell[(d, "plain greedy answer")]["seconds_per_example"]
         line = (
-            f"{d}: semantic entropy / ESI(SOC, L=10) time = "
-            f"{se['seconds_per_example'] / esi['seconds_per_example']:.2f}x"
+            f"{d}: ESI(SOC, L=10) / plain greedy answer = {esi['seconds_per_example'] / plain:.2f}x"
         )
-        if "extra_seconds_per_example" in esi:
+        se = cell.get((d, "semantic entropy"))  # absent when nothing was sampled
+        if se is not None:
+            line += (
+                f"; semantic entropy / ESI(SOC, L=10) time = "
+                f"{se['seconds_per_example'] / esi['seconds_per_example']:.2f}x"
+            )
+        if se is not None and "extra_seconds_per_example" in esi:
             line += (
                 f" (beyond the answer: {se['extra_seconds_per_example']:.2f} s vs "
                 f"{esi['extra_seconds_per_example']:.2f} s, "
                 f"{se['extra_seconds_per_example'] / esi['extra_seconds_per_example']:.2f}x)"
             )
-        line += (
-            f"; ESI(SOC, L=10) / plain greedy answer = {esi['seconds_per_example'] / plain:.2f}x"
-        )
         lines.append(line)
         for name in ("ESI(SOC) sequential", "ESI(Para) sequential"):
             r = cell.get((d, name))
