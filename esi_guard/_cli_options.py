@@ -15,6 +15,7 @@ __all__ = [
     "BatchSize",
     "Cache",
     "ChatTemplateOption",
+    "DType",
     "Data",
     "Device",
     "IncorrectField",
@@ -94,6 +95,10 @@ Model = Annotated[
 ApiBase = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (API backend).")]
 ApiMode = Annotated[str, typer.Option(help="API backend mode: echo, chat or auto.")]
 Device = Annotated[str | None, typer.Option(help="Device for local models (cpu, cuda...).")]
+DType = Annotated[
+    str | None,
+    typer.Option(help="transformers' dtype (auto, float32, bfloat16...): as you serve it."),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(

@@ -29,6 +29,7 @@ from esi_guard._cli_options import (
     ChatTemplateOption,
     Data,
     Device,
+    DType,
     IncorrectField,
     InterventionName,
     Judge,
@@ -73,6 +74,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 def _backend(
     model: str, api_base: str | None, api_mode: str, device: str | None,
     runner: LocalBackend = LocalBackend.transformers, chat_template: str | None = None,
+    dtype: str | None = None,
 ) -> Backend:  # fmt: skip
     if api_base:
         from esi_guard.backends.openai import OpenAIBackend
@@ -81,7 +83,8 @@ def _backend(
     template = chat_template
     if template is not None and template != "completion":
         template = Path(template).read_text(encoding="utf-8")
-    return local_backend(model, engine=runner.value, device=device, chat_template=template)
+    return local_backend(model, engine=runner.value, device=device, chat_template=template,
+                         dtype=dtype)  # fmt: skip
 
 
 def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -> Any:
@@ -103,9 +106,9 @@ def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -
 def _guard(
     model: str, api_base: str | None, api_mode: str, device: str | None, runner: LocalBackend,
     chat_template: str | None, intervention: str, n_variants: int, top_k: int, distance: str,
-    max_new_tokens: int, seed: int,
+    max_new_tokens: int, seed: int, dtype: str | None = None,
 ) -> ESIGuard:  # fmt: skip
-    backend = _backend(model, api_base, api_mode, device, runner, chat_template)
+    backend = _backend(model, api_base, api_mode, device, runner, chat_template, dtype)
     kind = SkipOneChar if intervention == "soc" else Typo
     return ESIGuard(
         backend=backend, threshold=0.0, intervention=kind(),  # decisions unused here
@@ -153,6 +156,7 @@ def calibrate(
     api_base: ApiBase = None,
     api_mode: ApiMode = "auto",
     device: Device = None,
+    dtype: DType = None,
     runner: Runner = LocalBackend.transformers,
     chat_template: ChatTemplateOption = None,
     intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
@@ -203,7 +207,8 @@ def calibrate(
         raise typer.Exit(2)
     guard, run = score_run(
         lambda: _guard(model, api_base, api_mode, device, runner, chat_template,
-                       intervention.value, n_variants, top_k, distance, max_new_tokens, 0),
+                       intervention.value, n_variants, top_k, distance, max_new_tokens, 0,
+                       dtype),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
         system=system, prompt_file=prompt, batch_size=batch_size,
@@ -311,6 +316,7 @@ def evaluate(
     api_base: ApiBase = None,
     api_mode: ApiMode = "auto",
     device: Device = None,
+    dtype: DType = None,
     runner: Runner = LocalBackend.transformers,
     chat_template: ChatTemplateOption = None,
     labels: Labels = LabelMethod.containment,
@@ -328,7 +334,8 @@ def evaluate(
         raise typer.Exit(2) from exc
     _, run = score_run(
         lambda: ESIGuard.from_calibration(
-            threshold, backend=_backend(model, api_base, api_mode, device, runner, chat_template)
+            threshold,
+            backend=_backend(model, api_base, api_mode, device, runner, chat_template, dtype),
         ),
         data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
         labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,

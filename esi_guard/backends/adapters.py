@@ -84,6 +84,7 @@ def local_backend(
     engine: str = "transformers",
     device: str | None = None,
     chat_template: str | None = None,
+    dtype: str | None = None,
 ) -> Backend:
     """A local model by name: ``"default"`` (the embedded one), a hub id, a folder or a ``.gguf``.
 
@@ -92,6 +93,8 @@ def local_backend(
         engine: ``"transformers"`` (:class:`HFBackend`) or ``"llamacpp"``
             (:class:`LlamaCppBackend`, ``"default"`` or a ``.gguf`` file only).
         device: transformers' device (``"cpu"``, ``"cuda"``...); llama.cpp runs on the CPU.
+        dtype: transformers' dtype (``"float32"``, ``"bfloat16"``...; None: its default);
+            llama.cpp runs the GGUF's own types and refuses one.
         chat_template: Jinja source overriding the model's template, or ``"completion"``
             for a base model that has none
             (:data:`~esi_guard.backends.llamacpp.COMPLETION_TEMPLATE`).
@@ -102,6 +105,9 @@ def local_backend(
     if engine == "llamacpp":
         from esi_guard.backends.llamacpp import LlamaCppBackend
 
+        if dtype is not None:
+            msg = f"llama.cpp runs the GGUF's own types; a dtype ({dtype!r}) is for transformers"
+            raise ConfigurationError(msg)
         if model == "default":
             return LlamaCppBackend.default(chat_template=template)
         if not model.endswith(".gguf"):
@@ -114,6 +120,8 @@ def local_backend(
     from esi_guard.backends.hf import HFBackend
 
     kwargs: dict[str, Any] = {"device": device} if device else {}
+    if dtype:
+        kwargs["dtype"] = dtype
     if model == "default":
         return HFBackend.default(chat_template=template, **kwargs)
     return HFBackend.from_pretrained(model, chat_template=template, **kwargs)

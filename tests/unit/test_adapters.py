@@ -78,3 +78,24 @@ def test_a_local_model_needs_an_engine_that_can_run_it() -> None:
         local_backend("default", engine="vllm")
     with pytest.raises(ConfigurationError, match=r"runs a \.gguf file or 'default'"):
         local_backend("org/model", engine="llamacpp")
+
+
+def test_a_dtype_reaches_transformers_and_llama_cpp_refuses_one(monkeypatch: Any) -> None:
+    from esi_guard.backends import hf
+    from esi_guard.backends.adapters import local_backend
+
+    seen: dict[str, Any] = {}
+
+    def from_pretrained(cls: Any, model: str, **kwargs: Any) -> str:
+        seen.update(kwargs, model=model)
+        return "loaded"
+
+    monkeypatch.setattr(hf.HFBackend, "from_pretrained", classmethod(from_pretrained))
+    assert local_backend("org/model", dtype="bfloat16", device="cpu") == "loaded"
+    assert seen == {"model": "org/model", "dtype": "bfloat16", "device": "cpu",
+                    "chat_template": None}  # fmt: skip
+    seen.clear()
+    local_backend("org/model")
+    assert "dtype" not in seen  # the backend's own default
+    with pytest.raises(ConfigurationError, match="a dtype \\('bfloat16'\\) is for transformers"):
+        local_backend("default", engine="llamacpp", dtype="bfloat16")
