@@ -361,10 +361,12 @@ def run_closed(
     answering: Answering | None = None,
     parts: Parts | None = None,
     nli: NLIModel | None = None,
+    dtype: str | None = None,
 ) -> list[dict[str, Any]]:
     """Score this shard's questions (resuming); every method's records once all are scored.
 
-    Returns no records while another shard still has questions to score.
+    Returns no records while another shard still has questions to score. ``dtype``: the
+    one the model was loaded in when the run chose it (the cache then holds only its runs).
     """
     answering = answering or Answering()
     parts = parts or Parts()
@@ -381,6 +383,8 @@ def run_closed(
               "methods": 3, "nli": judges.describe()}  # fmt: skip
     if getattr(backend, "chat_template", None):  # a template of the run's own (a base model)
         header["chat_template"] = backend.chat_template
+    if dtype is not None:
+        header["dtype"] = dtype
     cache = Cache(cache_dir, f"{dataset}-closed", header)
     k, n = shard
     done = cache.done()

@@ -196,6 +196,11 @@ def main() -> None:
         help="a base model (Gemma-3-270M): 'Question: ... Answer:' after three worked "
         "examples, the answer cut at a newline (closed-book sets)",
     )
+    parser.add_argument(
+        "--dtype",
+        help="load the transformers model in this dtype (bfloat16, float32...; closed-book "
+        "sets); default: the backend's own",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch", type=int, default=8, help="questions per batched call")
     parser.add_argument(
@@ -259,10 +264,11 @@ def main() -> None:
         from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
 
         template = COMPLETION_TEMPLATE
+    loading = {"chat_template": template} | ({"dtype": args.dtype} if args.dtype else {})
     backend = (
-        HFBackend.default(chat_template=template)
+        HFBackend.default(**loading)
         if args.model == "default"
-        else HFBackend.from_pretrained(args.model, chat_template=template)
+        else HFBackend.from_pretrained(args.model, **loading)
     )
     answering = (Answering.few_shot if args.few_shot else Answering)(args.max_new_tokens)
     semantic = Semantic()
@@ -280,14 +286,16 @@ def main() -> None:
                     "semantic": semantic, "cache_dir": args.cache,
                     "shard": (int(k), int(n))}  # fmt: skip
         if _has_passages(path):
-            if args.few_shot:
-                parser.error(f"--few-shot is for the closed-book sets; {path} has passages")
+            if args.few_shot or args.dtype:
+                parser.error(f"--few-shot and --dtype are for the closed-book sets; {path} "
+                             "has passages")  # fmt: skip
             records += run_rag(backend, path, **settings, max_new_tokens=args.max_new_tokens)
         else:
             parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit,
                           args.fidelity_limit)  # fmt: skip
             records += run_closed(backend, path, **settings, answering=answering, parts=parts,
-                                  nli=nli, max_disagreement=args.max_disagreement)  # fmt: skip
+                                  nli=nli, max_disagreement=args.max_disagreement,
+                                  dtype=args.dtype)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)

@@ -71,8 +71,8 @@ sampled: list[list[int]] = []  # the last _run's report: the questions with samp
 
 
 def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tuple[int, int],
-         kill_after: int | None = None, limit: int = 7,
-         parts: closed_book.Parts | None = None) -> tuple[list[int], Any]:  # fmt: skip
+         kill_after: int | None = None, limit: int = 7, parts: closed_book.Parts | None = None,
+         dtype: str | None = None) -> tuple[list[int], Any]:  # fmt: skip
     scored: list[int] = []
     reports: list[Any] = []
     topped.clear()
@@ -102,7 +102,7 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
     try:
         out = closed_book.run_closed(
             _Sampling(), data, limit=limit, answering=Answering(4), batch=2, semantic=Semantic(),  # type: ignore[arg-type]
-            max_disagreement=0.05, cache_dir=cache, shard=shard, parts=parts,
+            max_disagreement=0.05, cache_dir=cache, shard=shard, parts=parts, dtype=dtype,
         )  # fmt: skip
     except _Killed:
         out = None
@@ -128,6 +128,17 @@ def test_shards_split_the_questions_and_the_last_one_reports(
     assert even == [0, 2, 4, 6] and out == [] and reports == []  # odd ones still missing
     odd, (out, reports) = _run(data, cache, monkeypatch, shard=(1, 2))
     assert odd == [1, 3, 5] and reports == [list(range(7))]
+
+
+def test_a_run_in_another_dtype_is_refused_by_the_cache_of_the_default_one(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    _run(data, cache, monkeypatch, shard=(0, 1))
+    with pytest.raises(SystemExit, match="another run"):
+        _run(data, cache, monkeypatch, shard=(0, 1), dtype="bfloat16")
+    scored, _ = _run(data, tmp_path / "bf16", monkeypatch, shard=(0, 1), dtype="bfloat16")
+    assert scored == list(range(7))
 
 
 def test_a_larger_limit_adds_questions_to_the_same_cache(
