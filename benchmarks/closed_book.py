@@ -470,7 +470,7 @@ def report(
         if method == COMBINED:
             record["ece"] = expected_calibration_error(list(scores.values()), labels)
             record["note"] = ("fitted on one half, measured on the other, both ways; AUROC "
-                              "the mean of the two halves'")  # fmt: skip
+                              "the mean of the two halves' AUROCs")  # fmt: skip
         records.append(record)
     records.append({**common, "method": "plain greedy answer", "n": n, "auroc": None,
                     "seconds_per_example": plain, "extra_seconds_per_example": 0.0,

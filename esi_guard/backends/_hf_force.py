@@ -113,14 +113,14 @@ def force_group(
         cache = None
         if shared:
             prefix = torch.tensor([prompts[0][:shared]], device=device)
-            cache = backend.model(input_ids=prefix, use_cache=True).past_key_values
+            cache = backend._prefill(prefix)
             cache.batch_repeat_interleave(n_rows)
         logits = backend.model(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             position_ids=positions.to(device),
-            past_key_values=cache,
             use_cache=cache is not None,
+            **{backend._cache_name: cache},
             **trim,
         ).logits
         start = lead - 1 - first

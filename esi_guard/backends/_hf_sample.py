@@ -45,13 +45,13 @@ def sample_answers(
                 cache = None
                 if backend.reuse_prefix and len(row) > 1:
                     # The prompt runs once; its KV cache is copied over the n samples.
-                    cache = backend.model(input_ids=ids[:, :-1], use_cache=True).past_key_values
+                    cache = backend._prefill(ids[:, :-1])
                     cache.batch_repeat_interleave(n)
                     ids = ids.repeat(n, 1)  # contiguous: an expanded view decodes slower
                 out = backend.model.generate(
                     input_ids=ids,
                     attention_mask=torch.ones_like(ids),
-                    past_key_values=cache,
+                    **{backend._cache_name: cache},
                     generation_config=config if cache is None else expanded,
                 )
                 new = out.sequences[:, len(row) :]

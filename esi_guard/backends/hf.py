@@ -159,7 +159,10 @@ class HFBackend(Backend):
         self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "unknown")
         self._lock = threading.Lock()
         self._eos_ids = self._collect_eos_ids()
-        self._can_trim = "logits_to_keep" in inspect.signature(model.forward).parameters
+        forward = inspect.signature(type(model).forward).parameters  # not a patched instance
+        self._can_trim = "logits_to_keep" in forward
+        # transformers 5.24 renamed the KV cache (argument and output) to `cache`.
+        self._cache_name = "cache" if "cache" in forward else "past_key_values"
         pad = tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else self._eos_ids[0])
 
@@ -231,6 +234,10 @@ class HFBackend(Backend):
         """Device the model's parameters live on."""
         device: torch.device = next(self.model.parameters()).device
         return device
+
+    def _prefill(self, input_ids: Any) -> Any:
+        """Run ``input_ids`` once and return their KV cache, under either name."""
+        return self.model(input_ids=input_ids, use_cache=True)[self._cache_name]
 
     def _collect_eos_ids(self) -> list[int]:
         ids: list[int] = []
