@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from esi_guard import HFBackend
+from esi_guard.backends.adapters import local_backend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.labels import Semantic
 from esi_guard.nli import NLIModel
@@ -260,16 +261,8 @@ def main() -> None:
         parser.error("give --data PATH (one or more) and --json OUT.json, or --table JSON...")
 
     template = FEW_SHOT_TEMPLATE if args.few_shot else args.chat_template
-    if template == "completion":
-        from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
-
-        template = COMPLETION_TEMPLATE
-    loading = {"chat_template": template} | ({"dtype": args.dtype} if args.dtype else {})
-    backend = (
-        HFBackend.default(**loading)
-        if args.model == "default"
-        else HFBackend.from_pretrained(args.model, **loading)
-    )
+    backend = local_backend(args.model, chat_template=template, dtype=args.dtype)
+    assert isinstance(backend, HFBackend)  # the transformers engine, local_backend's default
     answering = (Answering.few_shot if args.few_shot else Answering)(args.max_new_tokens)
     semantic = Semantic()
     nli = NLIModel(args.nli) if args.nli else None
