@@ -36,7 +36,7 @@ from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.interventions import Intervention, SkipOneChar
-from esi_guard.result import ESIResult, ScoringConfig
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, ESIResult, ScoringConfig
 from esi_guard.scoring import Distance, Support
 
 __all__ = ["ESIGuard", "GuardInput"]
@@ -115,7 +115,7 @@ class ESIGuard(BaseChatModel):
     """Runnable invoked with the original input when ``action="route"``."""
     abstain_message: str = DEFAULT_ABSTAIN_MESSAGE
     """Content returned in place of an untrusted answer when ``action="abstain"``."""
-    max_new_tokens: int = Field(default=64, ge=1, alias="max_tokens")
+    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=1, alias="max_tokens")
     """Most tokens generated per answer (``max_tokens``, LangChain's name, works too)."""
     seed: int = 0
     """Seed of the intervention; variants depend only on it and the question."""

@@ -16,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from esi_guard._keywords import check_keywords
 
-__all__ = ["Decision", "ESIResult", "ScoringConfig"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "Decision", "ESIResult", "ScoringConfig"]
+
+DEFAULT_MAX_NEW_TOKENS = 64
+"""Most tokens per answer, for the guard and ``esi-guard calibrate`` alike (a threshold
+file records the value it was calibrated with, and a guard from it answers with it)."""
 
 Decision = Literal["accept", "flag", "abstain", "route", "raise", "pass"]
 """``accept`` for a trusted answer, otherwise the action the guard took (``raise``: the

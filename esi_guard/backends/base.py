@@ -127,6 +127,9 @@ class Forced:
     score the distance's upper bound, see :func:`~esi_guard.esi_score`). ``None``: all."""
 
 
+_ENGINES = {"huggingface": "transformers"}
+
+
 class Backend(ABC):
     """Base class of all backends."""
 
@@ -139,6 +142,24 @@ class Backend(ABC):
     def approximate(self) -> bool:
         """True when the variants' distributions are not exact teacher forcing."""
         return False
+
+    @property
+    def engine(self) -> str:
+        """What computes the distributions: ``transformers``, ``llamacpp``, ``openai``, ``fake``.
+
+        Recorded in threshold files: the same weights on another engine give close but
+        not identical scores.
+        """
+        return _ENGINES.get(self.provider, self.provider)
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The content digest of the model's weights file, where there is one file (a GGUF).
+
+        Two backends with the same digest run the same weights however they were loaded,
+        so a threshold file matches on it before ``model_id``. None: unknown.
+        """
+        return None
 
     @property
     @abstractmethod

@@ -50,6 +50,12 @@ class ThresholdFile(BaseModel):
     calibration_selective_risk: float | None
     model: str
     """The backend's ``model_id``."""
+    model_sha256: str | None = None
+    """The backend's ``model_sha256`` (the GGUF's content digest) where it has one: then
+    the file matches any backend running the same weights, however loaded."""
+    engine: str | None = None
+    """The backend's ``engine`` (``transformers``, ``llamacpp``, ``openai``...) it was
+    calibrated on. None: a file written before engines were recorded."""
     scoring: ScoringConfig
     label_method: str
     dataset: DatasetInfo
