@@ -29,8 +29,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from esi_guard._embedded import embedded_gguf
 from esi_guard.agents import ESIMiddleware
+from esi_guard.backends import embedded_gguf
 
 SYSTEM = "Answer the question in one short sentence. Use the encyclopedia tool when unsure."
 QUESTIONS = [

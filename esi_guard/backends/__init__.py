@@ -2,7 +2,8 @@
 
 ``HFBackend``, ``LlamaCppBackend`` and ``OpenAIBackend`` are imported from here without
 importing torch, llama-cpp-python or the openai SDK: their heavy imports happen when a
-model is loaded or a request is sent.
+model is loaded or a request is sent. :func:`embedded_gguf` is the embedded default
+model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_id``).
 """
 
 from esi_guard.backends.base import (
@@ -15,6 +16,7 @@ from esi_guard.backends.base import (
     Sample,
     Sampler,
 )
+from esi_guard.backends.embedded import embedded_gguf
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
 from esi_guard.backends.llamacpp import LlamaCppBackend
@@ -34,4 +36,5 @@ __all__ = [
     "RequestStats",
     "Sample",
     "Sampler",
+    "embedded_gguf",
 ]

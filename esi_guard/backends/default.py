@@ -22,8 +22,9 @@ import importlib.util
 import threading
 from collections.abc import Generator, Sequence
 
-from esi_guard._embedded import EMBEDDED_MODEL_ID
+from esi_guard.backends._identity import file_sha256
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.exceptions import BackendError
 
 __all__ = ["EmbeddedBackend", "embedded_backend"]
@@ -59,6 +60,11 @@ class EmbeddedBackend(Backend):
     def model_id(self) -> str:
         """The embedded model's identity (known without loading it)."""
         return EMBEDDED_MODEL_ID
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The embedded GGUF's sha256 (hashed on first use, without loading the model)."""
+        return file_sha256(embedded_gguf())
 
     @property
     def loaded(self) -> Backend:

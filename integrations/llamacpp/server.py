@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from esi_guard._embedded import embedded_gguf
+from esi_guard.backends import embedded_gguf
 from esi_guard.exceptions import BackendError
 
 if TYPE_CHECKING:

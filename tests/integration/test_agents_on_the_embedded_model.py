@@ -19,8 +19,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from esi_guard import ESIGuard, HFBackend
-from esi_guard._embedded import embedded_gguf
 from esi_guard.agents import ESIMiddleware
+from esi_guard.backends import embedded_gguf
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from esi_guard import ESIGuard, HFBackend
 from esi_guard import cli as cli_module
-from esi_guard._embedded import EMBEDDED_MODEL_ID
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 from esi_guard.calibration.file import ThresholdFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

