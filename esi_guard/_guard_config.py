@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.exceptions import ConfigurationError
+from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
 from esi_guard.interventions import rebuild_intervention
 
 if TYPE_CHECKING:
@@ -65,7 +66,13 @@ def from_threshold_file(
     intervention: Intervention | None = None,
     **kwargs: Any,
 ) -> G:
-    """``cls.from_calibration``: see :meth:`esi_guard.ESIGuard.from_calibration`."""
+    """``cls.from_calibration``: see :meth:`esi_guard.ESIGuard.from_calibration`.
+
+    The model matches on the weights' digest where the file and the backend both have
+    one (a GGUF's, :attr:`Backend.model_sha256`), else on ``model_id``. A file calibrated
+    on another engine than the backend's is accepted with an
+    :class:`EngineMismatchWarning`.
+    """
     calibrated = ThresholdFile.read(path)
     expected = calibrated.scoring
     options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
@@ -98,12 +105,60 @@ def from_threshold_file(
         guard.scoring_config,
         ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
     )
-    if guard.backend.model_id != calibrated.model:
-        problems.insert(0, f"model: {calibrated.model!r} vs {guard.backend.model_id!r}")
+    if (different_model := model_difference(calibrated, guard.backend)) is not None:
+        problems.insert(0, different_model)
     if problems:
         msg = (
             f"threshold file {path} does not match this guard (calibrated vs given): "
             + "; ".join(problems)
         )
         raise ConfigurationError(msg)
+    if (other_engine := engine_difference(calibrated, guard.backend, path)) is not None:
+        warnings.warn(other_engine, EngineMismatchWarning, stacklevel=3)
     return guard
+
+
+def model_difference(calibrated: ThresholdFile, backend: Backend) -> str | None:
+    """Why the file's model is not the backend's, with the fix; None when they match.
+
+    On the digest when both sides have one (the same GGUF however loaded), else on
+    ``model_id``; the backend's digest is computed only when the file has one.
+    """
+    theirs = calibrated.model_sha256
+    ours = backend.model_sha256 if theirs is not None else None
+    if theirs is not None and ours is not None:
+        if theirs == ours:
+            return None
+        return (
+            f"model: {calibrated.model!r} (sha256 {theirs[:16]}...) vs {backend.model_id!r} "
+            f"(sha256 {ours[:16]}...): a digest mismatch means different weights (another "
+            "file, quantization or fine-tune); calibrate on these weights"
+        )
+    if calibrated.model == backend.model_id:
+        return None
+    return (
+        f"model: {calibrated.model!r} vs {backend.model_id!r}: if these are the same weights "
+        f"named differently, pass model_id={calibrated.model!r} to the backend "
+        "(HFBackend, LlamaCppBackend or OpenAIBackend(..., model_id=...), given as "
+        "backend=...); otherwise calibrate on this model"
+    )
+
+
+def engine_difference(calibrated: ThresholdFile, backend: Backend, path: str | Path) -> str | None:
+    """The :class:`EngineMismatchWarning`'s message, or None: same engine, or not recorded."""
+    if calibrated.engine is None or calibrated.engine == backend.engine:
+        return None
+    engine = backend.engine
+    again = (
+        f"`esi-guard calibrate --backend {engine}`"
+        if engine in ("transformers", "llamacpp")
+        else "`esi-guard calibrate` on this backend"
+    )
+    return (
+        f"threshold file {path} was calibrated on the {calibrated.engine} engine and this "
+        f"guard runs {engine}: the same weights give close, not identical scores (on the "
+        "embedded model, transformers and llama.cpp agree to within 0.005 on average where "
+        "their greedy answers match, Spearman 0.99), so the threshold holds approximately. "
+        f"Recalibrate with {again}, or silence this with warnings.filterwarnings('ignore', "
+        "category=esi_guard.EngineMismatchWarning)"
+    )

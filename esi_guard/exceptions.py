@@ -35,11 +35,16 @@ scored follows the guard's ``on_error`` policy: withheld (``abstain``, the defau
 flagged with the reason in its metadata, or, with ``on_error="raise"``, one of these
 errors (``ScoringError`` carries the unscored result in ``.result``).
 
-One warning class, for what is not an error but is rarely what the user meant:
-``WholeMessageWarning`` (a ``UserWarning``), issued once per guard when the text taken as
-the question is long (over 512 characters): the whole human message (instructions,
-retrieved passages) is being intervened on; ``ESIGuard.with_prompt`` intervenes on the
-question variable alone.
+Two warning classes (both ``UserWarning``), for what is not an error but is rarely what
+the user meant:
+
+* ``WholeMessageWarning``, issued once per guard when the text taken as the question is
+  long (over 512 characters): the whole human message (instructions, retrieved passages)
+  is being intervened on; ``ESIGuard.with_prompt`` intervenes on the question variable
+  alone.
+* ``EngineMismatchWarning``, issued by ``ESIGuard.from_calibration`` when the threshold
+  file was calibrated on another engine (transformers) than the guard runs (llama.cpp)
+  for the same model: the scores are close, not identical.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ __all__ = [
     "ConfigurationError",
     "ContextLengthError",
     "ESIGuardError",
+    "EngineMismatchWarning",
     "InputError",
     "InterventionError",
     "ModelLoadError",
@@ -64,6 +70,10 @@ __all__ = [
 
 class WholeMessageWarning(UserWarning):
     """A long human message is being intervened on as a whole (see the module)."""
+
+
+class EngineMismatchWarning(UserWarning):
+    """A threshold file calibrated on another engine than the guard's (see the module)."""
 
 
 class ESIGuardError(Exception):

@@ -3,7 +3,10 @@
 The backend shares the loaded weights (never a second copy) or, for a client of an
 OpenAI-compatible server, the same server, model name and key. What is accepted:
 
-* a model id, local path or ``.gguf`` file (``str``) -> :meth:`HFBackend.from_pretrained`;
+* a model id or local folder (``str``) -> :meth:`HFBackend.from_pretrained`; a ``.gguf``
+  file or ``"default"`` -> :class:`LlamaCppBackend` when llama-cpp-python is installed
+  (it loads a GGUF in a second where transformers takes tens), else transformers
+  (:func:`local_backend`);
 * a transformers ``PreTrainedModel`` with its tokenizer, as a ``(model, tokenizer)`` pair,
   or a transformers text-generation ``pipeline``;
 * langchain-huggingface's ``HuggingFacePipeline`` and ``ChatHuggingFace`` (around a
@@ -19,12 +22,15 @@ here; anything else is a :class:`ConfigurationError` naming its type.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
+from esi_guard.backends._identity import check_model_path
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["ACCEPTED", "backend_for", "local_backend"]
+__all__ = ["ACCEPTED", "auto_engine", "backend_for", "local_backend"]
 
 ACCEPTED = (
     "a model id or path (str), a (PreTrainedModel, tokenizer) pair, a transformers "
@@ -81,17 +87,25 @@ def backend_for(llm: Any) -> Backend:
 def local_backend(
     model: str,
     *,
-    engine: str = "transformers",
+    engine: str | None = None,
     device: str | None = None,
     chat_template: str | None = None,
     dtype: str | None = None,
 ) -> Backend:
     """A local model by name: ``"default"`` (the embedded one), a hub id, a folder or a ``.gguf``.
 
+    A name that is a path (ends in ``.gguf``, or starts with ``/``, ``./``, ``../``, ``~``)
+    and is not there is a :class:`ModelLoadError` ("model file not found"), before any
+    model hub lookup, whatever the engine.
+
     Args:
         model: What to load.
         engine: ``"transformers"`` (:class:`HFBackend`) or ``"llamacpp"``
-            (:class:`LlamaCppBackend`, ``"default"`` or a ``.gguf`` file only).
+            (:class:`LlamaCppBackend`, ``"default"`` or a ``.gguf`` file only). None
+            (auto): llama.cpp for ``"default"`` or a ``.gguf`` file when
+            llama-cpp-python is installed and no ``dtype`` or non-CPU ``device`` asks for
+            transformers; transformers otherwise. The engine is recorded in threshold
+            files (:attr:`Backend.engine`): calibrate on the one you serve with.
         device: transformers' device (``"cpu"``, ``"cuda"``...); llama.cpp runs on the CPU.
         dtype: transformers' dtype (``"float32"``, ``"bfloat16"``...; None: its default);
             llama.cpp runs the GGUF's own types and refuses one.
@@ -101,6 +115,9 @@ def local_backend(
     """
     from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
 
+    check_model_path(model)
+    model = str(Path(model).expanduser()) if model.startswith("~") else model
+    engine = engine or auto_engine(model, device=device, dtype=dtype)
     template = COMPLETION_TEMPLATE if chat_template == "completion" else chat_template
     if engine == "llamacpp":
         from esi_guard.backends.llamacpp import LlamaCppBackend
@@ -125,6 +142,20 @@ def local_backend(
     if model == "default":
         return HFBackend.default(chat_template=template, **kwargs)
     return HFBackend.from_pretrained(model, chat_template=template, **kwargs)
+
+
+def auto_engine(model: str, *, device: str | None = None, dtype: str | None = None) -> str:
+    """The engine :func:`local_backend` picks for ``model`` when none is named.
+
+    ``"llamacpp"`` for ``"default"`` or a ``.gguf`` file when llama-cpp-python is
+    installed (looked up, not imported) and neither a ``dtype`` nor a non-CPU ``device``
+    (transformers' options) is asked for; ``"transformers"`` otherwise.
+    """
+    gguf = model == "default" or model.endswith(".gguf")
+    transformers_only = dtype is not None or device not in (None, "cpu")
+    if gguf and not transformers_only and importlib.util.find_spec("llama_cpp") is not None:
+        return "llamacpp"
+    return "transformers"
 
 
 def _from_pipeline(pipeline: Any) -> Backend:

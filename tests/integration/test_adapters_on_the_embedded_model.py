@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import pytest
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
 
-from esi_guard import ESIGuard, HFBackend, LlamaCppBackend
+from esi_guard import EngineMismatchWarning, ESIGuard, HFBackend, LlamaCppBackend
+from esi_guard.backends import embedded_gguf
 from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,8 +57,47 @@ def test_a_users_pipeline_is_guarded_on_the_same_weights_with_the_same_scores(
     reference = ESIGuard(backend=hf_backend, threshold=0.3, max_new_tokens=24)
     assert isinstance(guarded.backend, HFBackend)
     assert guarded.backend.model is hf_backend.model  # the same weights, loaded once
+    assert guarded.backend.model_id == EMBEDDED_MODEL_ID  # read from the embedded folder
+    assert guarded.backend.model_sha256 == hf_backend.model_sha256
     inputs = prompts(sciq_questions[:5])
     for ours, theirs in zip(guarded.batch(inputs), reference.batch(inputs), strict=True):
         a, b = ours.response_metadata["esi"], theirs.response_metadata["esi"]
         assert ours.content == theirs.content and a["answer_token_ids"] == b["answer_token_ids"]
         assert a["score"] == pytest.approx(b["score"], abs=1e-9)
+
+
+def test_the_embedded_weights_have_one_identity_however_loaded(hf_backend: HFBackend) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llama = llama_cpp.Llama(model_path=str(embedded_gguf()), verbose=False)
+    backends = [
+        ESIGuard(threshold=0.3).backend,
+        ESIGuard(llm=llama, threshold=0.3).backend,
+        ESIGuard(llm=str(embedded_gguf()), threshold=0.3).backend,  # llama.cpp: installed
+        hf_backend,
+    ]
+    assert isinstance(backends[2], LlamaCppBackend)
+    assert {b.model_id for b in backends} == {EMBEDDED_MODEL_ID}
+    assert len({b.model_sha256 for b in backends}) == 1 and backends[0].model_sha256
+    assert [b.engine for b in backends[1:]] == ["llamacpp", "llamacpp", "transformers"]
+
+
+def test_a_file_calibrated_on_transformers_serves_a_llama_with_one_warning(
+    hf_backend: HFBackend, tmp_path: Path
+) -> None:
+    """The new user's path: calibrated with the CLI's transformers, served by llama.cpp."""
+    from tests.unit.test_calibration import threshold_file
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tmp_path / "threshold.json"
+    threshold_file(
+        model=hf_backend.model_id, model_sha256=hf_backend.model_sha256, engine=hf_backend.engine
+    ).write(path)
+    llama = llama_cpp.Llama(model_path=str(embedded_gguf()), verbose=False)
+    mismatch = "transformers engine and this guard runs llamacpp"
+    with pytest.warns(EngineMismatchWarning, match=mismatch) as caught:
+        guard = ESIGuard.from_calibration(path, llm=llama, max_new_tokens=8)
+    assert len(caught) == 1 and isinstance(guard.backend, LlamaCppBackend)
+    assert guard.invoke([("system", SYSTEM), ("human", "What is 2+2?")]).content
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the engine it was calibrated on: silent
+        ESIGuard.from_calibration(path, backend=hf_backend)
