@@ -191,6 +191,7 @@ class HFBackend(Backend):
         dtype: Any = "auto",
         chat_template: str | None = None,
         max_batch_rows: int = 32,
+        model_id: str | None = None,
         **model_kwargs: Any,
     ) -> HFBackend:
         """Load a causal LM by hub id, local path, or GGUF file.
@@ -204,6 +205,8 @@ class HFBackend(Backend):
             dtype: ``"auto"``, a torch dtype, or its name (``"bfloat16"``).
             chat_template: Override the tokenizer's chat template.
             max_batch_rows: See the class docstring.
+            model_id: See the class docstring; default ``name_or_path`` (with the GGUF
+                file's name), or the embedded model's id for its file.
             **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained``.
         """
         where = str(name_or_path)
@@ -230,9 +233,10 @@ class HFBackend(Backend):
             msg_0 = f"{msg}: {exc}"
             raise ModelLoadError(msg_0) from exc
         model.to(_resolve_device(device))
-        model_id = f"{where}/{gguf_file}" if gguf_file else where
-        if local_gguf is not None:
-            model_id = gguf_model_id(local_gguf, model_id)
+        if model_id is None:
+            model_id = f"{where}/{gguf_file}" if gguf_file else where
+            if local_gguf is not None:
+                model_id = gguf_model_id(local_gguf, model_id)
         backend = cls(
             model,
             tokenizer,

@@ -89,13 +89,13 @@ def test_a_file_calibrated_on_transformers_serves_a_llama_with_one_warning(
 
     llama_cpp = pytest.importorskip("llama_cpp")
     path = tmp_path / "threshold.json"
-    threshold_file(
-        model=hf_backend.model_id, model_sha256=hf_backend.model_sha256, engine=hf_backend.engine
-    ).write(path)
+    scoring = threshold_file().scoring.model_copy(update={"n_variants": 3, "max_new_tokens": 8})
+    identity = {"model_sha256": hf_backend.model_sha256, "engine": hf_backend.engine}
+    threshold_file(model=hf_backend.model_id, scoring=scoring, **identity).write(path)
     llama = llama_cpp.Llama(model_path=str(embedded_gguf()), verbose=False)
     mismatch = "transformers engine and this guard runs llamacpp"
     with pytest.warns(EngineMismatchWarning, match=mismatch) as caught:
-        guard = ESIGuard.from_calibration(path, llm=llama, max_new_tokens=8)
+        guard = ESIGuard.from_calibration(path, llm=llama)
     assert len(caught) == 1 and isinstance(guard.backend, LlamaCppBackend)
     assert guard.invoke([("system", SYSTEM), ("human", "What is 2+2?")]).content
     with warnings.catch_warnings():

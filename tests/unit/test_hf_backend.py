@@ -368,3 +368,28 @@ def test_a_missing_gguf_is_file_not_found_before_transformers_loads(
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", hub)
     with pytest.raises(ModelLoadError, match="model file not found"):
         HFBackend.from_pretrained(tmp_path / "missing.gguf")
+
+
+def test_a_model_read_from_a_gguf_file_has_its_digest(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import hashlib
+
+    seen: list[tuple[str, Any]] = []
+
+    def load(name: str, **kwargs: Any) -> Any:
+        seen.append((name, kwargs.get("gguf_file")))
+        return backend.model if "dtype" in kwargs else StubTokenizer()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    path = tmp_path / "w.gguf"
+    path.write_bytes(b"GGUF weights")
+    digest = hashlib.sha256(b"GGUF weights").hexdigest()
+    loaded = HFBackend.from_pretrained(path, device="cpu")
+    assert seen[-1] == (str(tmp_path), "w.gguf")
+    assert (loaded.model_id, loaded.model_sha256) == (f"{tmp_path}/w.gguf", digest)
+    named = HFBackend.from_pretrained(path, device="cpu", model_id="org/w")
+    assert (named.model_id, named.model_sha256) == ("org/w", digest)
+    folder = HFBackend.from_pretrained(tmp_path, device="cpu")  # safetensors: no one file
+    assert (folder.model_id, folder.model_sha256) == (str(tmp_path), None)
