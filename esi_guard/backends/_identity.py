@@ -8,7 +8,8 @@ reached.
 
 A digest is computed on first use and kept for the process, keyed by the file's real
 path, size and modification time (a file replaced in place is hashed again). Hashing
-reads the whole file: the embedded 94 MB one takes about 0.1 s, a 5 GB one several.
+reads the whole file: the embedded 98 MB one takes 0.08 s from the page cache (1.2 GB/s
+on this project's machine), a 5 GB one a few seconds, once per process.
 """
 
 from __future__ import annotations
