@@ -5,6 +5,8 @@ Known formats are recognised by their fields:
 ================================  ===========================  ===========================
 format                            question                     gold answers
 ================================  ===========================  ===========================
+Your own (JSONL, CSV)             ``question``                 ``answers`` (list; known
+                                                               wrong ones in ``wrong``)
 SciQ / TruthfulQA (JSONL)         ``query``                    ``truthful answer`` (list)
 NQ-open (JSONL)                   ``question``                 ``answer`` (list)
 TriviaQA (JSONL)                  ``context`` (``Question:``   ``aliases`` (list)
@@ -18,12 +20,14 @@ SQuAD 2.0 (JSON: ``data[]``       ``qas[].question``, with     ``qas[].answers[]
 SQuAD 2.0 examples carry their passage (``Example.context``); an unanswerable question has
 no gold answer (``Example.answerable`` is False): the right reply is to decline.
 
-The TruthfulQA CSV also carries ``Incorrect Answers``: they become ``Example.incorrect``,
-which the semantic and LLM-judge labels use (an answer closer to a known falsehood than to
-every gold answer is wrong). Any other JSONL or CSV works with ``question_field`` and
-``answers_field`` (and optionally ``incorrect_field``): a list, or a string; in CSV a
-``; ``-separated string. The examples' hash (questions and answers, in order) identifies
-the calibration set in the threshold file.
+Known wrong answers become ``Example.incorrect``, which the semantic and LLM-judge labels
+use (an answer closer to a known falsehood than to every gold answer is wrong): the
+``wrong`` field of the ``question``/``answers`` shape, TruthfulQA's ``Incorrect Answers``.
+Any other JSONL or CSV works with ``question_field`` and ``answers_field`` (and optionally
+``incorrect_field``). Answers are a list, or a string: one answer in JSONL; in CSV the
+cell is split on ``answers_sep`` (``"; "`` by default, as TruthfulQA writes them), so
+``8|eight`` needs ``answers_sep="|"`` to be two answers. The examples' hash (questions and
+answers, in order) identifies the calibration set in the threshold file.
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ import csv
 import hashlib
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from esi_guard.exceptions import InputError
 
-__all__ = ["Example", "dataset_hash", "load_examples"]
+__all__ = ["DEFAULT_ANSWERS_SEP", "Example", "dataset_hash", "load_examples", "load_files"]
 
-_KNOWN = [("query", "truthful answer"), ("question", "answer"), ("context", "aliases"),
-          ("Question", "Correct Answers")]  # fmt: skip
-_KNOWN_INCORRECT = "Incorrect Answers"  # TruthfulQA's CSV
+_KNOWN = [("question", "answers", "wrong"), ("query", "truthful answer", None),
+          ("question", "answer", None), ("context", "aliases", None),
+          ("Question", "Correct Answers", "Incorrect Answers")]  # fmt: skip
+"""Each known format's question, gold answers and known wrong answers fields."""
+DEFAULT_ANSWERS_SEP = "; "
+"""What separates the answers of a CSV cell (TruthfulQA's separator)."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,14 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, record
 
 
-def _fields(record: dict[str, Any], question: str | None, answers: str | None) -> tuple[str, str]:
+def _fields(
+    record: dict[str, Any], question: str | None, answers: str | None, incorrect: str | None
+) -> tuple[str, str, str | None]:
     if question and answers:
-        return question, answers
-    for known_q, known_a in _KNOWN:
+        return question, answers, incorrect
+    for known_q, known_a, known_wrong in _KNOWN:
         if known_q in record and known_a in record:
-            return question or known_q, answers or known_a
+            return question or known_q, answers or known_a, incorrect or known_wrong
     msg = (
         f"unknown format (fields {sorted(record)}): pass the question and answers fields "
         "(--question-field, --answers-field)"
@@ -109,9 +118,9 @@ def _question(value: Any) -> str:
     return text
 
 
-def _answers(value: Any, csv_file: bool) -> tuple[str, ...]:
+def _answers(value: Any, sep: str | None) -> tuple[str, ...]:
     if isinstance(value, str):
-        parts = value.split("; ") if csv_file else [value]
+        parts = value.split(sep) if sep else [value]
     elif isinstance(value, list):
         parts = [str(v) for v in value]
     else:
@@ -127,8 +136,11 @@ def load_examples(
     incorrect_field: str | None = None,
     limit: int | None = None,
     seed: int | None = None,
+    answers_sep: str = DEFAULT_ANSWERS_SEP,
 ) -> list[Example]:
     """The examples of a file, shuffled with ``seed`` (if given) and cut to ``limit``.
+
+    ``answers_sep`` splits a CSV cell into answers (JSONL answers are lists, or one string).
 
     Raises:
         InputError: On a missing or unreadable file, an unknown format without field
@@ -138,15 +150,18 @@ def load_examples(
     if not where.is_file():
         msg = f"data file not found: {where}"
         raise InputError(msg)
-    csv_file = where.suffix.lower() == ".csv"
+    if not answers_sep:
+        msg = "the answers separator must not be empty"
+        raise InputError(msg)
+    sep = answers_sep if where.suffix.lower() == ".csv" else None
     squad = _squad(where)
     if squad is not None:
         return _shuffled(squad, limit, seed)
     examples = []
-    fields: tuple[str, str] | None = None
+    fields: tuple[str, str, str | None] | None = None
     for number, record in _rows(where):
-        fields = fields or _fields(record, question_field, answers_field)
-        q_field, a_field = fields
+        fields = fields or _fields(record, question_field, answers_field, incorrect_field)
+        q_field, a_field, wrong_field = fields
         if q_field not in record or a_field not in record:
             msg = f"{where}:{number}: missing field {q_field!r} or {a_field!r}"
             raise InputError(msg)
@@ -154,16 +169,42 @@ def load_examples(
             msg = f"{where}:{number}: missing field {incorrect_field!r}"
             raise InputError(msg)
         question = _question(record[q_field])
-        answers = _answers(record[a_field], csv_file)
+        answers = _answers(record[a_field], sep)
         if not question or not answers:
             msg = f"{where}:{number}: empty question or no gold answer"
             raise InputError(msg)
-        wrong = record.get(incorrect_field or _KNOWN_INCORRECT)
-        examples.append(Example(question, answers, _answers(wrong, csv_file)))
+        wrong = record.get(wrong_field) if wrong_field else None
+        examples.append(Example(question, answers, _answers(wrong, sep)))
     if not examples:
         msg = f"{where}: no examples"
         raise InputError(msg)
     return _shuffled(examples, limit, seed)
+
+
+def load_files(
+    paths: Sequence[str | Path],
+    *,
+    question_field: str | None = None,
+    answers_field: str | None = None,
+    incorrect_field: str | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+    answers_sep: str = DEFAULT_ANSWERS_SEP,
+) -> list[Example]:
+    """The examples of several files, concatenated in the order given.
+
+    Each file is read by :func:`load_examples` with the same arguments: its own format
+    (unless the fields are named), and ``seed`` and ``limit`` applied to each file apart.
+    """
+    if not paths:
+        msg = "no data file given"
+        raise InputError(msg)
+    options: dict[str, Any] = {
+        "question_field": question_field, "answers_field": answers_field,
+        "incorrect_field": incorrect_field, "limit": limit, "seed": seed,
+        "answers_sep": answers_sep,
+    }  # fmt: skip
+    return [example for path in paths for example in load_examples(path, **options)]
 
 
 def _shuffled(examples: list[Example], limit: int | None, seed: int | None) -> list[Example]:

@@ -38,6 +38,9 @@ def run_prompts(
             msg = f"cannot read the prompt template {prompt_file}: {exc.strerror}"
             raise InputError(msg) from exc
     passages = any(e.context is not None for e in examples)
+    if passages and not all(e.context is not None for e in examples):
+        msg = "the data mixes questions with passages (SQuAD 2.0) and without: calibrate apart"
+        raise InputError(msg)
     if passages and template is None:
         template = RAG_TEMPLATE
     if template is not None:

@@ -38,7 +38,10 @@ __all__ = [
     "by_risk",
     "by_youden",
     "fit_stop_constant",
+    "min_accepted",
+    "min_examples",
     "risk_bound",
+    "risk_tests",
 ]
 
 
@@ -128,6 +131,38 @@ def risk_bound(errors: int, n: int, delta: float) -> float:
     return float(beta.ppf(1 - delta, errors + 1, n - errors))
 
 
+def risk_tests(m: int) -> int:
+    """How many thresholds SGR's binary search tests on ``m`` calibration answers."""
+    return max(1, math.ceil(math.log2(m))) if m > 1 else 1
+
+
+def min_accepted(alpha: float, delta: float, tests: int = 1) -> int:
+    """The fewest accepted answers that can meet selective risk ``alpha``: all of them right.
+
+    With no error among ``n`` accepted answers the Clopper-Pearson bound at level
+    ``delta / tests`` is ``1 - (delta / tests) ** (1 / n)``; it is at most ``alpha`` from
+    ``n = ceil(log(delta / tests) / log(1 - alpha))`` on. With errors more are needed: a
+    calibration set smaller than this can never give the risk rule a threshold.
+    """
+    if not 0 < alpha < 1 or not 0 < delta < 1 or tests < 1:
+        msg = f"need alpha and delta in (0, 1) and tests >= 1, got {alpha}, {delta}, {tests}"
+        raise ValueError(msg)
+    return max(1, math.ceil(math.log(delta / tests) / math.log1p(-alpha)))
+
+
+def min_examples(alpha: float, delta: float) -> int:
+    """The smallest calibration set on which the risk rule can return a threshold.
+
+    SGR's search first tests the median score's threshold (accepting half the set, plus
+    one) and only goes lower when it fails, so even with no wrong answer that half must
+    hold :func:`min_accepted` answers: the set needs about twice as many.
+    """
+    m = 1
+    while m // 2 + 1 < min_accepted(alpha, delta, risk_tests(m)):
+        m += 1
+    return m
+
+
 def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> Choice | None:
     """SGR: a threshold whose selective risk is at most ``alpha`` w.p. ``>= 1 - delta``.
 
@@ -140,7 +175,7 @@ def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> 
     s, w = _arrays(scores, wrong)
     ordered = np.sort(s)
     m = s.size
-    steps = max(1, math.ceil(math.log2(m)))
+    steps = risk_tests(m)
     level = delta / steps
     low, high = 0, m - 1  # indices into the sorted scores: accept those <= ordered[z]
     best: tuple[int, float, int, int] | None = None

@@ -14,8 +14,9 @@ from sklearn.metrics import roc_auc_score
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend, InputError, SkipOneChar, Typo
 from esi_guard.calibration import labels, metrics, thresholds
-from esi_guard.calibration.data import dataset_hash, load_examples
+from esi_guard.calibration.data import Example, dataset_hash, load_examples, load_files
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
+from esi_guard.calibration.prompts import run_prompts
 from esi_guard.result import ScoringConfig
 
 # Five answers; higher score = less trusted. Sorted by score: w=0,0,1,0,1.
@@ -101,6 +102,30 @@ def test_threshold_rules() -> None:
     assert thresholds.by_youden(SCORES, WRONG).threshold == 0.2
     # F1 of flagging wrong answers: > 0.2 gives P=2/3, R=1, F1=0.8; > 0.4 gives P=R=1/2.
     assert thresholds.by_f1(SCORES, WRONG).threshold == 0.2
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2, 0.3, 0.5])
+@pytest.mark.parametrize("m", [2, 20, 100, 1000, 10_000])
+def test_min_accepted_is_the_fewest_error_free_answers_the_bound_accepts(
+    alpha: float, m: int
+) -> None:
+    delta = 0.1
+    tests = thresholds.risk_tests(m)
+    needed = thresholds.min_accepted(alpha, delta, tests)
+    assert thresholds.risk_bound(0, needed, delta / tests) <= alpha
+    assert needed == 1 or thresholds.risk_bound(0, needed - 1, delta / tests) > alpha
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.2, 0.3])
+def test_min_examples_is_the_smallest_set_the_risk_rule_can_accept_on(alpha: float) -> None:
+    assert [thresholds.risk_tests(m) for m in (1, 2, 20, 100, 1000)] == [1, 1, 5, 7, 10]
+    m = thresholds.min_examples(alpha, 0.1)
+    # The search tests the median first: half the set must hold min_accepted answers.
+    assert m // 2 + 1 >= thresholds.min_accepted(alpha, 0.1, thresholds.risk_tests(m))
+    assert thresholds.by_risk(list(range(m)), [0] * m, alpha=alpha, delta=0.1) is not None
+    assert thresholds.by_risk(list(range(m - 1)), [0] * (m - 1), alpha=alpha, delta=0.1) is None
+    with pytest.raises(ValueError, match="alpha and delta"):
+        thresholds.min_accepted(0.0, 0.1)
 
 
 def test_clopper_pearson_bound_by_hand() -> None:
@@ -195,6 +220,53 @@ def test_loaders_read_every_shared_format(tmp_path: Path) -> None:
         load_examples(broken)
     with pytest.raises(InputError, match="not found"):
         load_examples(tmp_path / "missing.jsonl")
+
+
+def test_the_question_answers_wrong_shape_is_known_without_field_names(tmp_path: Path) -> None:
+    rows = [
+        {"question": "Who wrote Hamlet?", "answers": ["Shakespeare"], "wrong": ["Marlowe"]},
+        {"question": "Capital of Peru?", "answers": ["Lima"], "wrong": []},
+    ]
+    path = write_jsonl(tmp_path / "mine.jsonl", rows)
+    first, second = load_examples(path)
+    assert first.answers == ("Shakespeare",) and first.incorrect == ("Marlowe",)
+    assert second.incorrect == ()
+    csv = tmp_path / "mine.csv"
+    csv.write_text("question,answers,wrong\nHow many legs has a spider?,8; eight,6\n")
+    assert load_examples(csv)[0].answers == ("8", "eight")
+    assert load_examples(csv)[0].incorrect == ("6",)
+
+
+def test_csv_answers_split_on_the_separator_given(tmp_path: Path) -> None:
+    csv = tmp_path / "qa.csv"
+    csv.write_text("q,a,bad\nHow many legs has a spider?,8|eight,6|six\n")
+    named = {"question_field": "q", "answers_field": "a", "incorrect_field": "bad"}
+    assert load_examples(csv, **named)[0].answers == ("8|eight",)
+    split = load_examples(csv, **named, answers_sep="|")[0]
+    assert split.answers == ("8", "eight") and split.incorrect == ("6", "six")
+    jsonl = write_jsonl(tmp_path / "qa.jsonl", [{"question": "q", "answers": "8|eight"}])
+    assert load_examples(jsonl, answers_sep="|")[0].answers == ("8|eight",)  # CSV only
+    with pytest.raises(InputError, match="separator"):
+        load_examples(csv, **named, answers_sep="")
+
+
+def test_several_files_concatenate_in_order_each_cut_and_shuffled_apart(tmp_path: Path) -> None:
+    first = write_jsonl(tmp_path / "a.jsonl", [{"question": f"a{i}", "answer": ["x"]}
+                                              for i in range(10)])  # fmt: skip
+    second = write_jsonl(tmp_path / "b.jsonl", [{"query": f"b{i}", "truthful answer": ["y"]}
+                                                for i in range(10)])  # fmt: skip
+    both = load_files([first, second], limit=3, seed=4)
+    assert both == load_examples(first, limit=3, seed=4) + load_examples(second, limit=3, seed=4)
+    assert [e.question[0] for e in both] == ["a"] * 3 + ["b"] * 3
+    assert dataset_hash(both) != dataset_hash(load_files([second, first], limit=3, seed=4))
+    with pytest.raises(InputError, match="no data file"):
+        load_files([])
+
+
+def test_passage_and_closed_book_data_are_not_mixed() -> None:
+    mixed = [Example("q", ("a",), context="passage"), Example("r", ("b",))]
+    with pytest.raises(InputError, match="mixes"):
+        run_prompts(mixed, None, None, None)
 
 
 def test_loader_shuffles_with_a_seed_and_the_hash_follows_the_examples(tmp_path: Path) -> None:
@@ -309,7 +381,12 @@ def test_a_missing_or_corrupt_threshold_file_is_a_clear_error(
 
 def test_the_docs_example_of_a_users_own_data_loads() -> None:
     path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "my_qa.jsonl"
-    examples = load_examples(
+    examples = load_examples(path)  # the documented shape: no field names needed
+    assert examples == load_examples(
         path, question_field="question", answers_field="answers", incorrect_field="wrong"
     )
-    assert len(examples) == 4 and examples[1].incorrect == ("Charlotte Bronte",)
+    # Enough for the risk rule the README shows (all right would need this many).
+    needed = thresholds.min_accepted(0.3, 0.1, thresholds.risk_tests(len(examples)))
+    assert 60 <= len(examples) <= 80 and len(examples) > 3 * needed
+    assert len({e.question for e in examples}) == len(examples)
+    assert all(e.answers and e.incorrect for e in examples)
