@@ -10,13 +10,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
 from esi_guard.interventions import rebuild_intervention
+from esi_guard.scoring import DISTANCE_BOUNDS
 
 if TYPE_CHECKING:
     from esi_guard.backends.base import Backend
     from esi_guard.guard import ESIGuard
     from esi_guard.interventions import Intervention
 
-__all__ = ["check_settings", "from_threshold_file"]
+__all__ = [
+    "check_settings",
+    "embedded_threshold_path",
+    "from_threshold_file",
+    "score_range",
+    "shipped_settings",
+]
 
 G = TypeVar("G", bound="ESIGuard")
 
@@ -25,6 +32,14 @@ def check_settings(guard: ESIGuard) -> None:
     """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
     if not math.isfinite(guard.threshold):
         msg = f"threshold must be a finite number, got {guard.threshold!r}"
+        raise ConfigurationError(msg)
+    low, high, what = score_range(guard)
+    if not low <= guard.threshold <= high:
+        effect = "every answer would be untrusted" if guard.threshold < low else "none would"
+        msg = (
+            f"threshold={guard.threshold!r} is outside the range of {what}, [{low:g}, "
+            f"{high:.4g}]: {effect}"
+        )
         raise ConfigurationError(msg)
     if guard.action == "route" and guard.fallback is None:
         msg = "action='route' needs a fallback runnable"
@@ -56,6 +71,21 @@ def check_settings(guard: ESIGuard) -> None:
     if guard.combined is not None and guard.decide_on != "esi":
         msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
         raise ConfigurationError(msg)
+
+
+def score_range(guard: ESIGuard) -> tuple[float, float, str]:
+    """The values the guard's decision signal can take, and its name, for error messages.
+
+    ESI is a mean of ``alpha_t * D`` with ``alpha_t`` the entropy (nats) of a top-k
+    distribution, at most ``ln k``, so a bounded distance bounds the score by
+    ``ln(k) * max D``; ``p_wrong`` is a probability.
+    """
+    if guard.combined is not None:
+        return 0.0, 1.0, "a combined score's p_wrong"
+    bound = DISTANCE_BOUNDS.get(guard.distance, math.inf)
+    name = "context reliance" if guard.decide_on == "context_reliance" else "ESI scores"
+    what = f"{name} with {guard.distance}, k={guard.top_k}"
+    return 0.0, bound * math.log(max(guard.top_k, 2)), what
 
 
 def from_threshold_file(
@@ -162,3 +192,66 @@ def engine_difference(calibrated: ThresholdFile, backend: Backend, path: str | P
         f"Recalibrate with {again}, or silence this with warnings.filterwarnings('ignore', "
         "category=esi_guard.EngineMismatchWarning)"
     )
+
+
+EMBEDDED_THRESHOLD = "embedded_threshold.json"
+"""The embedded model's shipped calibration, beside :mod:`esi_guard.backends`' modules."""
+
+_SHIPPED_OPTIONS = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
+                    "decide_on")  # fmt: skip
+
+
+def embedded_threshold_path() -> Path:
+    """The threshold file shipped for the embedded default model (see the README)."""
+    from importlib.resources import files
+
+    return Path(str(files("esi_guard.backends").joinpath(EMBEDDED_THRESHOLD)))
+
+
+def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> dict[str, Any]:
+    """``kwargs`` completed from the embedded model's shipped calibration (no ``threshold``).
+
+    Only the embedded model has one: any other model needs ``threshold=`` or
+    ``from_calibration``, and is told so in one line. A scoring option given that differs
+    from the shipped file's would make its threshold meaningless, so it is refused.
+    """
+    from esi_guard.backends.default import EmbeddedBackend
+    from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+
+    backend = kwargs.get("backend")
+    if backend is not None and not (
+        isinstance(backend, EmbeddedBackend) or backend.model_id == EMBEDDED_MODEL_ID
+    ):
+        msg = (
+            f"ESIGuard needs threshold=... for {backend.model_id!r} (only the embedded default "
+            "model ships a calibrated one): calibrate it on your labelled questions with "
+            "`esi-guard calibrate`, then ESIGuard.from_calibration(path)"
+        )
+        raise ConfigurationError(msg)
+    calibrated = ThresholdFile.read(path or embedded_threshold_path())
+    expected = calibrated.scoring
+    given = dict(kwargs)
+    if "max_tokens" in given:
+        given["max_new_tokens"] = given.pop("max_tokens")
+    settings: dict[str, Any] = {"threshold": calibrated.threshold}
+    for key in _SHIPPED_OPTIONS:
+        value = getattr(expected, key)
+        if key in given and given[key] != value:
+            msg = (
+                f"the embedded model's shipped threshold was calibrated with {key}={value!r}; "
+                f"with {key}={given[key]!r} give threshold=... (calibrate one: esi-guard "
+                "calibrate)"
+            )
+            raise ConfigurationError(msg)
+        settings[key] = value
+    intervention = rebuild_intervention(expected.intervention)
+    if "intervention" in given and given["intervention"].describe() != intervention.describe():
+        msg = (
+            "the embedded model's shipped threshold was calibrated with the intervention "
+            f"{intervention.describe()}; with another one give threshold=..."
+        )
+        raise ConfigurationError(msg)
+    settings["intervention"] = intervention
+    if calibrated.combined is not None:
+        settings["combined"] = calibrated.combined
+    return {**given, **settings}

@@ -23,7 +23,7 @@ from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from esi_guard import _batching, _live, _tracing
-from esi_guard._guard_config import check_settings, from_threshold_file
+from esi_guard._guard_config import check_settings, from_threshold_file, shipped_settings
 from esi_guard._inputs import parse_input, rendered, resolve
 from esi_guard._items import GuardedPrompt, Item
 from esi_guard._keywords import check_keywords, unknown_keyword
@@ -47,6 +47,24 @@ GuardInput: TypeAlias = (
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
+
+
+def _configuration_error(exc: ValidationError) -> ConfigurationError:
+    """One line for pydantic's report: the first problem, named by field, with its value."""
+    errors = exc.errors()
+    extra = [e["loc"][0] for e in errors if e["type"] == "extra_forbidden"]
+    if extra:
+        own = set(ESIGuard.model_fields) - set(BaseChatModel.model_fields)
+        return unknown_keyword("ESIGuard", str(extra[0]), [*own, "max_tokens"])
+    first = errors[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, ConfigurationError):  # raised by a validator: already one line
+        return cause
+    field = ".".join(str(part) for part in first["loc"]) or "settings"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    given = f", got {first['input']!r}" if first["type"] != "missing" else ""
+    msg = f"invalid ESIGuard setting {field}: {first['msg'].lower()}{given}{more}"
+    return ConfigurationError(msg)
 
 
 class ESIGuard(BaseChatModel):
@@ -89,7 +107,9 @@ class ESIGuard(BaseChatModel):
     ``HuggingFacePipeline``, ``ChatHuggingFace``, ``ChatOpenAI``...): the guard builds its
     backend from it, sharing the loaded weights (see :mod:`esi_guard.backends.adapters`)."""
     threshold: float
-    """Scores strictly above it are untrusted; calibrate it on labelled data."""
+    """Scores strictly above it are untrusted; calibrate it on labelled data. Left out with
+    the embedded default model, it comes from that model's shipped calibration (with the
+    scoring settings it was fitted with); any other model needs one."""
     intervention: Intervention = Field(default_factory=SkipOneChar)
     """How variants of the question are made (SOC with p=0.3, M*=3 by default)."""
     n_variants: int = Field(default=10, ge=1)
@@ -153,16 +173,13 @@ class ESIGuard(BaseChatModel):
                 msg = "give backend= or llm=, not both"
                 raise ConfigurationError(msg)
             kwargs["backend"] = backend_for(kwargs["llm"])
+        if kwargs.get("threshold") is None:
+            kwargs.pop("threshold", None)
+            kwargs = shipped_settings(kwargs)
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
-            extra = [e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"]
-            if extra:
-                names = [*type(self).model_fields, "max_tokens"]
-                error = unknown_keyword("ESIGuard", str(extra[0]), names)
-                raise error from exc
-            msg = f"invalid ESIGuard configuration: {exc}"
-            raise ConfigurationError(msg) from exc
+            raise _configuration_error(exc) from exc
 
     @model_validator(mode="before")
     @classmethod

@@ -124,7 +124,9 @@ class ESIResult:
     context_reliance: float | None = None
     """How far the answer's distributions move when the prompt's context is emptied (the
     same entropy-weighted distance, one row): low means the answer barely depends on the
-    passage. Only with ``ESIGuard.with_prompt(..., context_key=...)``; None otherwise."""
+    passage. Only with ``ESIGuard.with_prompt(..., context_key=...)``; None otherwise, and
+    then left out of ``as_dict()``. On the embedded model it runs the other way from
+    what its name suggests (wrong answers rely on the passage *more*; docs/rag.md)."""
     variant_scores: list[float] = field(default_factory=list)
     """Each variant's own score (mean over tokens of alpha_t * D), in ``variants`` order;
     ``score`` is their mean."""
@@ -143,5 +145,8 @@ class ESIResult:
     decision is then made on; None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
-        return asdict(self)
+        """A JSON-serialisable copy; ``context_reliance`` only where it was asked for."""
+        out = asdict(self)
+        if out["context_reliance"] is None:
+            del out["context_reliance"]
+        return out

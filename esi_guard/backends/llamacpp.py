@@ -20,7 +20,10 @@ recomputation). Sampling (for the baselines only) decodes its ``n`` answers toge
 
 from __future__ import annotations
 
+import atexit
+import sys
 import threading
+import weakref
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,7 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self._lock = threading.Lock()
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
+        _at_exit(self)
         self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
         self._is_eog = llama_cpp.llama_vocab_is_eog
 
@@ -460,3 +464,31 @@ class LlamaCppBackend(Backend):
 
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.model_id!r}, n_ctx={self.context_length})"
+
+
+_OPEN: weakref.WeakSet[LlamaCppBackend] = weakref.WeakSet()
+_REGISTERED: list[bool] = []
+
+
+def _at_exit(backend: LlamaCppBackend) -> None:
+    """Free ``backend``'s llama.cpp objects at interpreter exit, while llama_cpp is whole.
+
+    Left to the garbage collector, they are freed after llama_cpp's module globals are
+    gone (a ``TypeError`` traceback from ``free_model`` at exit), and llama_cpp's two
+    ``/dev/null`` files are never closed (a ``ResourceWarning``).
+    """
+    if not _OPEN and not _REGISTERED:
+        atexit.register(_close_all)
+        _REGISTERED.append(True)
+    _OPEN.add(backend)
+
+
+def _close_all() -> None:
+    for backend in list(_OPEN):
+        backend.close()
+        backend.llama.close()
+    utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        handle = getattr(utils, name, None)
+        if handle is not None:
+            handle.close()

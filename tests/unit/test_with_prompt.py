@@ -52,7 +52,7 @@ def test_only_the_question_changes_in_every_row() -> None:
     prompt = ChatPromptTemplate.from_messages([("human", RAG)])
     message = the_guard.with_prompt(prompt).invoke(VALUES)
     esi = message.response_metadata["esi"]
-    assert esi["scored"] and esi["context_reliance"] is None
+    assert esi["scored"] and "context_reliance" not in esi
     original = RAG.format(**VALUES)
     before, after = original.split(QUESTION)
     (request,) = the_guard.backend.requests  # type: ignore[attr-defined]
@@ -142,7 +142,7 @@ def test_every_entry_point_scores_the_same(mode: str) -> None:
         message = asyncio.run(last())
     got, want = message.response_metadata["esi"], expected.response_metadata["esi"]
     assert got["variants"] == want["variants"] and got["score"] == want["score"]
-    assert got["context_reliance"] == want["context_reliance"]
+    assert got.get("context_reliance") == want.get("context_reliance")
 
 
 def test_bad_keys_and_inputs() -> None:
