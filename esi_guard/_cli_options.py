@@ -10,6 +10,7 @@ import typer
 
 __all__ = [
     "AnswersField",
+    "AnswersSep",
     "ApiBase",
     "ApiMode",
     "BatchSize",
@@ -67,6 +68,7 @@ class Selection(str, Enum):
 class LocalBackend(str, Enum):
     """What runs a local model (``--model default``, a folder, a hub id or a ``.gguf`` file)."""
 
+    auto = "auto"
     transformers = "transformers"
     llamacpp = "llamacpp"
 
@@ -80,14 +82,32 @@ class InterventionName(str, Enum):
 
 # -- shared options ---------------------------------------------------------------------
 
-Data = Annotated[Path, typer.Option("--data", help="QA file (JSONL/CSV; shared formats known).")]
+Data = Annotated[
+    list[Path],
+    typer.Option(
+        "--data",
+        help="QA file (JSONL/CSV/SQuAD JSON; question/answers/wrong and the shared formats "
+        "known). Repeat for several files: concatenated in order, --limit and --seed apply "
+        "to each.",
+    ),
+]
 QuestionField = Annotated[str | None, typer.Option(help="Question field of other formats.")]
 AnswersField = Annotated[str | None, typer.Option(help="Gold answers field of other formats.")]
 IncorrectField = Annotated[
     str | None,
     typer.Option(help="Known wrong answers field, used by semantic/judge labels (optional)."),
 ]
-Limit = Annotated[int | None, typer.Option(help="Use the first N examples (after --seed).")]
+AnswersSep = Annotated[
+    str,
+    typer.Option(
+        help="What separates the answers (and wrong answers) in a CSV cell. Default: '; ' "
+        "(semicolon, space), as TruthfulQA writes them.",
+        show_default=False,
+    ),
+]
+Limit = Annotated[
+    int | None, typer.Option(help="Use the first N examples of each file (after --seed).")
+]
 Seed = Annotated[int | None, typer.Option(help="Shuffle the examples with this seed first.")]
 Model = Annotated[
     str, typer.Option(help="'default' (embedded SmolLM2), a HF id/path or .gguf file.")
@@ -111,13 +131,19 @@ Runner = Annotated[
     LocalBackend,
     typer.Option(
         "--backend",
-        help="What runs a local model: transformers (faster on many questions in batches) "
-        "or llamacpp (a .gguf file or 'default'; loads in a second, answers faster, forces "
-        "variants slower on CPUs).",
+        help="What runs a local model: auto (what the guard uses: llamacpp for 'default' "
+        "or a .gguf file when llama-cpp-python is installed and no --dtype or GPU --device "
+        "is asked for, else transformers), transformers (faster on many questions in "
+        "batches) or llamacpp (loads in a second, answers faster, forces variants slower "
+        "on CPUs). Calibrate on the engine you serve with: the file records it.",
     ),
 ]
 Cache = Annotated[
-    Path | None, typer.Option(help="JSONL cache of per-example results; reruns resume from it.")
+    Path | None,
+    typer.Option(
+        help="JSONL cache of per-example results and their labels; reruns resume from it "
+        "(a complete one needs no model). Default: esi-cache-<data>-<id>.jsonl here."
+    ),
 ]
 BatchSize = Annotated[int, typer.Option(help="Questions per batched guard call.")]
 System = Annotated[

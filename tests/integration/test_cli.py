@@ -16,6 +16,11 @@ from esi_guard.calibration.file import ThresholdFile
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+def flat(text: str) -> str:
+    """The text with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
 def test_calibrate_resume_and_evaluate(
     tmp_path: Path, shared_data: Path, hf_backend: HFBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,26 +80,43 @@ def test_calibrate_resume_and_evaluate(
         cli_module.app,
         ["calibrate", *common, "--select", "risk", "--alpha", "0.05", "--out", str(strict)],
     )
-    assert refused.exit_code == 1 and "no threshold file written" in refused.output
+    assert refused.exit_code == 1 and "no threshold file written" in flat(refused.stderr)
     assert not strict.exists()
 
     # Another scoring configuration must not reuse the cache.
     clash = runner.invoke(
         cli_module.app, ["calibrate", *common, "--top-k", "10", "--out", str(out)]
     )
-    assert clash.exit_code == 2 and "another run" in clash.output
+    assert clash.exit_code == 2 and "another run" in flat(clash.stderr)
 
 
-def test_the_llamacpp_backend_runs_the_embedded_gguf(tmp_path: Path, shared_data: Path) -> None:
+def test_the_default_engine_runs_the_embedded_gguf_and_a_rerun_needs_no_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = CliRunner()
-    out = tmp_path / "threshold.json"
-    common = ["--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "6",
-              "--n-variants", "2", "--max-new-tokens", "8", "--resamples", "50",
-              "--backend", "llamacpp", "--out", str(out), "--cache", str(tmp_path / "c.jsonl"),
-              "--select", "coverage", "--coverage", "0.7"]  # fmt: skip
-    result = runner.invoke(cli_module.app, ["calibrate", *common])
+    out, cache = tmp_path / "threshold.json", tmp_path / "c.jsonl"
+    data = Path(__file__).resolve().parents[2] / "docs" / "examples" / "my_qa.jsonl"
+    common = ["--data", str(data), "--limit", "6", "--n-variants", "2", "--max-new-tokens",
+              "8", "--resamples", "50", "--cache", str(cache), "--select", "coverage",
+              "--coverage", "0.7"]  # fmt: skip
+    result = runner.invoke(cli_module.app, ["calibrate", *common, "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert ThresholdFile.read(out).model == EMBEDDED_MODEL_ID
-    refused = runner.invoke(cli_module.app, ["calibrate", *common, "--model", "org/model"])
-    assert refused.exit_code != 0
-    assert "runs a .gguf file or 'default'" in refused.output
+    written = ThresholdFile.read(out)
+    assert (written.model, written.engine) == (EMBEDDED_MODEL_ID, "llamacpp")  # auto
+    assert written.model_sha256 is not None and len(written.model_sha256) == 64
+
+    def no_model(*args: object) -> None:
+        raise AssertionError("a rerun from a complete cache loaded the model")
+
+    monkeypatch.setattr(cli_module, "_backend", no_model)
+    again = runner.invoke(cli_module.app, ["calibrate", *common, "--select", "f1",
+                                           "--out", str(tmp_path / "f1.json")])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    rerun = ThresholdFile.read(tmp_path / "f1.json")
+    assert (rerun.model_sha256, rerun.engine, rerun.scoring) == (
+        written.model_sha256, written.engine, written.scoring)  # fmt: skip
+    monkeypatch.undo()
+    other = ["--model", "org/model", "--backend", "llamacpp", "--out", str(out)]
+    refused = runner.invoke(cli_module.app, ["calibrate", *common, *other])
+    assert refused.exit_code == 2
+    assert "runs a .gguf file or 'default'" in flat(refused.stderr)

@@ -27,6 +27,7 @@ def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(
         return FakeBackend()
 
     monkeypatch.setattr(cli_module, "local_backend", local_backend)
+    monkeypatch.chdir(tmp_path)  # where the default caches go
     out = tmp_path / "threshold.json"
     runner = CliRunner()
     common = ["--data", str(data), "--resamples", "20", "--dtype", "bfloat16"]
@@ -38,5 +39,11 @@ def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(
     evaluated = runner.invoke(cli_module.app, ["evaluate", "--threshold", str(out), *common])
     assert evaluated.exit_code == 0, evaluated.output
     assert [(x["model"], x["dtype"], x["engine"]) for x in loads] == [
-        ("default", "bfloat16", "transformers")
+        ("default", "bfloat16", None)  # None: the guard's own choice (auto)
     ] * 2
+    named = runner.invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--resamples", "20", "--backend", "transformers",
+        "--n-variants", "2", "--select", "coverage", "--out", str(out),
+    ])  # fmt: skip
+    assert named.exit_code == 0, named.output
+    assert loads[-1]["engine"] == "transformers" and loads[-1]["dtype"] is None
