@@ -1,6 +1,6 @@
 r"""``esi-guard``: calibrate a threshold on labelled QA data, and evaluate one on another set.
 
-    esi-guard calibrate --data docs/examples/my_qa.jsonl --select risk --alpha 0.3 \\
+    esi-guard calibrate --data docs/examples/my_qa.jsonl --select risk --alpha 0.35 \\
         --out threshold.json --plot calibration.png
     esi-guard calibrate --data ../shared/data/sciq/test.jsonl \\
         --data ../shared/data/triviaqa/subset.jsonl --limit 200 --select coverage \\
