@@ -93,6 +93,7 @@ from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
 
 SMALL_SET = 100
 """Fewer scored examples than this get a warning, whatever the rule."""
+_INTERVENTIONS = {"soc": SkipOneChar, "typo": Typo}
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 
@@ -288,24 +289,9 @@ def calibrate(
     if min_variants is not None:
         sequential = _stop_rule(run.records, choice.threshold, min_variants, max_disagreement,
                                 stop_delta)  # fmt: skip
-    result = ThresholdFile(
-        sequential=sequential,
-        combined=combined and combined.model,
-        combined_report=combined and combined.report,
-        threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,
-        calibration_coverage=choice.coverage,
-        calibration_selective_risk=(
-            None if math.isnan(choice.selective_risk) else choice.selective_risk
-        ),
-        model=run.header["model"], engine=run.header["engine"],
-        model_sha256=run.header["model_sha256"], scoring=run.scoring,
-        label_method=run.labeller.name,
-        dataset=DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
-                            n=len(run.examples), limit=limit, seed=seed or 0),
-        metrics={name: as_dict(e) for name, e in metrics.items()},
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        esi_guard_version=__version__,
-    )  # fmt: skip
+    dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
+                          n=len(run.examples), limit=limit, seed=seed or 0)  # fmt: skip
+    result = _threshold_file(run, choice, metrics, combined, sequential, dataset)
     result.write(out)
     console.print(
         f"threshold {choice.threshold:.4f} ({choice.method}): calibration coverage "
@@ -318,7 +304,27 @@ def calibrate(
         _plot(plot, scores, wrong, choice.threshold, title)
 
 
-_INTERVENTIONS = {"soc": SkipOneChar, "typo": Typo}
+def _threshold_file(
+    run: Run, choice: Choice, metrics: dict[str, Estimate], combined: Combined | None,
+    sequential: dict[str, Any] | None, dataset: DatasetInfo,
+) -> ThresholdFile:  # fmt: skip
+    """The file: the choice, and the model and scoring the run's cache header names."""
+    return ThresholdFile(
+        sequential=sequential,
+        combined=combined and combined.model,
+        combined_report=combined and combined.report,
+        threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,
+        calibration_coverage=choice.coverage,
+        calibration_selective_risk=(
+            None if math.isnan(choice.selective_risk) else choice.selective_risk
+        ),
+        model=run.header["model"], engine=run.header["engine"],
+        model_sha256=run.header["model_sha256"], scoring=run.scoring,
+        label_method=run.labeller.name, dataset=dataset,
+        metrics={name: as_dict(e) for name, e in metrics.items()},
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        esi_guard_version=__version__,
+    )  # fmt: skip
 
 
 def _check_targets(select: Selection, alpha: float, delta: float, coverage: float) -> None:
