@@ -165,7 +165,7 @@ def write_labels(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """
     with path.open(encoding="utf-8") as handle:
         header = handle.readline()
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_suffix(".partial" + path.suffix)  # esi-cache-*.jsonl: ignored too
     with partial.open("w", encoding="utf-8") as out:
         out.write(header if header.endswith("\n") else header + "\n")
         for record in records:
