@@ -160,7 +160,7 @@ def score_run(
     batch_size: int,
     template: str | None = None,
 ) -> Run:
-    """Load, score (resumably) and label; any esi_guard error ends the command with code 2.
+    """Load, score (resumably) and label; an error or a missing extra ends it with code 2.
 
     ``guard`` is only called when some example is missing from the cache: a rerun from a
     complete cache written for the same ``request`` (the options that build the guard)
@@ -192,7 +192,7 @@ def score_run(
             console.print(f"per-example results: {cache}")
         scores, wrong, unscored = _label(records, examples, the_labeller)
         write_labels(cache, records)
-    except ESIGuardError as exc:
+    except (ESIGuardError, ImportError) as exc:  # ImportError: an extra to install, named
         fail(str(exc))
     if not scores:
         fail("no example could be scored")

@@ -206,3 +206,16 @@ def test_the_command_silences_other_libraries_progress_bars(
     assert exited.value.code == 0
     assert environment["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     assert environment["TQDM_DISABLE"] == "0"
+
+
+def test_a_missing_extra_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def backend(*args: Any) -> FakeBackend:
+        raise ImportError("LlamaCppBackend needs llama-cpp-python: pip install esi-guard[llamacpp]")
+
+    monkeypatch.setattr(cli_module, "_backend", backend)
+    data = write(tmp_path / "qa.jsonl", questions(5)[0])
+    result = calibrate("--data", str(data), "--out", str(tmp_path / "t.json"),
+                       "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip
+    assert result.exit_code == 2 and "pip install esi-guard[llamacpp]" in flat(result.stderr)
