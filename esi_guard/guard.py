@@ -206,8 +206,9 @@ class ESIGuard(BaseChatModel):
         """A guard with the threshold and scoring configuration of a calibration file.
 
         The file (written by ``esi-guard calibrate``) is refused, with a
-        :class:`ConfigurationError` naming every difference, when the backend's model,
-        value kind or exactness differ from those it was calibrated with, or when
+        :class:`ConfigurationError` naming every difference, when the backend's model (its
+        GGUF's digest where both have one, else ``model_id``), value kind or exactness
+        differ from those it was calibrated with, or when
         ``intervention`` or a scoring option in ``kwargs`` (``n_variants``, ``top_k``,
         ``distance``, ``support``, ``seed``, ``max_new_tokens``) differs from the file's: a
         threshold only means something for scores computed the same way. Other options (``action``,
@@ -215,7 +216,8 @@ class ESIGuard(BaseChatModel):
         rebuilt from the file; others (paraphrases) must be passed in. A file calibrated
         with ``--min-variants`` turns sequential ESI on with its fitted stopping rule
         (``min_variants=None`` turns it off); one calibrated with ``--score combined``
-        decides on its combined score's ``p_wrong``.
+        decides on its combined score's ``p_wrong``. A file calibrated on another engine
+        (transformers vs llama.cpp) is used with an :class:`EngineMismatchWarning`.
         """
         return from_threshold_file(cls, path, backend=backend, intervention=intervention, **kwargs)
 

@@ -9,7 +9,7 @@ the model can call the one local tool, an encyclopedia lookup). ``ESIMiddleware`
 tool-calling turns pass, and scores each final answer on the agent's own loaded model
 (a ``LlamaCppBackend`` on the ``ChatLlamaCpp``'s ``Llama``: raw logits, the weights
 shared, nothing loaded twice). ``ESIMiddleware`` comes first in the list, so it sees
-the answer the agent returns; a second middleware lets the small model look up once,
+the answer the agent returns; a second middleware makes the small model look up once,
 then answer. For each question the script prints the tool calls, the answer, its ESI
 score and the decision (an empty answer cannot be scored, so it is withheld). The
 threshold is a placeholder; calibrate your own (``esi-guard calibrate``, then
@@ -37,13 +37,7 @@ QUESTIONS = [
     "Which planet is known as the red planet?",
     "What is the chemical symbol for gold?",
     "Who wrote the play Romeo and Juliet?",
-    "What is the boiling point of water at sea level?",
-    "Which gas do plants absorb from the air?",
-    "What is the largest ocean on Earth?",
-    "Who painted the Mona Lisa?",
-    "What is the hardest natural substance?",
-    "How many legs does a spider have?",
-    "What is the main ingredient of glass?",
+    "At what temperature does water boil at sea level?",
 ]
 ENTRIES = {
     "mars": "Mars is called the red planet because of the iron oxide on its surface.",
@@ -60,6 +54,9 @@ def encyclopedia(topic: str) -> str:
     words = topic.lower()
     found = [text for key, text in ENTRIES.items() if key in words]
     return " ".join(found) or f"No entry for {topic!r}."
+
+
+FORCED_LOOKUP = {"type": "function", "function": {"name": "encyclopedia"}}
 
 
 def chat_model() -> Any:
@@ -89,10 +86,14 @@ def chat_model() -> Any:
 
 @wrap_model_call
 def one_lookup(request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
-    """After a tool result, answer without tools (a 135M model would keep calling them)."""
+    """Look up once, then answer without tools.
+
+    A 135M model left to choose (llama.cpp's "auto") often replies with nothing, or
+    keeps calling tools: the first turn calls the encyclopedia, the next one answers.
+    """
     if any(isinstance(m, ToolMessage) for m in request.messages):
         return handler(request.override(tools=[]))
-    return handler(request)
+    return handler(request.override(tool_choice=FORCED_LOOKUP))
 
 
 def build_agent(model: Any, guard: ESIMiddleware | None) -> Any:

@@ -2,12 +2,17 @@
 
     .venv/bin/python examples/bring_your_model.py
 
-1. ``ESIGuard(threshold=...)``: the embedded SmolLM2-135M-Instruct, loaded on first use.
-2. ``ESIGuard(llm=HuggingFacePipeline(...))``: a LangChain pipeline you already have; the
-   guard scores with the same weights (here: the embedded model's, so no second copy).
-3. ``ESIGuard(llm=ChatOpenAI(...))``: a ChatOpenAI pointed at an OpenAI-compatible server
+1. ``ESIGuard()``: the embedded SmolLM2-135M-Instruct and its shipped threshold.
+2. ``ESIGuard(llm=Llama(...))``: a llama.cpp model you already loaded; the guard scores
+   with the same weights (no second copy). Here the embedded GGUF stands for yours.
+3. ``ESIGuard(llm=HuggingFacePipeline(...))``: a LangChain pipeline you already have, the
+   same way (transformers loads the GGUF here: 20-40 s on a CPU).
+4. ``ESIGuard(llm=ChatOpenAI(...))``: a ChatOpenAI pointed at an OpenAI-compatible server
    (here a local llama.cpp server this script starts), streamed live: the answer's text
    as it is generated, then the score.
+
+The thresholds of 2-4 are placeholders: calibrate one for your model (``esi-guard
+calibrate``), then ``ESIGuard.from_calibration(path, llm=your_model)``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from langchain_core.prompts import ChatPromptTemplate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/
 
 from esi_guard import ESIGuard
-from esi_guard.backends.default import embedded_backend
+from esi_guard.backends import embedded_gguf
 from integrations.llamacpp.server import LlamaServer
 
 PROMPT = ChatPromptTemplate.from_messages(
@@ -38,13 +43,20 @@ def show(label: str, message: object) -> None:
 
 
 def main() -> None:
-    show("default model", (PROMPT | ESIGuard(threshold=0.3)).invoke(QUESTION))
+    show("default model", (PROMPT | ESIGuard()).invoke(QUESTION))
+
+    from llama_cpp import Llama
+
+    gguf = embedded_gguf()  # stands for the model file your application loads
+    llama = Llama(model_path=str(gguf), n_ctx=2048, verbose=False)
+    show("llama_cpp.Llama", (PROMPT | ESIGuard(llm=llama, threshold=0.3)).invoke(QUESTION))
 
     from langchain_huggingface import HuggingFacePipeline
-    from transformers import pipeline
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-    model = embedded_backend()  # stands for the model your application already loaded
-    pipe = pipeline("text-generation", model=model.model, tokenizer=model.tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
     guard = ESIGuard(llm=HuggingFacePipeline(pipeline=pipe), threshold=0.3)
     show("HuggingFacePipeline", (PROMPT | guard).invoke(QUESTION))
 

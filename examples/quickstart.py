@@ -7,9 +7,9 @@ without a model uses when llama-cpp-python is installed): it loads in about a se
 
 For each question the guard generates the greedy answer, teacher-forces it after ten
 Skip-One-Char variants of the question (the prompt prefix they share computed once), and
-flags the answer when its ESI score is above the threshold. The threshold here is a
-placeholder picked from the score range of this model on SciQ; calibrate your own on
-labelled data.
+flags the answer when its ESI score is above the threshold. With no threshold given, the
+guard takes the embedded model's shipped calibration (how it was made: the README); for
+your own model, calibrate one on your labelled questions (``esi-guard calibrate``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 
 from langchain_core.prompts import ChatPromptTemplate
 
-from esi_guard import ESIGuard, LlamaCppBackend
+from esi_guard import ESIGuard
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -32,18 +32,15 @@ QUESTIONS = [
 
 
 def main() -> None:
-    start = time.perf_counter()
-    backend = LlamaCppBackend.default()
-    print(f"loaded {backend.model_id} (llama.cpp) in {time.perf_counter() - start:.1f}s\n")
-
     prompt = ChatPromptTemplate.from_messages(
         [
             ("system", "Please directly answer the following question with one or few words."),
             ("human", "{question}"),
         ]
     )
-    guard = ESIGuard(backend=backend, threshold=0.25, action="flag", max_new_tokens=24)
+    guard = ESIGuard(action="flag")  # the embedded model, its shipped threshold
     chain = prompt | guard
+    print(f"{guard.backend.model_id} on {guard.backend.engine}, threshold {guard.threshold:.3f}\n")
 
     start = time.perf_counter()
     messages = chain.batch([{"question": q} for q in QUESTIONS])

@@ -70,7 +70,7 @@ def llama() -> Iterator[Any]:
 def test_the_answer_after_a_tool_turn_is_scored_with_the_tool_result_as_context(
     hf_backend: HFBackend, llama: Any
 ) -> None:
-    middleware = ESIMiddleware(threshold=10.0, backend=hf_backend)
+    middleware = ESIMiddleware(threshold=4.0, backend=hf_backend)
     agent = create_agent(llama, [lookup], system_prompt=SYSTEM,
                          middleware=[middleware, ToolTurnFirst()])  # fmt: skip
     messages = agent.invoke({"messages": [HumanMessage(QUESTION)]})["messages"]
@@ -79,7 +79,7 @@ def test_the_answer_after_a_tool_turn_is_scored_with_the_tool_result_as_context(
     assert "iron oxide" in result.content
     esi = final.response_metadata["esi"]
     assert esi["scored"] and esi["decision"] == "accept" and final.content.strip()
-    reference = ESIGuard(backend=hf_backend, threshold=10.0)
+    reference = ESIGuard(backend=hf_backend, threshold=4.0)
     expected = reference.score([("system", SYSTEM), *messages[:3]], final.content)
     assert esi["score"] == pytest.approx(expected.score, rel=1e-6)
     without_tool = reference.score([("system", SYSTEM), ("human", QUESTION)], final.content)

@@ -175,15 +175,15 @@ def test_raise_without_a_fallback_raises_the_uncertain_answer_with_its_result() 
 
 def test_an_unscorable_answer_is_withheld_flagged_or_raised_never_trusted() -> None:
     broken = FakeBackend(failures={QUESTION: "teacher_force"})
-    final = run(tool_then_answer(), ESIMiddleware(threshold=10.0, backend=broken))[-1]
+    final = run(tool_then_answer(), ESIMiddleware(threshold=4.0, backend=broken))[-1]
     assert final.content != ANSWER and esi(final)["decision"] == "abstain"
     assert not esi(final)["scored"] and esi(final)["reason"].startswith("backend_error")
-    flagging = ESIMiddleware(threshold=10.0, on_error="flag", backend=broken)
+    flagging = ESIMiddleware(threshold=4.0, on_error="flag", backend=broken)
     flagged = run(tool_then_answer(), flagging)
     assert flagged[-1].content == ANSWER and esi(flagged[-1])["decision"] == "flag"
     with pytest.raises(BackendError):
-        run(tool_then_answer(), ESIMiddleware(threshold=10.0, on_error="raise", backend=broken))
-    empty = run(tool_then_answer(""), ESIMiddleware(threshold=10.0, backend=FakeBackend()))[-1]
+        run(tool_then_answer(), ESIMiddleware(threshold=4.0, on_error="raise", backend=broken))
+    empty = run(tool_then_answer(""), ESIMiddleware(threshold=4.0, backend=FakeBackend()))[-1]
     assert esi(empty)["reason"].startswith("empty_answer")
 
 

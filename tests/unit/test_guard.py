@@ -210,7 +210,7 @@ async def test_unscored_answers_follow_the_failure_policy(case: str, mode: str) 
             return guard.batch([SURE, question], return_exceptions=True)[1]
         return (await guard.abatch([SURE, question], return_exceptions=True))[1]
 
-    base: dict[str, Any] = {"threshold": 10.0, "abstain_message": "I do not know", **kwargs}
+    base: dict[str, Any] = {"threshold": 4.0, "abstain_message": "I do not know", **kwargs}
     base.setdefault("backend", FakeBackend(ANSWERS))
     withheld = await call(ESIGuard(**base))  # the default policy: abstain
     esi = withheld.response_metadata["esi"]
@@ -358,8 +358,8 @@ LONG = "Who painted the ceiling of the Sistine Chapel?"
 def test_stop_ends_the_answer_and_the_stopped_answer_is_the_one_scored() -> None:
     backend = FakeBackend({LONG: "Michelangelo painted it you know"}, sensitivity={LONG: 1.0})
     for guard, kwargs in (
-        (ESIGuard(backend=backend, threshold=10.0), {"stop": ["you"]}),
-        (ESIGuard(backend=backend, threshold=10.0, stop=["you"]), {}),
+        (ESIGuard(backend=backend, threshold=4.0), {"stop": ["you"]}),
+        (ESIGuard(backend=backend, threshold=4.0, stop=["you"]), {}),
     ):
         message = guard.invoke(LONG, **kwargs)
         esi = message.response_metadata["esi"]
