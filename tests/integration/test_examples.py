@@ -22,7 +22,7 @@ EXPECTED = {  # a line each script prints once it has guarded its questions
     "quickstart.py": "questions guarded in",
     "bring_your_model.py": "ChatOpenAI, live:",
     "agent_middleware.py": "decision=",
-    "api_backend.py": "decision=",
+    "api_backend.py": "requests=",
     "rag_selective_answering.py": "decision=",
 }
 
