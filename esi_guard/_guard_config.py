@@ -5,11 +5,17 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from pydantic import ValidationError
+
+from esi_guard._keywords import unknown_keyword
+from esi_guard.backends.adapters import backend_for
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
 from esi_guard.interventions import rebuild_intervention
+from esi_guard.result import ScoringConfig
 from esi_guard.scoring import DISTANCE_BOUNDS
 
 if TYPE_CHECKING:
@@ -18,9 +24,13 @@ if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
 
 __all__ = [
+    "FileSettings",
+    "check_file_match",
     "check_settings",
-    "embedded_threshold_path",
+    "configuration_error",
+    "file_settings",
     "from_threshold_file",
+    "given_settings",
     "score_range",
     "shipped_settings",
 ]
@@ -88,6 +98,85 @@ def score_range(guard: ESIGuard) -> tuple[float, float, str]:
     return 0.0, bound * math.log(max(guard.top_k, 2)), what
 
 
+class FileSettings(NamedTuple):
+    """A guard's keyword arguments from a threshold file, and what to check once it exists."""
+
+    kwargs: dict[str, Any]
+    """The file's threshold and scoring settings, completed by (or overridden with) the
+    keywords given."""
+    calibrated: ThresholdFile
+    expected: ScoringConfig
+    """The scoring configuration the guard must have for the file's threshold to hold."""
+    where: str
+    """The file, as messages name it."""
+    hint: str = ""
+    """Appended to a mismatch's message."""
+
+
+_FILE_OPTIONS = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
+                 "decide_on")  # fmt: skip
+
+
+def file_settings(
+    calibrated: ThresholdFile, given: dict[str, Any], where: str, hint: str = ""
+) -> FileSettings:
+    """The guard's keywords: the file's settings, those in ``given`` taking their place.
+
+    A setting given that differs from the file's is refused afterwards, by
+    :func:`check_file_match`, with every other difference. ``combined`` only comes from
+    the file (its threshold is on that score).
+    """
+    given = dict(given)
+    if "max_tokens" in given:  # LangChain's name for max_new_tokens
+        given["max_new_tokens"] = given.pop("max_tokens")
+    if "combined" in given:
+        msg = (
+            "combined comes from the threshold file (its threshold is on that score's "
+            "p_wrong, or on ESI when the file has none): do not pass it"
+        )
+        raise ConfigurationError(msg)
+    expected = calibrated.scoring
+    settings = {key: given.pop(key, getattr(expected, key)) for key in _FILE_OPTIONS}
+    settings["threshold"] = calibrated.threshold
+    if calibrated.combined is not None:
+        settings["combined"] = calibrated.combined
+    if calibrated.sequential is not None:
+        settings["stop_constant"] = given.pop("stop_constant", calibrated.sequential["constant"])
+        settings["min_variants"] = given.pop("min_variants", calibrated.sequential["min_variants"])
+    if given.get("intervention") is None:
+        given["intervention"] = rebuild_intervention(expected.intervention)
+        # A file older than some of the intervention's options names fewer of them.
+        expected = expected.model_copy(update={"intervention": given["intervention"].describe()})
+    return FileSettings({**settings, **given}, calibrated, expected, where, hint)
+
+
+def check_file_match(settings: FileSettings, guard: ESIGuard, stacklevel: int) -> None:
+    """Refuse a guard whose model or scoring differs from the file's; warn on another engine.
+
+    The model matches on the weights' digest where the file and the backend both have
+    one (a GGUF's, :attr:`Backend.model_sha256`), else on ``model_id``. A file calibrated
+    on another engine than the backend's is accepted with an
+    :class:`EngineMismatchWarning`.
+    """
+    calibrated = settings.calibrated
+    problems = settings.expected.differences(
+        guard.scoring_config,
+        ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
+    )
+    if (different_model := model_difference(calibrated, guard.backend)) is not None:
+        problems.insert(0, different_model)
+    if problems:
+        msg = (
+            f"{settings.where} does not match this guard (calibrated vs given): "
+            + "; ".join(problems)
+            + settings.hint
+        )
+        raise ConfigurationError(msg)
+    other_engine = engine_difference(calibrated, guard.backend, settings.where)
+    if other_engine is not None:
+        warnings.warn(other_engine, EngineMismatchWarning, stacklevel=stacklevel + 1)
+
+
 def from_threshold_file(
     cls: type[G],
     path: str | Path,
@@ -96,55 +185,13 @@ def from_threshold_file(
     intervention: Intervention | None = None,
     **kwargs: Any,
 ) -> G:
-    """``cls.from_calibration``: see :meth:`esi_guard.ESIGuard.from_calibration`.
-
-    The model matches on the weights' digest where the file and the backend both have
-    one (a GGUF's, :attr:`Backend.model_sha256`), else on ``model_id``. A file calibrated
-    on another engine than the backend's is accepted with an
-    :class:`EngineMismatchWarning`.
-    """
-    calibrated = ThresholdFile.read(path)
-    expected = calibrated.scoring
-    options = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
-               "decide_on")  # fmt: skip
-    settings = {key: kwargs.pop(key, getattr(expected, key)) for key in options}
-    if "combined" in kwargs:
-        msg = (
-            "combined comes from the threshold file (its threshold is on that score's "
-            "p_wrong, or on ESI when the file has none): do not pass it"
-        )
-        raise ConfigurationError(msg)
-    if calibrated.combined is not None:
-        settings["combined"] = calibrated.combined
-    if calibrated.sequential is not None:
-        settings.setdefault("stop_constant", calibrated.sequential["constant"])
-        settings["min_variants"] = kwargs.pop("min_variants", calibrated.sequential["min_variants"])
-    if intervention is None:
-        intervention = rebuild_intervention(expected.intervention)
-        # A file older than some of the intervention's options names fewer of them.
-        expected = expected.model_copy(update={"intervention": intervention.describe()})
+    """``cls.from_calibration``: see :meth:`esi_guard.ESIGuard.from_calibration`."""
+    given = {**kwargs, "intervention": intervention}
     if backend is not None:
-        kwargs["backend"] = backend
-    guard = cls(
-        threshold=calibrated.threshold,
-        intervention=intervention,
-        **settings,
-        **kwargs,
-    )
-    problems = expected.differences(
-        guard.scoring_config,
-        ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
-    )
-    if (different_model := model_difference(calibrated, guard.backend)) is not None:
-        problems.insert(0, different_model)
-    if problems:
-        msg = (
-            f"threshold file {path} does not match this guard (calibrated vs given): "
-            + "; ".join(problems)
-        )
-        raise ConfigurationError(msg)
-    if (other_engine := engine_difference(calibrated, guard.backend, path)) is not None:
-        warnings.warn(other_engine, EngineMismatchWarning, stacklevel=3)
+        given["backend"] = backend
+    settings = file_settings(ThresholdFile.read(path), given, f"threshold file {path}")
+    guard = cls(**settings.kwargs)
+    check_file_match(settings, guard, stacklevel=3)
     return guard
 
 
@@ -174,7 +221,7 @@ def model_difference(calibrated: ThresholdFile, backend: Backend) -> str | None:
     )
 
 
-def engine_difference(calibrated: ThresholdFile, backend: Backend, path: str | Path) -> str | None:
+def engine_difference(calibrated: ThresholdFile, backend: Backend, where: str) -> str | None:
     """The :class:`EngineMismatchWarning`'s message, or None: same engine, or not recorded."""
     if calibrated.engine is None or calibrated.engine == backend.engine:
         return None
@@ -185,7 +232,7 @@ def engine_difference(calibrated: ThresholdFile, backend: Backend, path: str | P
         else "`esi-guard calibrate` on this backend"
     )
     return (
-        f"threshold file {path} was calibrated on the {calibrated.engine} engine and this "
+        f"{where} was calibrated on the {calibrated.engine} engine and this "
         f"guard runs {engine}: the same weights give close, not identical scores (on the "
         "embedded model, transformers and llama.cpp agree to within 0.005 on average where "
         "their greedy answers match, Spearman 0.99), so the threshold holds approximately. "
@@ -194,64 +241,63 @@ def engine_difference(calibrated: ThresholdFile, backend: Backend, path: str | P
     )
 
 
-EMBEDDED_THRESHOLD = "embedded_threshold.json"
-"""The embedded model's shipped calibration, beside :mod:`esi_guard.backends`' modules."""
+def given_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], FileSettings | None]:
+    """ESIGuard's keywords before validation, and the shipped file's settings if it uses them.
 
-_SHIPPED_OPTIONS = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
-                    "decide_on")  # fmt: skip
+    ``llm=`` becomes its backend (:func:`~esi_guard.backends.adapters.backend_for`); no
+    ``threshold`` means the embedded model's shipped one (:func:`shipped_settings`).
+    """
+    kwargs = dict(kwargs)
+    if kwargs.get("llm") is not None:
+        if kwargs.get("backend") is not None:
+            msg = "give backend= or llm=, not both"
+            raise ConfigurationError(msg)
+        kwargs["backend"] = backend_for(kwargs["llm"])
+    if kwargs.get("threshold") is not None:
+        return kwargs, None
+    kwargs.pop("threshold", None)
+    shipped = shipped_settings(kwargs)
+    return shipped.kwargs, shipped
 
 
-def embedded_threshold_path() -> Path:
-    """The threshold file shipped for the embedded default model (see the README)."""
-    from importlib.resources import files
-
-    return Path(str(files("esi_guard.backends").joinpath(EMBEDDED_THRESHOLD)))
-
-
-def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> dict[str, Any]:
-    """``kwargs`` completed from the embedded model's shipped calibration (no ``threshold``).
+def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> FileSettings:
+    """:func:`file_settings` of the embedded model's shipped calibration (no ``threshold``).
 
     Only the embedded model has one: any other model needs ``threshold=`` or
-    ``from_calibration``, and is told so in one line. A scoring option given that differs
-    from the shipped file's would make its threshold meaningless, so it is refused.
+    ``from_calibration``, and is told so in one line. A scoring setting given that differs
+    from the shipped file's would make its threshold meaningless: :func:`check_file_match`
+    refuses it.
     """
-    from esi_guard.backends.default import EmbeddedBackend
-    from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
-
     backend = kwargs.get("backend")
-    if backend is not None and not (
-        isinstance(backend, EmbeddedBackend) or backend.model_id == EMBEDDED_MODEL_ID
-    ):
+    if backend is not None and backend.model_id != EMBEDDED_MODEL_ID:
         msg = (
             f"ESIGuard needs threshold=... for {backend.model_id!r} (only the embedded default "
             "model ships a calibrated one): calibrate it on your labelled questions with "
             "`esi-guard calibrate`, then ESIGuard.from_calibration(path)"
         )
         raise ConfigurationError(msg)
-    calibrated = ThresholdFile.read(path or embedded_threshold_path())
-    expected = calibrated.scoring
-    given = dict(kwargs)
-    if "max_tokens" in given:
-        given["max_new_tokens"] = given.pop("max_tokens")
-    settings: dict[str, Any] = {"threshold": calibrated.threshold}
-    for key in _SHIPPED_OPTIONS:
-        value = getattr(expected, key)
-        if key in given and given[key] != value:
-            msg = (
-                f"the embedded model's shipped threshold was calibrated with {key}={value!r}; "
-                f"with {key}={given[key]!r} give threshold=... (calibrate one: esi-guard "
-                "calibrate)"
-            )
-            raise ConfigurationError(msg)
-        settings[key] = value
-    intervention = rebuild_intervention(expected.intervention)
-    if "intervention" in given and given["intervention"].describe() != intervention.describe():
-        msg = (
-            "the embedded model's shipped threshold was calibrated with the intervention "
-            f"{intervention.describe()}; with another one give threshold=..."
-        )
-        raise ConfigurationError(msg)
-    settings["intervention"] = intervention
-    if calibrated.combined is not None:
-        settings["combined"] = calibrated.combined
-    return {**given, **settings}
+    hint = "; with other settings give threshold=... (calibrate one: esi-guard calibrate)"
+    calibrated = ThresholdFile.read(path or embedded_threshold())
+    return file_settings(calibrated, kwargs, "the embedded model's shipped threshold", hint)
+
+
+def configuration_error(exc: ValidationError) -> ConfigurationError:
+    """One line for pydantic's report on ESIGuard: the first problem, by field, with its value."""
+    from langchain_core.language_models import BaseChatModel
+
+    from esi_guard.guard import ESIGuard
+
+    errors = exc.errors()
+    extra = [e["loc"][0] for e in errors if e["type"] == "extra_forbidden"]
+    if extra:
+        own = set(ESIGuard.model_fields) - set(BaseChatModel.model_fields)
+        return unknown_keyword("ESIGuard", str(extra[0]), [*own, "max_tokens"])
+    first = errors[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, ConfigurationError):  # raised by a validator: already one line
+        return cause
+    field = ".".join(str(part) for part in first["loc"]) or "settings"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    given = f", got {first['input']!r}" if first["type"] != "missing" else ""
+    msg = f"invalid ESIGuard setting {field}: {first['msg'].lower()}{given}{more}"
+    return ConfigurationError(msg)

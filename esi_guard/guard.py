@@ -22,15 +22,13 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from esi_guard import _batching, _live, _tracing
-from esi_guard._guard_config import check_settings, from_threshold_file, shipped_settings
+from esi_guard import _batching, _guard_config, _live, _tracing
 from esi_guard._inputs import parse_input, rendered, resolve
 from esi_guard._items import GuardedPrompt, Item
-from esi_guard._keywords import check_keywords, unknown_keyword
+from esi_guard._keywords import check_keywords
 from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
 from esi_guard._pipeline import Action, OnError, Pipeline, raised
 from esi_guard._templates import TemplatedPrompt, warn_whole_message
-from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.combined import CombinedScore
@@ -47,24 +45,6 @@ GuardInput: TypeAlias = (
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
-
-
-def _configuration_error(exc: ValidationError) -> ConfigurationError:
-    """One line for pydantic's report: the first problem, named by field, with its value."""
-    errors = exc.errors()
-    extra = [e["loc"][0] for e in errors if e["type"] == "extra_forbidden"]
-    if extra:
-        own = set(ESIGuard.model_fields) - set(BaseChatModel.model_fields)
-        return unknown_keyword("ESIGuard", str(extra[0]), [*own, "max_tokens"])
-    first = errors[0]
-    cause = first.get("ctx", {}).get("error")
-    if isinstance(cause, ConfigurationError):  # raised by a validator: already one line
-        return cause
-    field = ".".join(str(part) for part in first["loc"]) or "settings"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    given = f", got {first['input']!r}" if first["type"] != "missing" else ""
-    msg = f"invalid ESIGuard setting {field}: {first['msg'].lower()}{given}{more}"
-    return ConfigurationError(msg)
 
 
 class ESIGuard(BaseChatModel):
@@ -168,18 +148,13 @@ class ESIGuard(BaseChatModel):
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
-        if kwargs.get("llm") is not None:
-            if kwargs.get("backend") is not None:
-                msg = "give backend= or llm=, not both"
-                raise ConfigurationError(msg)
-            kwargs["backend"] = backend_for(kwargs["llm"])
-        if kwargs.get("threshold") is None:
-            kwargs.pop("threshold", None)
-            kwargs = shipped_settings(kwargs)
+        kwargs, shipped = _guard_config.given_settings(kwargs)
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
-            raise _configuration_error(exc) from exc
+            raise _guard_config.configuration_error(exc) from exc
+        if shipped is not None:
+            _guard_config.check_file_match(shipped, self, stacklevel=2)
 
     @model_validator(mode="before")
     @classmethod
@@ -191,7 +166,7 @@ class ESIGuard(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
-        check_settings(self)
+        _guard_config.check_settings(self)
         return self
 
     @classmethod
@@ -219,7 +194,9 @@ class ESIGuard(BaseChatModel):
         decides on its combined score's ``p_wrong``. A file calibrated on another engine
         (transformers vs llama.cpp) is used with an :class:`EngineMismatchWarning`.
         """
-        return from_threshold_file(cls, path, backend=backend, intervention=intervention, **kwargs)
+        return _guard_config.from_threshold_file(
+            cls, path, backend=backend, intervention=intervention, **kwargs
+        )
 
     @property
     def scoring_config(self) -> ScoringConfig:

@@ -18,7 +18,13 @@ from pathlib import Path
 
 from esi_guard.exceptions import ModelLoadError
 
-__all__ = ["EMBEDDED_GGUF", "EMBEDDED_MODEL_ID", "embedded_gguf", "embedded_model_dir"]
+__all__ = [
+    "EMBEDDED_GGUF",
+    "EMBEDDED_MODEL_ID",
+    "embedded_gguf",
+    "embedded_model_dir",
+    "embedded_threshold",
+]
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The embedded default model's file name."""
@@ -45,3 +51,12 @@ def embedded_model_dir() -> Path:
 def embedded_gguf() -> Path:
     """The embedded GGUF file (a :class:`ModelLoadError` when it is not installed)."""
     return embedded_model_dir() / EMBEDDED_GGUF
+
+
+def embedded_threshold() -> Path:
+    """The threshold file shipped for the embedded model (``ESIGuard()`` uses it).
+
+    Written by ``esi-guard calibrate`` (the command is in the calibration docs); it lies
+    beside this module, so it needs no model installed.
+    """
+    return Path(__file__).with_name("embedded_threshold.json")

@@ -134,7 +134,7 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self._lock = threading.Lock()
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
-        _at_exit(self)
+        _OPEN.add(self)
         self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
         self._is_eog = llama_cpp.llama_vocab_is_eog
 
@@ -467,23 +467,16 @@ class LlamaCppBackend(Backend):
 
 
 _OPEN: weakref.WeakSet[LlamaCppBackend] = weakref.WeakSet()
-_REGISTERED: list[bool] = []
+"""Backends alive, whose llama.cpp objects :func:`_close_all` frees at interpreter exit."""
 
 
-def _at_exit(backend: LlamaCppBackend) -> None:
-    """Free ``backend``'s llama.cpp objects at interpreter exit, while llama_cpp is whole.
+def _close_all() -> None:
+    """Free the live backends' llama.cpp objects at exit, while llama_cpp is whole.
 
     Left to the garbage collector, they are freed after llama_cpp's module globals are
     gone (a ``TypeError`` traceback from ``free_model`` at exit), and llama_cpp's two
     ``/dev/null`` files are never closed (a ``ResourceWarning``).
     """
-    if not _OPEN and not _REGISTERED:
-        atexit.register(_close_all)
-        _REGISTERED.append(True)
-    _OPEN.add(backend)
-
-
-def _close_all() -> None:
     for backend in list(_OPEN):
         backend.close()
         backend.llama.close()
@@ -492,3 +485,6 @@ def _close_all() -> None:
         handle = getattr(utils, name, None)
         if handle is not None:
             handle.close()
+
+
+atexit.register(_close_all)

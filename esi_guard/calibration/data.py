@@ -181,29 +181,16 @@ def load_examples(
     return _shuffled(examples, limit, seed)
 
 
-def load_files(
-    paths: Sequence[str | Path],
-    *,
-    question_field: str | None = None,
-    answers_field: str | None = None,
-    incorrect_field: str | None = None,
-    limit: int | None = None,
-    seed: int | None = None,
-    answers_sep: str = DEFAULT_ANSWERS_SEP,
-) -> list[Example]:
+def load_files(paths: Sequence[str | Path], **options: Any) -> list[Example]:
     """The examples of several files, concatenated in the order given.
 
-    Each file is read by :func:`load_examples` with the same arguments: its own format
-    (unless the fields are named), and ``seed`` and ``limit`` applied to each file apart.
+    Each file is read by :func:`load_examples` with the same keyword ``options``: its own
+    format (unless the fields are named), and ``seed`` and ``limit`` applied to each file
+    apart.
     """
     if not paths:
         msg = "no data file given"
         raise InputError(msg)
-    options: dict[str, Any] = {
-        "question_field": question_field, "answers_field": answers_field,
-        "incorrect_field": incorrect_field, "limit": limit, "seed": seed,
-        "answers_sep": answers_sep,
-    }  # fmt: skip
     return [example for path in paths for example in load_examples(path, **options)]
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
-from esi_guard._guard_config import embedded_threshold_path, shipped_settings
+from esi_guard._guard_config import shipped_settings
 from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.backends.embedded import embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
 
 
@@ -18,7 +19,7 @@ def fake() -> FakeBackend:
 
 
 def test_the_embedded_model_ships_its_threshold_and_the_settings_it_was_fitted_with() -> None:
-    shipped = ThresholdFile.read(embedded_threshold_path())
+    shipped = ThresholdFile.read(embedded_threshold())
     guard = ESIGuard()  # nothing is loaded until the first answer
     assert isinstance(guard.backend, EmbeddedBackend)
     assert guard.threshold == shipped.threshold
@@ -31,16 +32,16 @@ def test_the_embedded_model_ships_its_threshold_and_the_settings_it_was_fitted_w
 
 
 def test_a_setting_the_shipped_threshold_was_not_fitted_with_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match=r"calibrated with n_variants=10.*threshold="):
+    with pytest.raises(ConfigurationError, match=r"n_variants: 10 vs 5.*give threshold="):
         ESIGuard(n_variants=5)
-    with pytest.raises(ConfigurationError, match="max_new_tokens"):
+    with pytest.raises(ConfigurationError, match="max_new_tokens: 64 vs 3"):
         ESIGuard(max_tokens=3)
     assert ESIGuard(n_variants=5, threshold=0.3).n_variants == 5  # a threshold of one's own
 
 
 def test_shipped_settings_fill_only_what_was_not_given(tmp_path: Path) -> None:
-    shipped = ThresholdFile.read(embedded_threshold_path())
-    settings = shipped_settings({"action": "abstain"}, embedded_threshold_path())
+    shipped = ThresholdFile.read(embedded_threshold())
+    settings = shipped_settings({"action": "abstain"}, embedded_threshold()).kwargs
     assert settings["action"] == "abstain" and settings["threshold"] == shipped.threshold
     assert settings["top_k"] == shipped.scoring.top_k
 
@@ -79,3 +80,10 @@ def test_the_unknown_keyword_hint_names_the_guards_own_settings_only() -> None:
     assert "threshold" in message and "max_tokens" in message
     for langchain_field in ("callbacks", "rate_limiter", "disable_streaming", "verbose"):
         assert langchain_field not in message
+
+
+def test_from_calibration_takes_langchains_max_tokens_name_for_the_files_setting() -> None:
+    guard = ESIGuard.from_calibration(embedded_threshold(), max_tokens=64)
+    assert guard.max_new_tokens == 64
+    with pytest.raises(ConfigurationError, match="max_new_tokens: 64 vs 3"):
+        ESIGuard.from_calibration(embedded_threshold(), max_tokens=3)
