@@ -24,6 +24,7 @@ from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import Field
 
 from esi_guard._items import GuardedPrompt
+from esi_guard._text import message_text
 from esi_guard.backends.base import ChatMessage
 from esi_guard.exceptions import InputError
 
@@ -39,31 +40,6 @@ __all__ = [
 ]
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
-
-
-def message_text(message: BaseMessage | Any, *, skip_other_blocks: bool = False) -> str:
-    """Plain text of a message's content (a string or text content blocks).
-
-    A non-text block (image, reasoning...) is an :class:`InputError`, or is left out
-    with ``skip_other_blocks=True`` (for model outputs, whose text is all we read).
-    """
-    content = getattr(message, "content", message)
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict) and block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-            elif not skip_other_blocks:
-                kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-                msg = f"cannot guard a message holding a {kind!r} content block; only text"
-                raise InputError(msg)
-        return "".join(parts)
-    msg = f"message content of type {type(content).__name__} is not text"
-    raise InputError(msg)
 
 
 def _check_text(text: str) -> None:

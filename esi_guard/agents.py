@@ -50,9 +50,9 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langgraph.constants import TAG_NOSTREAM
 
-from esi_guard._inputs import message_text
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline import OnError
+from esi_guard._text import message_text
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.fake import FakeBackend

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from esi_guard._inputs import message_text
 from esi_guard._keywords import strict_keywords
+from esi_guard._text import message_text
 from esi_guard.exceptions import ConfigurationError, InputError, InterventionError
 
 __all__ = [

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from esi_guard._inputs import message_text
 from esi_guard._keywords import strict_keywords
+from esi_guard._text import message_text
 from esi_guard.exceptions import ConfigurationError
 
 __all__ = [

@@ -1,0 +1,118 @@
+"""The guard's scores and decisions on 20 SciQ questions, recorded or compared with a record.
+
+A check for changes that must not change behaviour (moving modules, rewriting the step
+order): record before, compare after. It runs the embedded default guard (its shipped
+threshold) through every way a user calls it: ``invoke``, ``batch``, ``stream`` (held),
+``ainvoke``/``abatch``, ``score`` on the greedy answers, one ``abstain`` and one ``route``,
+and records the child runs each traced call reports (their tags, in order)::
+
+    python benchmarks/same_decisions.py --record before.json
+    # ... the change ...
+    python benchmarks/same_decisions.py --compare before.json
+
+``--compare`` exits 1 and names every difference; scores are compared exactly (the same
+code on the same engine is bit-reproducible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableLambda
+
+from esi_guard import ESIGuard
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sciq" / "test.jsonl"
+
+
+class _Steps(BaseCallbackHandler):
+    """The tags of the child runs a call reports, in the order they start."""
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, **kw: Any) -> None:
+        self.tags.extend(tag for tag in kw.get("tags") or [] if tag.startswith("esi:"))
+
+
+def _esi(message: Any) -> dict[str, Any]:
+    esi = dict(message.response_metadata["esi"])
+    return {"content": message.content, **{k: esi.get(k) for k in _KEYS}}
+
+
+_KEYS = ("score", "decision", "scored", "reason", "answer", "variants", "variants_used",
+         "token_scores", "signals", "p_wrong", "fallback_used")  # fmt: skip
+
+
+def record(n: int) -> dict[str, Any]:
+    """Everything the check compares, as JSON-friendly values."""
+    lines = DATA.read_text(encoding="utf-8").splitlines()[:n]
+    questions = [json.loads(line)["query"] for line in lines]
+    guard = ESIGuard()
+    out: dict[str, Any] = {"threshold": guard.threshold, "model": guard.backend.model_id}
+    steps = _Steps()
+    out["invoke"] = [_esi(guard.invoke(q, {"callbacks": [steps]})) for q in questions]
+    out["invoke_steps"] = steps.tags
+    steps = _Steps()
+    out["batch"] = [_esi(m) for m in guard.batch(questions, {"callbacks": [steps]})]
+    out["batch_steps"] = steps.tags
+    out["stream"] = [_esi(list(guard.stream(q))[-1]) for q in questions]
+    out["ainvoke"] = [_esi(asyncio.run(guard.ainvoke(q))) for q in questions[:3]]
+    out["abatch"] = [_esi(m) for m in asyncio.run(guard.abatch(questions[:5]))]
+    scored = [guard.score(q, r["answer"]) for q, r in zip(questions, out["invoke"], strict=True)]
+    out["score"] = [{"score": r.score, "decision": r.decision, "reason": r.reason} for r in scored]
+    worst = max(range(n), key=lambda i: out["invoke"][i]["score"] or 0.0)
+    untrusted = questions[worst]
+    abstaining = ESIGuard(action="abstain", abstain_message="no answer")
+    out["abstain"] = _esi(abstaining.invoke(untrusted))
+    fallback = RunnableLambda(lambda _: AIMessage(content="from the fallback"))
+    routing = ESIGuard(action="route", fallback=fallback)
+    steps = _Steps()
+    out["route"] = _esi(routing.invoke(untrusted, {"callbacks": [steps]}))
+    out["route_steps"] = steps.tags
+    return out
+
+
+def differences(before: Any, after: Any, where: str = "") -> list[str]:
+    """Every place where ``after`` differs from ``before`` (exact)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        keys = sorted(set(before) | set(after))
+        return [d for k in keys for d in differences(before.get(k), after.get(k), f"{where}.{k}")]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        return [d for i, (b, a) in enumerate(zip(before, after, strict=True))
+                for d in differences(b, a, f"{where}[{i}]")]  # fmt: skip
+    return [] if before == after else [f"{where}: {before!r} -> {after!r}"]
+
+
+def main() -> int:
+    """Record or compare; 1 when the comparison finds a difference."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--record", type=Path, help="write the record here")
+    mode.add_argument("--compare", type=Path, help="compare with this record")
+    parser.add_argument("--n", type=int, default=20, help="questions (default 20)")
+    args = parser.parse_args()
+    now = json.loads(json.dumps(record(args.n)))
+    if args.record:
+        args.record.write_text(json.dumps(now, indent=1), encoding="utf-8")
+        print(f"recorded {args.n} questions to {args.record}")
+        return 0
+    found = differences(json.loads(args.compare.read_text(encoding="utf-8")), now)
+    for line in found:
+        print(line)
+    decisions = [r["decision"] for r in now["invoke"]]
+    print(f"same_decisions: questions={args.n} differences={len(found)} "
+          f"accepted={decisions.count('accept')} flagged={decisions.count('flag')}")  # fmt: skip
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
