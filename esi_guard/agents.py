@@ -13,7 +13,7 @@ final answer is scored the way ``ESIGuard.score`` scores an answer it is handed:
 answer is teacher-forced after the prompt the model saw and after L variants of the
 question, the last human message. The system message, earlier turns, the tool calls and
 the tool results are context and never intervened on; they reach the backend's chat
-template folded into text (:func:`esi_guard._inputs.fold_tools`: ``Tool call: name({...})``
+template folded into text (:func:`esi_guard.guard._inputs.fold_tools`: ``Tool call: name({...})``
 in the assistant turn, ``Tool result (name): ...`` as a user turn), the same way for every
 backend. The tools' schemas are not part of the scored prompt.
 
@@ -40,7 +40,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,7 +51,7 @@ from langchain_core.runnables.config import ensure_config, var_child_runnable_co
 from langgraph.constants import TAG_NOSTREAM
 
 from esi_guard._keywords import check_keywords
-from esi_guard._pipeline import OnError
+from esi_guard._pipeline.decide import acted, untrusted
 from esi_guard._text import message_text
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
@@ -59,7 +59,7 @@ from esi_guard.backends.fake import FakeBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, UncertainAnswerError
 from esi_guard.guard import DEFAULT_ABSTAIN_MESSAGE, ESIGuard
-from esi_guard.result import ESIResult
+from esi_guard.result import ESIResult, OnError
 
 __all__ = ["ESIMiddleware"]
 
@@ -173,7 +173,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         if guard is None or message is None or message.tool_calls:
             return self._passed(response, message, guard)
         result = guard.score(_prompt(request), message_text(message, skip_other_blocks=True))
-        if self.action == "route" and _untrusted(result):
+        if self.action == "route" and untrusted(result):
             with _held():
                 routed = handler(request.override(model=self._fallback()))
             return self._routed(routed, result)
@@ -194,7 +194,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
             return self._passed(response, message, guard)
         answer = message_text(message, skip_other_blocks=True)
         result = await asyncio.to_thread(guard.score, _prompt(request), answer)
-        if self.action == "route" and _untrusted(result):
+        if self.action == "route" and untrusted(result):
             with _held():
                 routed = await handler(request.override(model=self._fallback()))
             return self._routed(routed, result)
@@ -254,8 +254,8 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         message: AIMessage,
         result: ESIResult,
     ) -> ModelResponse[Any]:
-        if _untrusted(result) and self.action == "raise":
-            result = replace(result, decision="raise")
+        result = acted(result, self.action)
+        if result.decision == "raise":
             with self._lock:
                 self._raised[id(request.messages)] = _Raised(
                     request.messages, request.model, result
@@ -264,13 +264,11 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
                     self._raised.popitem(last=False)
             msg = f"the agent's answer scored {result.score:.4g} > threshold {result.threshold}"
             raise UncertainAnswerError(msg, result=result, answer=message)
-        if _untrusted(result) and self.action == "abstain":
-            result = replace(result, decision="abstain")
         content = self._options["abstain_message"] if result.decision == "abstain" else None
         return _with(response, message, _meta(result), content=content)
 
     def _routed(self, routed: ModelResponse[Any], result: ESIResult) -> ModelResponse[Any]:
-        result = replace(result, decision="route")
+        result = acted(result, "route")
         return _with(routed, _answer(routed), _meta(result, fallback_used=True))
 
     def _handed_over(self, request: ModelRequest[Any]) -> ESIResult | None:
@@ -302,11 +300,6 @@ def _backend(model: Any) -> Backend:
             "Give ESIMiddleware(backend=...) a backend on the same weights"
         )
         raise ConfigurationError(msg) from exc
-
-
-def _untrusted(result: ESIResult) -> bool:
-    """Scored past the threshold (the guard was built with action ``flag``)."""
-    return result.scored and result.decision == "flag"
 
 
 def _prompt(request: ModelRequest[Any]) -> list[BaseMessage]:

@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from esi_guard._keywords import check_keywords
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "Decision", "ESIResult", "ScoringConfig"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "Action",
+    "Decision",
+    "ESIResult",
+    "OnError",
+    "ScoringConfig",
+]
 
 DEFAULT_MAX_NEW_TOKENS = 64
 """Most tokens per answer, for the guard and ``esi-guard calibrate`` alike (a threshold
@@ -26,6 +33,12 @@ Decision = Literal["accept", "flag", "abstain", "route", "raise", "pass"]
 """``accept`` for a trusted answer, otherwise the action the guard took (``raise``: the
 agent middleware raised :class:`UncertainAnswerError`); ``pass``: not an answer (an agent
 turn that calls tools), passed on unscored."""
+
+Action = Literal["flag", "abstain", "route"]
+"""What the guard does with an untrusted answer."""
+
+OnError = Literal["abstain", "flag", "raise"]
+"""What the guard does with an answer it could not score."""
 
 
 class ScoringConfig(BaseModel):

@@ -9,7 +9,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from esi_guard import ESIGuard, FakeBackend, InputError
-from esi_guard._inputs import message_text, parse_input
+from esi_guard.guard._inputs import message_text, parse_input
 
 SURE = "What is the capital city of France?"
 UNSURE = "Which river flows through the ancient city of Timbuktu?"

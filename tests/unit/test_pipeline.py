@@ -9,8 +9,7 @@ import pytest
 
 import esi_guard
 from esi_guard import BackendError, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
-from esi_guard._items import GuardedPrompt, Item
-from esi_guard._pipeline import Pipeline, raised
+from esi_guard._pipeline import GuardedPrompt, Item, Pipeline, raised
 from esi_guard.backends import ChatMessage
 from esi_guard.exceptions import InterventionError, ScoringError
 
@@ -21,7 +20,8 @@ PACKAGE = Path(esi_guard.__file__).parent
 
 def runtime_imports(module: str) -> set[str]:
     """Modules ``module`` imports when it runs (``if TYPE_CHECKING:`` blocks left out)."""
-    path = PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     found: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skip = {
@@ -42,7 +42,9 @@ def runtime_imports(module: str) -> set[str]:
 
 def test_the_pipeline_imports_no_langchain_even_indirectly() -> None:
     seen: set[str] = set()
-    todo = ["esi_guard._pipeline"]
+    folder = PACKAGE / "_pipeline"
+    todo = [f"esi_guard._pipeline.{path.stem}" for path in folder.glob("*.py")]
+    todo = [name.removesuffix(".__init__") for name in todo]
     while todo:
         module = todo.pop()
         if module in seen:

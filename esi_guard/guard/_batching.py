@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from esi_guard._inputs import parse_input
-from esi_guard._items import GuardedPrompt, Item
 from esi_guard._keywords import check_keywords
+from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard.exceptions import InputError
+from esi_guard.guard._inputs import parse_input
 
 __all__ = ["item_for", "items", "kept", "prefetched"]
 

@@ -15,7 +15,7 @@ from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
-    from esi_guard._items import Item
+    from esi_guard._pipeline.items import Item
 
 __all__ = ["Rounds"]
 

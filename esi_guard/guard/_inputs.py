@@ -23,7 +23,7 @@ from langchain_core.messages import BaseMessage, convert_to_messages
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from pydantic import Field
 
-from esi_guard._items import GuardedPrompt
+from esi_guard._pipeline.items import GuardedPrompt
 from esi_guard._text import message_text
 from esi_guard.backends.base import ChatMessage
 from esi_guard.exceptions import InputError

@@ -6,7 +6,7 @@ bytes in every row the guard scores (the paper intervenes on the question only).
 ``context_key`` it is also rendered with that variable emptied, for ``context_reliance``.
 
 :class:`TemplatedPrompt` is the chain step that renders; its output is a
-:class:`~esi_guard._inputs.TemplatedPromptValue` (an ordinary ``ChatPromptValue`` for
+:class:`~esi_guard.guard._inputs.TemplatedPromptValue` (an ordinary ``ChatPromptValue`` for
 anything else) that the guard reads its question from. ``with_prompt`` returns
 ``TemplatedPrompt(...) | guard``.
 """
@@ -22,10 +22,10 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict
 
-from esi_guard._inputs import TemplatedPromptValue, chat_messages, parse_input
-from esi_guard._items import GuardedPrompt, Templated
+from esi_guard._pipeline.items import GuardedPrompt, Templated
 from esi_guard.backends.base import ChatMessage
 from esi_guard.exceptions import ConfigurationError, InputError, WholeMessageWarning
+from esi_guard.guard._inputs import TemplatedPromptValue, chat_messages, parse_input
 
 __all__ = ["LONG_QUESTION", "TemplatedPrompt", "warn_whole_message"]
 

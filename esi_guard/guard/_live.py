@@ -22,7 +22,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
 
-from esi_guard._messages import last_message_chunk
+from esi_guard.guard._messages import last_message_chunk
 
 __all__ = ["astream", "emit", "stream"]
 

@@ -8,11 +8,11 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from esi_guard._items import Item
-from esi_guard._pipeline import OnError, raised
+from esi_guard._pipeline.decide import raised
+from esi_guard._pipeline.items import Item
 from esi_guard._text import message_text
 from esi_guard.exceptions import BackendError
-from esi_guard.result import ESIResult
+from esi_guard.result import ESIResult, OnError
 
 __all__ = ["chat_result", "decision", "last_chunk", "last_message_chunk", "piece_chunk"]
 

@@ -1,11 +1,15 @@
-"""The guard's settings: the rules they must keep, and a guard from a threshold file."""
+"""A guard's settings from a threshold file (given or shipped), and pydantic's errors in one line.
+
+The rules the settings must keep together are the guard's own validator
+(:meth:`ESIGuard._check <esi_guard.guard.chat_model.ESIGuard>`); this module knows no guard class.
+"""
 
 from __future__ import annotations
 
-import math
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -16,86 +20,33 @@ from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
 from esi_guard.interventions import rebuild_intervention
 from esi_guard.result import ScoringConfig
-from esi_guard.scoring import DISTANCE_BOUNDS
 
 if TYPE_CHECKING:
     from esi_guard.backends.base import Backend
-    from esi_guard.guard import ESIGuard
     from esi_guard.interventions import Intervention
 
 __all__ = [
     "FileSettings",
     "check_file_match",
-    "check_settings",
     "configuration_error",
     "file_settings",
     "from_threshold_file",
     "given_settings",
-    "score_range",
     "shipped_settings",
 ]
 
-G = TypeVar("G", bound="ESIGuard")
+
+class Guard(Protocol):
+    """What a threshold file is checked against: a guard's scoring and backend."""
+
+    @property
+    def scoring_config(self) -> ScoringConfig: ...
+
+    @property
+    def backend(self) -> Backend: ...
 
 
-def check_settings(guard: ESIGuard) -> None:
-    """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
-    if not math.isfinite(guard.threshold):
-        msg = f"threshold must be a finite number, got {guard.threshold!r}"
-        raise ConfigurationError(msg)
-    low, high, what = score_range(guard)
-    if not low <= guard.threshold <= high:
-        effect = "every answer would be untrusted" if guard.threshold < low else "none would"
-        msg = (
-            f"threshold={guard.threshold!r} is outside the range of {what}, [{low:g}, "
-            f"{high:.4g}]: {effect}"
-        )
-        raise ConfigurationError(msg)
-    if guard.action == "route" and guard.fallback is None:
-        msg = "action='route' needs a fallback runnable"
-        raise ConfigurationError(msg)
-    if guard.stream_mode == "live" and (guard.action != "flag" or guard.on_error == "abstain"):
-        msg = (
-            "stream_mode='live' shows the answer before it is scored, so it needs "
-            f"action='flag' and on_error='flag' or 'raise' (got action={guard.action!r}, "
-            f"on_error={guard.on_error!r}): an answer already shown cannot be withheld"
-        )
-        raise ConfigurationError(msg)
-    if guard.temperature not in (None, 0):
-        msg = f"ESI scores the greedy answer: temperature must be 0, got {guard.temperature}"
-        raise ConfigurationError(msg)
-    if guard.min_variants is not None:
-        if guard.stop_constant is None:
-            msg = (
-                "min_variants needs stop_constant, the stopping rule's calibrated constant: "
-                "run esi-guard calibrate --min-variants N and build the guard with "
-                "ESIGuard.from_calibration(path)"
-            )
-            raise ConfigurationError(msg)
-        if guard.decide_on != "esi" or guard.combined is not None:
-            msg = (
-                "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
-                "and no combined score"
-            )
-            raise ConfigurationError(msg)
-    if guard.combined is not None and guard.decide_on != "esi":
-        msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
-        raise ConfigurationError(msg)
-
-
-def score_range(guard: ESIGuard) -> tuple[float, float, str]:
-    """The values the guard's decision signal can take, and its name, for error messages.
-
-    ESI is a mean of ``alpha_t * D`` with ``alpha_t`` the entropy (nats) of a top-k
-    distribution, at most ``ln k``, so a bounded distance bounds the score by
-    ``ln(k) * max D``; ``p_wrong`` is a probability.
-    """
-    if guard.combined is not None:
-        return 0.0, 1.0, "a combined score's p_wrong"
-    bound = DISTANCE_BOUNDS.get(guard.distance, math.inf)
-    name = "context reliance" if guard.decide_on == "context_reliance" else "ESI scores"
-    what = f"{name} with {guard.distance}, k={guard.top_k}"
-    return 0.0, bound * math.log(max(guard.top_k, 2)), what
+G = TypeVar("G", bound=Guard)
 
 
 class FileSettings(NamedTuple):
@@ -150,7 +101,7 @@ def file_settings(
     return FileSettings({**settings, **given}, calibrated, expected, where, hint)
 
 
-def check_file_match(settings: FileSettings, guard: ESIGuard, stacklevel: int) -> None:
+def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> None:
     """Refuse a guard whose model or scoring differs from the file's; warn on another engine.
 
     The model matches on the weights' digest where the file and the backend both have
@@ -178,14 +129,14 @@ def check_file_match(settings: FileSettings, guard: ESIGuard, stacklevel: int) -
 
 
 def from_threshold_file(
-    cls: type[G],
+    cls: Callable[..., G],
     path: str | Path,
     *,
     backend: Backend | None = None,
     intervention: Intervention | None = None,
     **kwargs: Any,
 ) -> G:
-    """``cls.from_calibration``: see :meth:`esi_guard.ESIGuard.from_calibration`."""
+    """A guard built by ``cls`` from the file: see :meth:`esi_guard.ESIGuard.from_calibration`."""
     given = {**kwargs, "intervention": intervention}
     if backend is not None:
         given["backend"] = backend
@@ -281,17 +232,15 @@ def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> 
     return file_settings(calibrated, kwargs, "the embedded model's shipped threshold", hint)
 
 
-def configuration_error(exc: ValidationError) -> ConfigurationError:
-    """One line for pydantic's report on ESIGuard: the first problem, by field, with its value."""
-    from langchain_core.language_models import BaseChatModel
+def configuration_error(exc: ValidationError, own: Iterable[str]) -> ConfigurationError:
+    """One line for pydantic's report on ESIGuard: the first problem, by field, with its value.
 
-    from esi_guard.guard import ESIGuard
-
+    ``own``: the keywords ESIGuard takes, named when an unknown one was given.
+    """
     errors = exc.errors()
     extra = [e["loc"][0] for e in errors if e["type"] == "extra_forbidden"]
     if extra:
-        own = set(ESIGuard.model_fields) - set(BaseChatModel.model_fields)
-        return unknown_keyword("ESIGuard", str(extra[0]), [*own, "max_tokens"])
+        return unknown_keyword("ESIGuard", str(extra[0]), list(own))
     first = errors[0]
     cause = first.get("ctx", {}).get("error")
     if isinstance(cause, ConfigurationError):  # raised by a validator: already one line

@@ -1,32 +1,31 @@
-"""The scoring pipeline, with no LangChain: generate -> intervene -> force -> assess -> result.
+"""The scoring pipeline, with no LangChain: generate -> intervene -> score (force, assess).
 
 Each prompt travels as one :class:`Item`; a step fills in what it learned (the answer,
 the variants) or decides the item's ``outcome`` (an unscored result, or the error that
 ``on_error="raise"`` will raise). The steps that talk to the backend or the intervention
 come in a sync and an async form, and a failure of a whole call becomes every item's own
-error (:func:`~esi_guard._shield.shield`), so one bad call never takes a batch down.
-Everything else here is pure.
+error (:func:`~esi_guard._pipeline.shield.shield`), so one bad call never takes a batch
+down. Decisions are :class:`~esi_guard._pipeline.decide.Rule`'s.
 
-:meth:`Pipeline.run` (and ``arun``) drives it::
-
-    live = pipeline.generated(items, pipeline.generate(items))   # Backend.generate
-    pipeline.intervened(live, pipeline.intervene(live))          # the intervention
-    pipeline.force(live)          # plan, Backend.teacher_force, assess
-
-after which every item's ``outcome`` is set. The guard calls the same steps one by one
-when it traces them.
+The order of the steps is written once, in :meth:`Pipeline.order`; :meth:`Pipeline.run`,
+:meth:`~Pipeline.arun`, :meth:`~Pipeline.stream` and :meth:`~Pipeline.astream` are thin
+drivers over it. Each step runs inside the caller's ``hook`` (a context manager per step,
+given the step's name and items), which is how the guard shows every step as a child run
+without restating the order, as ``BaseChatModel.generate`` hands its run manager down.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, cast
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from esi_guard._items import Item, Outcome
-from esi_guard._rounds import Rounds
-from esi_guard._shield import ashield, shield, wrapped
+from esi_guard._pipeline.decide import Rule
+from esi_guard._pipeline.items import Item, Outcome
+from esi_guard._pipeline.rounds import Rounds
+from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
@@ -37,22 +36,47 @@ from esi_guard.exceptions import (
     ScoringError,
     reason,
 )
-from esi_guard.result import Decision, ESIResult, ScoringConfig
+from esi_guard.result import Action, ESIResult, OnError, ScoringConfig
 from esi_guard.scoring import Distance, TopK, esi_score
 from esi_guard.sequential import schedule, settled
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
 
-__all__ = [
-    "Action",
-    "OnError",
-    "Pipeline",
-    "raised",
-]
+__all__ = ["AsyncStepHook", "Pipeline", "Step", "StepHook"]
 
-Action = Literal["flag", "abstain", "route"]
-OnError = Literal["abstain", "flag", "raise"]
+Step = Literal["generate", "intervene", "score"]
+
+
+class StepHook(Protocol):
+    """Called around each step: a context manager entered before it, exited after it.
+
+    Exited normally, the step's output per item is in ``item.steps[step]`` (an
+    exception there is the step's failure for that item); an exception raised by the
+    step itself passes through the hook's exit.
+    """
+
+    def __call__(self, step: Step, items: Sequence[Item]) -> AbstractContextManager[Any]:
+        """The context the step runs in."""
+        ...
+
+
+class AsyncStepHook(Protocol):
+    """Async :class:`StepHook`."""
+
+    def __call__(self, step: Step, items: Sequence[Item]) -> AbstractAsyncContextManager[Any]:
+        """The context the step runs in."""
+        ...
+
+
+class _NoHook:
+    """The hook of an untraced run: it does nothing, sync or async."""
+
+    def __call__(self, step: Step, items: Sequence[Item]) -> nullcontext[None]:
+        return nullcontext()
+
+
+_NO_HOOK = _NoHook()
 
 
 @dataclass(frozen=True)
@@ -66,21 +90,78 @@ class Pipeline:
     action: Action
     on_error: OnError
     stop: tuple[str, ...] = ()
+    """Stop sequences for generation."""
     combined: CombinedScore | None = None
     """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
-    """Stop sequences for generation."""
 
-    def run(self, items: Sequence[Item]) -> None:
+    @cached_property
+    def rule(self) -> Rule:
+        """How results are decided."""
+        return Rule(self.threshold, self.action, self.on_error, self.config,
+                    self.backend.model_id, self.combined)  # fmt: skip
+
+    def order(
+        self, items: Sequence[Item], answered: bool = False
+    ) -> Iterator[tuple[Step, list[Item]]]:
+        """The steps in their order, each with the items it runs for; the only place it is written.
+
+        An item decided by a step (a failed generation) leaves the order; an item that
+        reaches intervention is scored even when the intervention failed (the score step
+        records its outcome). ``answered``: the items hold their answers (``score``):
+        no generation.
+        """
+        live = [item for item in items if item.outcome is None]
+        if not answered:
+            yield "generate", live
+            live = [item for item in live if item.outcome is None]
+        if live:
+            yield "intervene", live
+            yield "score", live
+
+    def run(self, items: Sequence[Item], hook: StepHook = _NO_HOOK, answered: bool = False) -> None:
         """Every step for all ``items`` (one backend call per step); each ends decided."""
-        live = self.generated(items, self.generate(items))
-        self.intervened(live, self.intervene(live))
-        self.force(live)
+        for step, live in self.order(items, answered):
+            with hook(step, live):
+                if step == "generate":
+                    self.generated(live, self.generate(live))
+                elif step == "intervene":
+                    self.intervened(live, self.intervene(live))
+                else:
+                    self.force(live, include_original=answered)
 
-    async def arun(self, items: Sequence[Item]) -> None:
+    async def arun(self, items: Sequence[Item], hook: AsyncStepHook = _NO_HOOK) -> None:
         """Async :meth:`run`."""
-        live = self.generated(items, await self.agenerate(items))
-        self.intervened(live, await self.aintervene(live))
-        await self.aforce(live)
+        for step, live in self.order(items):
+            async with hook(step, live):
+                if step == "generate":
+                    self.generated(live, await self.agenerate(live))
+                elif step == "intervene":
+                    self.intervened(live, await self.aintervene(live))
+                else:
+                    await self.aforce(live)
+
+    def stream(self, item: Item, hook: StepHook = _NO_HOOK) -> Iterator[str]:
+        """:meth:`run` for one item whose answer's text pieces come out as generated."""
+        for step, live in self.order([item]):
+            with hook(step, live):
+                if step == "generate":
+                    yield from self._pieces(item)
+                elif step == "intervene":
+                    self.intervened(live, self.intervene(live))
+                else:
+                    self.force(live)
+
+    async def astream(self, item: Item, hook: AsyncStepHook = _NO_HOOK) -> AsyncIterator[str]:
+        """Async :meth:`stream`."""
+        for step, live in self.order([item]):
+            async with hook(step, live):
+                if step == "generate":
+                    async for piece in self._apieces(item):
+                        yield piece
+                elif step == "intervene":
+                    self.intervened(live, await self.aintervene(live))
+                else:
+                    await self.aforce(live)
 
     # -- generate ---------------------------------------------------------------------------
 
@@ -108,7 +189,7 @@ class Pipeline:
             item.prompt_tokens = gen.prompt_tokens
         return [item for item in items if item.outcome is None]
 
-    def stream(self, item: Item) -> Iterator[str]:
+    def _pieces(self, item: Item) -> Iterator[str]:
         """One item's answer as text pieces while it is generated; then it is recorded."""
         gen: Generation | BackendError | None = None
         try:
@@ -123,8 +204,8 @@ class Pipeline:
             gen = wrapped(exc, "generate", BackendError)
         self.generated([item], [gen or BackendError("the backend streamed no answer")])
 
-    async def astream(self, item: Item) -> AsyncIterator[str]:
-        """Async :meth:`stream`."""
+    async def _apieces(self, item: Item) -> AsyncIterator[str]:
+        """Async :meth:`_pieces`."""
         gen: Generation | BackendError | None = None
         pieces = self.backend.astream_generate(item.prompt.messages, **self._stream_args())
         try:
@@ -387,72 +468,12 @@ class Pipeline:
     # -- results ----------------------------------------------------------------------------
 
     def failure(self, item: Item, error: BackendError) -> Outcome:
-        """A failed step's outcome under ``on_error``: the error itself, or unscored."""
-        if self.on_error == "raise":
-            return error
-        return self.result(item, None, reason(error))
+        """:meth:`Rule.failure <esi_guard._pipeline.decide.Rule.failure>`."""
+        return self.rule.failure(item, error)
 
-    def result(
-        self,
-        item: Item,
-        score: float | None,
-        why: str | None,
-        token_scores: list[float] | None = None,
-        forced: int = 0,
-        context_reliance: float | None = None,
-        signals: dict[str, float] | None = None,
-    ) -> ESIResult:
-        """The item's result: scored, or unscored with ``why``; the decision it implies."""
-        decision: Decision
-        p_wrong = None
-        if score is not None and self.combined is not None:
-            p_wrong = self.combined.p_wrong({"esi": score, **(signals or {})})
-        if (
-            score is not None
-            and self.config.decide_on == "context_reliance"
-            and context_reliance is None
-        ):
-            score, token_scores = None, None
-            why = (
-                "scoring_error: decide_on='context_reliance' needs a prompt with a context "
-                "(ESIGuard.with_prompt(..., context_key=...))"
-            )
-        if score is None:
-            decision = "flag" if self.on_error == "flag" else "abstain"
-        elif context_reliance is not None and self.config.decide_on == "context_reliance":
-            decision = "accept" if context_reliance >= self.threshold else self.action
-        elif p_wrong is not None:
-            decision = "accept" if p_wrong <= self.threshold else self.action
-        else:
-            decision = "accept" if score <= self.threshold else self.action
-        return ESIResult(
-            score=score,
-            threshold=self.threshold,
-            decision=decision,
-            scored=score is not None,
-            reason=why,
-            answer=item.answer,
-            variants=list(item.variants),
-            answer_token_ids=[int(i) for i in item.answer_ids],
-            token_scores=token_scores or [],
-            model=self.backend.model_id,
-            scoring=self.config.as_metadata(),
-            finish_reason=item.finish_reason,
-            work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
-            context_reliance=context_reliance,
-            variants_used=len(item.variants),
-            signals=dict(signals or {}),
-            p_wrong=p_wrong,
-        )
+    def result(self, item: Item, score: float | None, why: str | None, *args: Any) -> ESIResult:
+        """:meth:`Rule.result <esi_guard._pipeline.decide.Rule.result>`."""
+        return self.rule.result(item, score, why, *args)
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}
-
-
-def raised(outcome: Outcome) -> BackendError | ScoringError:
-    """What ``on_error="raise"`` raises for an unscored outcome."""
-    if isinstance(outcome, BackendError):
-        return outcome
-    code = (outcome.reason or "").partition(":")[0] or None
-    msg = f"the answer could not be scored: {outcome.reason}"
-    return ScoringError(msg, result=outcome, code=code)

@@ -1,13 +1,15 @@
 """ESIGuard: a guarded chat model that generates, scores with ESI, decides and acts.
 
-The guard knows no backend internals: it asks its backend for greedy answers and for
-teacher-forced distributions, its intervention for variants, and the pipeline
-(:mod:`esi_guard._pipeline`) for the score. Each of those steps shows as a tagged child
-run (``esi:generate``, ``esi:intervene``, ``esi:score``, and ``esi:fallback`` when routing).
+The guard knows no backend internals: it hands its prompts to the pipeline
+(:mod:`esi_guard._pipeline`), which asks the backend for greedy answers and
+teacher-forced distributions and the intervention for variants, in its own order, and
+calls the guard's tracing hook around each step, so each shows as a tagged child run
+(``esi:generate``, ``esi:intervene``, ``esi:score``; ``esi:fallback`` when routing).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -22,20 +24,21 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from esi_guard import _batching, _guard_config, _live, _tracing
-from esi_guard._inputs import parse_input, rendered, resolve
-from esi_guard._items import GuardedPrompt, Item
 from esi_guard._keywords import check_keywords
-from esi_guard._messages import chat_result, decision, last_chunk, piece_chunk
-from esi_guard._pipeline import Action, OnError, Pipeline, raised
-from esi_guard._templates import TemplatedPrompt, warn_whole_message
+from esi_guard._pipeline.decide import raised
+from esi_guard._pipeline.items import GuardedPrompt, Item
+from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
+from esi_guard.guard import _batching, _config, _live, _tracing
+from esi_guard.guard._inputs import parse_input, rendered, resolve
+from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
+from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention, SkipOneChar
-from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, ESIResult, ScoringConfig
-from esi_guard.scoring import Distance, Support
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, ESIResult, OnError, ScoringConfig
+from esi_guard.scoring import DISTANCE_BOUNDS, Distance, Support
 
 __all__ = ["ESIGuard", "GuardInput"]
 
@@ -148,13 +151,14 @@ class ESIGuard(BaseChatModel):
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
-        kwargs, shipped = _guard_config.given_settings(kwargs)
+        kwargs, shipped = _config.given_settings(kwargs)
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
-            raise _guard_config.configuration_error(exc) from exc
+            own = set(type(self).model_fields) - set(BaseChatModel.model_fields)
+            raise _config.configuration_error(exc, [*own, "max_tokens"]) from exc
         if shipped is not None:
-            _guard_config.check_file_match(shipped, self, stacklevel=2)
+            _config.check_file_match(shipped, self, stacklevel=2)
 
     @model_validator(mode="before")
     @classmethod
@@ -166,8 +170,63 @@ class ESIGuard(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
-        _guard_config.check_settings(self)
+        """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
+        if not math.isfinite(self.threshold):
+            msg = f"threshold must be a finite number, got {self.threshold!r}"
+            raise ConfigurationError(msg)
+        low, high, what = self._score_range()
+        if not low <= self.threshold <= high:
+            effect = "every answer would be untrusted" if self.threshold < low else "none would"
+            msg = (
+                f"threshold={self.threshold!r} is outside the range of {what}, [{low:g}, "
+                f"{high:.4g}]: {effect}"
+            )
+            raise ConfigurationError(msg)
+        if self.action == "route" and self.fallback is None:
+            msg = "action='route' needs a fallback runnable"
+            raise ConfigurationError(msg)
+        if self.stream_mode == "live" and (self.action != "flag" or self.on_error == "abstain"):
+            msg = (
+                "stream_mode='live' shows the answer before it is scored, so it needs "
+                f"action='flag' and on_error='flag' or 'raise' (got action={self.action!r}, "
+                f"on_error={self.on_error!r}): an answer already shown cannot be withheld"
+            )
+            raise ConfigurationError(msg)
+        if self.temperature not in (None, 0):
+            msg = f"ESI scores the greedy answer: temperature must be 0, got {self.temperature}"
+            raise ConfigurationError(msg)
+        if self.min_variants is not None:
+            if self.stop_constant is None:
+                msg = (
+                    "min_variants needs stop_constant, the stopping rule's calibrated constant: "
+                    "run esi-guard calibrate --min-variants N and build the guard with "
+                    "ESIGuard.from_calibration(path)"
+                )
+                raise ConfigurationError(msg)
+            if self.decide_on != "esi" or self.combined is not None:
+                msg = (
+                    "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
+                    "and no combined score"
+                )
+                raise ConfigurationError(msg)
+        if self.combined is not None and self.decide_on != "esi":
+            msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
+            raise ConfigurationError(msg)
         return self
+
+    def _score_range(self) -> tuple[float, float, str]:
+        """The values the guard's decision signal can take, and its name, for error messages.
+
+        ESI is a mean of ``alpha_t * D`` with ``alpha_t`` the entropy (nats) of a top-k
+        distribution, at most ``ln k``, so a bounded distance bounds the score by
+        ``ln(k) * max D``; ``p_wrong`` is a probability.
+        """
+        if self.combined is not None:
+            return 0.0, 1.0, "a combined score's p_wrong"
+        bound = DISTANCE_BOUNDS.get(self.distance, math.inf)
+        name = "context reliance" if self.decide_on == "context_reliance" else "ESI scores"
+        what = f"{name} with {self.distance}, k={self.top_k}"
+        return 0.0, bound * math.log(max(self.top_k, 2)), what
 
     @classmethod
     def from_calibration(
@@ -194,7 +253,7 @@ class ESIGuard(BaseChatModel):
         decides on its combined score's ``p_wrong``. A file calibrated on another engine
         (transformers vs llama.cpp) is used with an :class:`EngineMismatchWarning`.
         """
-        return _guard_config.from_threshold_file(
+        return _config.from_threshold_file(
             cls, path, backend=backend, intervention=intervention, **kwargs
         )
 
@@ -319,7 +378,7 @@ class ESIGuard(BaseChatModel):
     ) -> Iterator[AIMessageChunk]:
         """The answer as one last chunk, once scored; live: its text first, as generated.
 
-        Either way it runs the traced ``invoke`` (see :mod:`esi_guard._live`), so the
+        Either way it runs the traced ``invoke`` (see :mod:`esi_guard.guard._live`), so the
         chat-model run, its tokens and every step show in callbacks and traces.
         """
         yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs))
@@ -344,9 +403,9 @@ class ESIGuard(BaseChatModel):
         """
         parsed = self._checked(parse_input(prompt))
         ids = self.backend.encode_answer(parsed.messages, answer)
-        variants = self.intervention.variants(parsed.question, self.n_variants, seed=self.seed)
-        item = Item(parsed, answer=answer, answer_ids=tuple(ids), variants=variants)
-        (outcome,) = self._pipeline().force([item], include_original=True)
+        item = Item(parsed, answer=answer, answer_ids=tuple(ids))
+        self._pipeline().run([item], answered=True)
+        outcome = item.outcome
         if isinstance(outcome, ESIResult) and (outcome.scored or self.on_error != "raise"):
             return outcome
         raise raised(outcome)
@@ -398,7 +457,16 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         item, pipeline = self._start(messages, stop, kwargs)
-        _tracing.run(pipeline, item, run_manager, live=self.stream_mode == "live")
+        hook = _tracing.Traced(run_manager)
+        if item.outcome is not None:  # decided by batch
+            _tracing.replay(hook, item)
+        elif self.stream_mode == "live":
+            for piece in pipeline.stream(item, hook):
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
+                _live.emit(piece)
+        else:
+            pipeline.run([item], hook)
         routed = None
         if decision(item) == "route":
             callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
@@ -413,7 +481,16 @@ class ESIGuard(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         item, pipeline = self._start(messages, stop, kwargs)
-        await _tracing.arun(pipeline, item, run_manager, live=self.stream_mode == "live")
+        hook = _tracing.ATraced(run_manager)
+        if item.outcome is not None:  # decided by abatch
+            await _tracing.areplay(hook, item)
+        elif self.stream_mode == "live":
+            async for piece in pipeline.astream(item, hook):
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
+                _live.emit(piece)
+        else:
+            await pipeline.arun([item], hook)
         routed = None
         if decision(item) == "route":
             callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
@@ -436,7 +513,7 @@ class ESIGuard(BaseChatModel):
             return
         item, pipeline = self._start(messages, stop, kwargs)
         sent = ""
-        for piece in _tracing.streamed(pipeline, item, run_manager):
+        for piece in pipeline.stream(item, _tracing.Traced(run_manager)):
             sent += piece
             yield piece_chunk(piece)
         yield last_chunk(self._decided(item), sent)
@@ -454,7 +531,7 @@ class ESIGuard(BaseChatModel):
             return
         item, pipeline = self._start(messages, stop, kwargs)
         sent = ""
-        async for piece in _tracing.astreamed(pipeline, item, run_manager):
+        async for piece in pipeline.astream(item, _tracing.ATraced(run_manager)):
             sent += piece
             yield piece_chunk(piece)
         yield last_chunk(self._decided(item), sent)

@@ -1,0 +1,26 @@
+"""The scoring pipeline: prompts in, decided results out, with no LangChain in the folder.
+
+``steps`` holds :class:`Pipeline` (the order of the steps, once, and the steps),
+``decide`` the decision rule, ``items`` what travels through it, ``rounds`` the
+bookkeeping of sequential ESI, ``shield`` per-item failures. The guard
+(:mod:`esi_guard.guard`) drives it; nothing here imports the guard.
+"""
+
+from esi_guard._pipeline.decide import Rule, acted, raised, untrusted
+from esi_guard._pipeline.items import GuardedPrompt, Item, Outcome, Templated
+from esi_guard._pipeline.steps import AsyncStepHook, Pipeline, Step, StepHook
+
+__all__ = [
+    "AsyncStepHook",
+    "GuardedPrompt",
+    "Item",
+    "Outcome",
+    "Pipeline",
+    "Rule",
+    "Step",
+    "StepHook",
+    "Templated",
+    "acted",
+    "raised",
+    "untrusted",
+]

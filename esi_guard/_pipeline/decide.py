@@ -1,0 +1,121 @@
+"""The decision rule: a score (or a failure) and the guard's settings in, a result out.
+
+One place says when an answer is trusted and what an untrusted or unscored one becomes;
+the guard's pipeline and the agent middleware both use it. Pure: no backend, no LangChain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from esi_guard._pipeline.items import Item, Outcome
+from esi_guard.combined import CombinedScore
+from esi_guard.exceptions import BackendError, ScoringError, reason
+from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
+
+__all__ = ["NO_CONTEXT", "Rule", "acted", "raised", "untrusted"]
+
+NO_CONTEXT = (
+    "scoring_error: decide_on='context_reliance' needs a prompt with a context "
+    "(ESIGuard.with_prompt(..., context_key=...))"
+)
+"""The reason of an answer that ``decide_on="context_reliance"`` cannot decide."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The settings a decision depends on, and the results they give."""
+
+    threshold: float
+    action: Action
+    on_error: OnError
+    config: ScoringConfig
+    model: str
+    """The backend's ``model_id``, as results report it."""
+    combined: CombinedScore | None = None
+    """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
+
+    def decision(
+        self, score: float | None, p_wrong: float | None, reliance: float | None
+    ) -> Decision:
+        """``accept``, the action, or (unscored) what ``on_error`` makes of it.
+
+        ESI and ``p_wrong`` are untrusted above the threshold; context reliance below it
+        (the answer barely depends on the context).
+        """
+        if score is None:
+            return "flag" if self.on_error == "flag" else "abstain"
+        if reliance is not None and self.config.decide_on == "context_reliance":
+            return "accept" if reliance >= self.threshold else self.action
+        signal = p_wrong if p_wrong is not None else score
+        return "accept" if signal <= self.threshold else self.action
+
+    def failure(self, item: Item, error: BackendError) -> Outcome:
+        """A failed step's outcome under ``on_error``: the error itself, or unscored."""
+        if self.on_error == "raise":
+            return error
+        return self.result(item, None, reason(error))
+
+    def result(
+        self,
+        item: Item,
+        score: float | None,
+        why: str | None,
+        token_scores: list[float] | None = None,
+        forced: int = 0,
+        context_reliance: float | None = None,
+        signals: dict[str, float] | None = None,
+    ) -> ESIResult:
+        """The item's result: scored, or unscored with ``why``; the decision it implies."""
+        p_wrong = None
+        if score is not None and self.combined is not None:
+            p_wrong = self.combined.p_wrong({"esi": score, **(signals or {})})
+        if (
+            score is not None
+            and self.config.decide_on == "context_reliance"
+            and context_reliance is None
+        ):
+            score, token_scores, why = None, None, NO_CONTEXT
+        return ESIResult(
+            score=score,
+            threshold=self.threshold,
+            decision=self.decision(score, p_wrong, context_reliance),
+            scored=score is not None,
+            reason=why,
+            answer=item.answer,
+            variants=list(item.variants),
+            answer_token_ids=[int(i) for i in item.answer_ids],
+            token_scores=token_scores or [],
+            model=self.model,
+            scoring=self.config.as_metadata(),
+            finish_reason=item.finish_reason,
+            work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
+            context_reliance=context_reliance,
+            variants_used=len(item.variants),
+            signals=dict(signals or {}),
+            p_wrong=p_wrong,
+        )
+
+
+def untrusted(result: ESIResult) -> bool:
+    """Scored and not accepted."""
+    return result.scored and result.decision not in ("accept", "pass")
+
+
+def acted(result: ESIResult, action: Action | Literal["raise"]) -> ESIResult:
+    """``result`` (decided with any action) with ``action`` as its decision if untrusted.
+
+    For a caller that takes the action itself (the agent middleware scores with
+    ``flag``, then abstains, routes or raises).
+    """
+    return replace(result, decision=action) if untrusted(result) else result
+
+
+def raised(outcome: Outcome) -> BackendError | ScoringError:
+    """What ``on_error="raise"`` raises for an unscored outcome."""
+    if isinstance(outcome, BackendError):
+        return outcome
+    code = (outcome.reason or "").partition(":")[0] or None
+    msg = f"the answer could not be scored: {outcome.reason}"
+    return ScoringError(msg, result=outcome, code=code)
