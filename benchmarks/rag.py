@@ -40,9 +40,6 @@ from langchain_core.prompts import PromptTemplate
 from benchmarks.cache import Cache
 from benchmarks.common import Clock, token_logprobs
 from esi_guard import HFBackend, SkipOneChar, esi_score
-from esi_guard._items import GuardedPrompt, Item
-from esi_guard._pipeline import Pipeline
-from esi_guard._templates import TemplatedPrompt
 from esi_guard.backends import ForcingRequest, Sample
 from esi_guard.baselines import (
     lexical_similarity,
@@ -56,6 +53,7 @@ from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
 from esi_guard.calibration.prompts import RAG_TEMPLATE
+from esi_guard.guard import GuardedPrompt, Item, Pipeline, TemplatedPrompt
 from esi_guard.result import ESIResult, ScoringConfig
 
 L, K = 10, 100

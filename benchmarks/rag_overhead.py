@@ -37,9 +37,9 @@ if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.guard_overhead import plain_call
 from esi_guard import Backend, ESIGuard, HFBackend
-from esi_guard._inputs import chat_messages
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.prompts import RAG_TEMPLATE
+from esi_guard.guard import chat_messages
 
 QUESTION_FIRST = RAG_TEMPLATE.replace("Passage: {context}\n\nQuestion: {question}",
                                       "Question: {question}\n\nPassage: {context}")  # fmt: skip
