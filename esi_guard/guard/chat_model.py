@@ -406,6 +406,7 @@ class ESIGuard(BaseChatModel):
         item = Item(parsed, answer=answer, answer_ids=tuple(ids))
         self._pipeline().run([item], answered=True)
         outcome = item.outcome
+        assert outcome is not None  # the pipeline decides every item
         if isinstance(outcome, ESIResult) and (outcome.scored or self.on_error != "raise"):
             return outcome
         raise raised(outcome)
