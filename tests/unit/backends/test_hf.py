@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from esi_guard import BackendError, ContextLengthError, ESIGuard, HFBackend
-from esi_guard.backends._hf_force import Rendered, _shared, pack
 from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard.backends.hf._force import Rendered, _shared, pack
 from esi_guard.exceptions import OutOfMemoryError
 
 torch = pytest.importorskip("torch")

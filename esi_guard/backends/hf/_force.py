@@ -18,7 +18,7 @@ from esi_guard.backends.base import Forced, ForcingRequest, non_finite, shared_p
 from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
-    from esi_guard.backends.hf import HFBackend
+    from esi_guard.backends.hf._engine import Engine
     from esi_guard.exceptions import BackendError
 
 __all__ = ["Rendered", "force_group", "pack"]
@@ -77,9 +77,13 @@ def pack(
 
 
 def force_group(
-    backend: HFBackend, group: list[Rendered], top_k: int
+    engine: Engine, group: list[Rendered], top_k: int, *, reuse_prefix: bool
 ) -> list[Forced | BackendError]:
-    """One forward pass over a group's rows: the top-k at each answer position."""
+    """One forward pass over a group's rows: the top-k at each answer position.
+
+    The caller holds the engine's lock. ``reuse_prefix``: run the prefix all rows share
+    once and expand its KV cache over them.
+    """
     import torch
 
     prompts: list[list[int]] = []
@@ -91,13 +95,13 @@ def force_group(
     # whose logits predict the first answer token. The rest of each prompt is padded on
     # the left so that every row's answer starts in the same column: the output layer
     # (the whole vocabulary) then runs only at the answer positions.
-    shared = _shared(prompts, backend.reuse_prefix)
+    shared = _shared(prompts, reuse_prefix)
     tails = [p[shared:] for p in prompts]
     lead = max(len(t) for t in tails)
     n_answer = max(len(a) for a in answers)
     width = lead + n_answer
     n_rows = len(prompts)
-    input_ids = torch.full((n_rows, width), backend._pad_id, dtype=torch.long)
+    input_ids = torch.full((n_rows, width), engine.pad_id, dtype=torch.long)
     attention = torch.zeros((n_rows, shared + width), dtype=torch.long)
     attention[:, :shared] = 1
     positions = torch.full((n_rows, width), shared, dtype=torch.long)
@@ -106,31 +110,31 @@ def force_group(
         input_ids[i, pad : pad + len(row)] = torch.tensor(row)
         attention[i, shared + pad : shared + pad + len(row)] = 1
         positions[i, pad : pad + len(row)] = torch.arange(shared, shared + len(row))
-    first = lead - 1 if backend._can_trim else 0  # the column predicting answer token 0
-    trim = {"logits_to_keep": width - first} if backend._can_trim else {}
-    device = backend.device
+    first = lead - 1 if engine.can_trim else 0  # the column predicting answer token 0
+    trim = {"logits_to_keep": width - first} if engine.can_trim else {}
+    device = engine.device
     with torch.inference_mode():
         cache = None
         if shared:
             prefix = torch.tensor([prompts[0][:shared]], device=device)
-            cache = backend._prefill(prefix)
+            cache = engine.prefill(prefix)
             cache.batch_repeat_interleave(n_rows)
-        logits = backend.model(
+        logits = engine.model(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             position_ids=positions.to(device),
             use_cache=cache is not None,
-            **{backend._cache_name: cache},
+            **{engine.cache_name: cache},
             **trim,
         ).logits
         start = lead - 1 - first
         picked = logits[:, start : start + n_answer]
-    ids, values = backend._topk_to_numpy(picked, top_k)
-    return _split(backend, [item.request for item in group], ids, values)
+    ids, values = engine.topk_to_numpy(picked, top_k)
+    return _split(engine.model_id, [item.request for item in group], ids, values)
 
 
 def _split(
-    backend: HFBackend, group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray
+    model_id: str, group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray
 ) -> list[Forced | BackendError]:
     results: list[Forced | BackendError] = []
     row = 0
@@ -138,7 +142,7 @@ def _split(
         n = len(request.answer_ids)
         size = len(request.variants) + int(request.include_original)
         if not np.isfinite(values[row : row + size, :n]).all():
-            results.append(non_finite(backend.model_id))
+            results.append(non_finite(model_id))
             row += size
             continue
         original = None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from esi_guard.backends.base import Generation, Messages, StreamedText
 
 if TYPE_CHECKING:
-    from esi_guard.backends.hf import HFBackend
+    from esi_guard.backends.hf._engine import Engine
     from esi_guard.exceptions import BackendError
 
 __all__ = ["stream_answer", "stream_tokens"]
@@ -80,21 +80,21 @@ def stream_tokens(run: Callable[[Any, Any], Any]) -> Iterator[list[int] | tuple[
 
 
 def stream_answer(
-    backend: HFBackend, prompt: Messages, max_new_tokens: int, top_k: int, stop: Sequence[str]
+    engine: Engine, prompt: Messages, max_new_tokens: int, top_k: int, stop: Sequence[str]
 ) -> Generator[str | Generation | BackendError, None, None]:
-    """:meth:`HFBackend.stream_generate`'s work (under the backend's lock)."""
-    with backend._lock:
-        row = backend.render(prompt)
-        too_long = backend._too_long(len(row) + 1, "the prompt (plus one answer token)")
+    """:meth:`HFBackend.stream_generate`'s work, under the engine's lock."""
+    with engine.lock:
+        row = engine.render(prompt)
+        too_long = engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
         if too_long is not None:
             yield too_long
             return
         room = max_new_tokens
-        if backend.context_length is not None:
-            room = min(room, backend.context_length - len(row))
-        text = StreamedText(backend._decode, stop)
+        if engine.context_length is not None:
+            room = min(room, engine.context_length - len(row))
+        text = StreamedText(engine.decode, stop)
         for piece in stream_tokens(
-            lambda streamer, halt: backend._generate_chunk([row], room, top_k, stop, streamer, halt)
+            lambda streamer, halt: engine.generate_chunk([row], room, top_k, stop, streamer, halt)
         ):
             if isinstance(piece, list):
                 if delta := text.add(piece):

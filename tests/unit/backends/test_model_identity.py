@@ -193,12 +193,12 @@ def test_auto_engine_picks_llama_cpp_for_a_gguf_when_installed(
 def test_a_missing_local_model_is_file_not_found_before_any_hub_lookup(
     monkeypatch: pytest.MonkeyPatch, engine: str | None, model: str
 ) -> None:
-    from esi_guard.backends import hf
+    from esi_guard.backends.hf import backend as hf
 
     def hub(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("looked up on the hub")
 
-    monkeypatch.setattr(hf, "_import_torch", hub)
+    monkeypatch.setattr(hf, "import_torch", hub)
     with pytest.raises(ModelLoadError, match=f"model file not found: {re.escape(model)}"):
         adapters.local_backend(model, engine=engine)
     with pytest.raises(ModelLoadError, match="model file not found"):

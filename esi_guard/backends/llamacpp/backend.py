@@ -32,7 +32,6 @@ import numpy as np
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._identity import check_model_path, file_sha256, gguf_model_id
-from esi_guard.backends._llamacpp_engine import Engine, Row, topk_rows
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.backends.base import (
     Backend,
@@ -49,6 +48,7 @@ from esi_guard.backends.base import (
     shared_prefix,
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
