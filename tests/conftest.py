@@ -1,10 +1,12 @@
-"""Shared fixtures: the real embedded model (loaded once) and real questions from ../shared/data."""
+"""Shared fixtures: the real embedded model (loaded once), real questions from ../shared/data,
+and a valid threshold file to change one field of."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from tests.shared_data import shared_data as find_shared_data
 
 if TYPE_CHECKING:
     from esi_guard import HFBackend
+    from esi_guard.calibration.file import ThresholdFile
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +40,28 @@ def sciq_questions(shared_data: Path) -> list[str]:
 def hf_backend() -> HFBackend:
     """The embedded default model, SmolLM2-135M-Instruct, loaded once per session on CPU."""
     return embedded_backend()
+
+
+@pytest.fixture
+def threshold_file() -> Callable[..., ThresholdFile]:
+    """Build a valid threshold file for the fake backend; keyword arguments replace its fields."""
+    from esi_guard import SkipOneChar
+    from esi_guard.calibration.file import DatasetInfo, ThresholdFile
+    from esi_guard.result import ScoringConfig
+
+    def make(**changes: Any) -> ThresholdFile:
+        values: dict[str, Any] = {
+            "threshold": 0.3, "method": "coverage=0.8", "calibration_coverage": 0.8,
+            "calibration_selective_risk": 0.2, "model": "fake",
+            "scoring": ScoringConfig(intervention=SkipOneChar().describe(), n_variants=10,
+                                     top_k=100, distance="hellinger", values="logits",
+                                     approximate=False, seed=0, max_new_tokens=64),
+            "label_method": "containment",
+            "dataset": DatasetInfo(path="d.jsonl", sha256="0" * 64, n=10),
+            "metrics": {"auroc": {"value": 0.7, "low": 0.6, "high": 0.8}},
+            "created": "2026-11-22T00:00:00+00:00", "esi_guard_version": "0.1.0",
+        }  # fmt: skip
+        values.update(changes)
+        return ThresholdFile(**values)
+
+    return make

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from esi_guard import EngineMismatchWarning, ESIGuard, HFBackend, LlamaCppBacken
 from esi_guard.backends import embedded_gguf
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+from esi_guard.calibration.file import ThresholdFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -82,11 +84,9 @@ def test_the_embedded_weights_have_one_identity_however_loaded(hf_backend: HFBac
 
 
 def test_a_file_calibrated_on_transformers_serves_a_llama_with_one_warning(
-    hf_backend: HFBackend, tmp_path: Path
+    hf_backend: HFBackend, tmp_path: Path, threshold_file: Callable[..., ThresholdFile]
 ) -> None:
     """The new user's path: calibrated with the CLI's transformers, served by llama.cpp."""
-    from tests.unit.test_calibration import threshold_file
-
     llama_cpp = pytest.importorskip("llama_cpp")
     path = tmp_path / "threshold.json"
     scoring = threshold_file().scoring.model_copy(update={"n_variants": 3, "max_new_tokens": 8})

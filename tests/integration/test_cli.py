@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from esi_guard import ESIGuard, HFBackend
-from esi_guard import cli as cli_module
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import commands as cli_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

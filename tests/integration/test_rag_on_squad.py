@@ -12,11 +12,11 @@ from langchain_core.runnables import RunnablePassthrough
 from typer.testing import CliRunner
 
 from esi_guard import ESIGuard, HFBackend
-from esi_guard import cli as cli_module
 from esi_guard.backends.hf._force import Rendered, _shared, pack
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.prompts import RAG_TEMPLATE
+from esi_guard.cli import commands as cli_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

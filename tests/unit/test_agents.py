@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from esi_guard import (
 from esi_guard._inputs import fold_tools, parse_input
 from esi_guard.agents import ESIMiddleware
 from esi_guard.backends.base import Forced, ForcingRequest
-from tests.unit.test_calibration import threshold_file
+from esi_guard.calibration.file import ThresholdFile
 
 QUESTION = "How many people live in Paris?"
 ANSWER = "About 2.1 million people live in Paris."
@@ -235,7 +235,7 @@ def test_bad_settings_are_configuration_errors(kwargs: dict[str, Any], message: 
 
 
 def test_from_calibration_takes_the_files_threshold_and_checks_the_model_at_the_first_call(
-    tmp_path: Path,
+    tmp_path: Path, threshold_file: Callable[..., ThresholdFile]
 ) -> None:
     path = tmp_path / "threshold.json"
     threshold_file(threshold=0.05).write(path)

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
-from esi_guard import cli as cli_module
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.metrics import expected_calibration_error
+from esi_guard.cli import commands as cli_module
 from esi_guard.combined import CombinedScore, fit_combined, free_signals
 from esi_guard.scoring import TopK, truncated_entropy
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,6 @@ from esi_guard import ConfigurationError, ESIGuard, FakeBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.thresholds import fit_stop_constant
 from esi_guard.sequential import schedule, settled, variants_used
-from tests.unit.test_calibration import threshold_file
 
 SURE = "What is two plus two, written as a number?"
 UNSURE = "Who won the international chess tournament held in 1911?"
@@ -95,7 +95,9 @@ def test_sequential_needs_a_calibrated_constant() -> None:
         guard(min_variants=2)
 
 
-def test_from_calibration_turns_on_the_files_stopping_rule(tmp_path: Path) -> None:
+def test_from_calibration_turns_on_the_files_stopping_rule(
+    tmp_path: Path, threshold_file: Callable[..., ThresholdFile]
+) -> None:
     path = tmp_path / "threshold.json"
     rule = {"constant": 1.5, "min_variants": 3, "disagreement": 0.0, "bound": 0.02,
             "max_disagreement": 0.05, "delta": 0.1, "variants_used_mean": 4.2}  # fmt: skip

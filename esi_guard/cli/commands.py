@@ -28,7 +28,24 @@ from typing import Annotated, Any
 import typer
 
 from esi_guard import __version__
-from esi_guard._cli_options import (
+from esi_guard.backends.adapters import auto_engine, local_backend
+from esi_guard.backends.base import Backend
+from esi_guard.calibration import labels as label_methods
+from esi_guard.calibration.combining import Combined, fit_on_part
+from esi_guard.calibration.file import DatasetInfo, ThresholdFile
+from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
+from esi_guard.calibration.thresholds import (
+    Choice,
+    by_coverage,
+    by_f1,
+    by_risk,
+    by_youden,
+    fit_stop_constant,
+    min_accepted,
+    min_examples,
+    risk_tests,
+)
+from esi_guard.cli._options import (
     AnswersField,
     AnswersSep,
     ApiBase,
@@ -57,7 +74,7 @@ from esi_guard._cli_options import (
     Selection,
     System,
 )
-from esi_guard._cli_run import (
+from esi_guard.cli._run import (
     Run,
     Source,
     as_dict,
@@ -68,23 +85,6 @@ from esi_guard._cli_run import (
     score_run,
     stderr,
     warn,
-)
-from esi_guard.backends.adapters import auto_engine, local_backend
-from esi_guard.backends.base import Backend
-from esi_guard.calibration import labels as label_methods
-from esi_guard.calibration.combining import Combined, fit_on_part
-from esi_guard.calibration.file import DatasetInfo, ThresholdFile
-from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
-from esi_guard.calibration.thresholds import (
-    Choice,
-    by_coverage,
-    by_f1,
-    by_risk,
-    by_youden,
-    fit_stop_constant,
-    min_accepted,
-    min_examples,
-    risk_tests,
 )
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard

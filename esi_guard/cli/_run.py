@@ -27,7 +27,7 @@ from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_files
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.prompts import run_prompts
-from esi_guard.calibration.runner import complete_cache, run_header, score_examples, write_labels
+from esi_guard.cli.runner import complete_cache, run_header, score_examples, write_labels
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig

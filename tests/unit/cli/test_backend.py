@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from esi_guard import FakeBackend
-from esi_guard import cli as cli_module
+from esi_guard.cli import commands as cli_module
 
 
 def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from esi_guard import FakeBackend
-from esi_guard import cli as cli_module
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.thresholds import min_accepted, min_examples, risk_tests
+from esi_guard.cli import commands as cli_module
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
 
 DIGEST = "ab" * 32
