@@ -21,10 +21,10 @@ from esi_guard import (
     FakeBackend,
     UncertainAnswerError,
 )
-from esi_guard._inputs import fold_tools, parse_input
 from esi_guard.agents import ESIMiddleware
 from esi_guard.backends.base import Forced, ForcingRequest
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.guard._inputs import fold_tools, parse_input
 
 QUESTION = "How many people live in Paris?"
 ANSWER = "About 2.1 million people live in Paris."
