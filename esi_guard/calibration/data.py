@@ -1,4 +1,4 @@
-"""Labelled QA examples from the formats of ``../shared/data`` and from any JSONL or CSV.
+"""Labelled QA examples: the public QA sets' own formats (SciQ, SQuAD 2.0...), any JSONL/CSV.
 
 Known formats are recognised by their fields:
 

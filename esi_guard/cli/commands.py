@@ -2,10 +2,10 @@ r"""``esi-guard``: calibrate a threshold on labelled QA data, and evaluate one o
 
     esi-guard calibrate --data docs/examples/my_qa.jsonl --select risk --alpha 0.35 \\
         --out threshold.json --plot calibration.png
-    esi-guard calibrate --data ../shared/data/sciq/test.jsonl \\
-        --data ../shared/data/triviaqa/subset.jsonl --limit 200 --select coverage \\
+    esi-guard calibrate --data data/sciq/test.jsonl \\
+        --data data/triviaqa/subset.jsonl --limit 200 --select coverage \\
         --out threshold.json
-    esi-guard evaluate --threshold threshold.json --data ../shared/data/sciq/test.jsonl
+    esi-guard evaluate --threshold threshold.json --data data/sciq/test.jsonl
 
 Needs the ``cli`` extra (typer, rich, scikit-learn, scipy, matplotlib, the packaged
 all-MiniLM-L6-v2) and a backend's extra (``hf`` or ``llamacpp`` for local models, ``api``
