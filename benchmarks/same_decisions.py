@@ -29,8 +29,11 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableLambda
 
 from esi_guard import ESIGuard
+from tests.shared_data import shared_data
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sciq" / "test.jsonl"
+_KEYS = ("score", "decision", "scored", "reason", "answer", "variants", "variants_used",
+         "token_scores", "signals", "p_wrong", "fallback_used")  # fmt: skip
+"""What is compared of each answer's ``response_metadata["esi"]``, besides its content."""
 
 
 class _Steps(BaseCallbackHandler):
@@ -48,13 +51,10 @@ def _esi(message: Any) -> dict[str, Any]:
     return {"content": message.content, **{k: esi.get(k) for k in _KEYS}}
 
 
-_KEYS = ("score", "decision", "scored", "reason", "answer", "variants", "variants_used",
-         "token_scores", "signals", "p_wrong", "fallback_used")  # fmt: skip
-
-
 def record(n: int) -> dict[str, Any]:
     """Everything the check compares, as JSON-friendly values."""
-    lines = DATA.read_text(encoding="utf-8").splitlines()[:n]
+    data = shared_data() / "sciq" / "test.jsonl"
+    lines = data.read_text(encoding="utf-8").splitlines()[:n]
     questions = [json.loads(line)["query"] for line in lines]
     guard = ESIGuard()
     out: dict[str, Any] = {"threshold": guard.threshold, "model": guard.backend.model_id}

@@ -182,7 +182,7 @@ class Pipeline:
         for item, gen in zip(items, gens, strict=True):
             item.steps["generate"] = gen
             if isinstance(gen, BackendError):
-                item.outcome = self.failure(item, gen)
+                item.outcome = self.rule.failure(item, gen)
                 continue
             item.answer, item.answer_ids = gen.text, gen.token_ids
             item.original, item.finish_reason = gen.topk, gen.finish_reason
@@ -250,7 +250,7 @@ class Pipeline:
         for item, texts in zip(items, variants, strict=True):
             item.steps["intervene"] = texts
             if isinstance(texts, BackendError):
-                item.outcome = self.failure(item, texts)
+                item.outcome = self.rule.failure(item, texts)
             else:
                 item.variants = list(texts)
 
@@ -309,7 +309,7 @@ class Pipeline:
                 # An intervention may give fewer than n_variants: all of them used, decide.
                 final = last or len(rounds.full[id(item)]) <= size
                 if isinstance(result, BackendError):
-                    item.outcome = self.failure(item, result)
+                    item.outcome = self.rule.failure(item, result)
                 elif (
                     final
                     or not result.scored
@@ -355,7 +355,7 @@ class Pipeline:
                 continue
             problem = self._unscorable(item)
             if problem is not None:
-                item.outcome = self.result(item, None, reason(problem))
+                item.outcome = self.rule.result(item, None, reason(problem))
                 continue
             done = known.get(id(item), {}) if known is not None else {}
             texts = [text for text in item.changed if text not in done]
@@ -390,7 +390,7 @@ class Pipeline:
                 continue
             out, *context = by_item[id(item)]
             if isinstance(out, BackendError):
-                item.outcome = self.failure(item, out)
+                item.outcome = self.rule.failure(item, out)
             else:
                 item.outcome = self._scored(item, out, context[0] if context else None)
         for item in items:
@@ -432,10 +432,10 @@ class Pipeline:
             )
             reliance = None if context is None else self._reliance(base, context)
         except ScoringError as exc:
-            return self.result(item, None, reason(exc))
+            return self.rule.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
         signals = free_signals(base, item.answer_ids, self.backend.values_kind, esi.alphas)
-        result = self.result(
+        result = self.rule.result(
             item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals
         )
         result.variant_scores = [float(x) for x in esi.variant_scores]
@@ -464,16 +464,6 @@ class Pipeline:
             )
             return ScoringError(msg, code="no_effective_variant")
         return None
-
-    # -- results ----------------------------------------------------------------------------
-
-    def failure(self, item: Item, error: BackendError) -> Outcome:
-        """:meth:`Rule.failure <esi_guard._pipeline.decide.Rule.failure>`."""
-        return self.rule.failure(item, error)
-
-    def result(self, item: Item, score: float | None, why: str | None, *args: Any) -> ESIResult:
-        """:meth:`Rule.result <esi_guard._pipeline.decide.Rule.result>`."""
-        return self.rule.result(item, score, why, *args)
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}
