@@ -399,7 +399,9 @@ class ESIGuard(BaseChatModel):
         """Score an answer the user already has, without generating.
 
         The original distributions come from teacher forcing ``answer`` after the
-        original prompt, in the same pass as the variants.
+        original prompt, in the same pass as the variants. It runs the pipeline's steps
+        after generation, so a failure (the intervention's or the backend's) follows
+        ``on_error`` as any answer's does.
         """
         parsed = self._checked(parse_input(prompt))
         ids = self.backend.encode_answer(parsed.messages, answer)
