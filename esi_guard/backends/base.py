@@ -27,11 +27,15 @@ from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import TopK, ValueKind
 
 __all__ = [
+    "FINAL",
+    "POSITIONS",
     "Backend",
     "ChatMessage",
     "Forced",
     "ForcingRequest",
     "Generation",
+    "HiddenSpec",
+    "HiddenStates",
     "Messages",
     "Sample",
     "Sampler",
@@ -60,6 +64,86 @@ class ChatMessage(TypedDict):
 Messages = Sequence[ChatMessage]
 """A prompt: the chat messages, the last of which the answer replies to."""
 
+Position = Literal["prompt_last", "answer_mean", "answer_last"]
+POSITIONS: tuple[Position, ...] = ("prompt_last", "answer_mean", "answer_last")
+"""Where a hidden state is read, among the states behind the answer's distributions.
+
+An answer of ``n`` tokens has ``n`` top-k rows; row ``t`` comes from the state at the
+position that chose token ``t`` (the last prompt token for ``t = 0``, answer token
+``t - 1`` after). ``prompt_last`` is row 0's state (it exists before any answer token),
+``answer_mean`` the mean of the ``n`` rows' states, ``answer_last`` row ``n - 1``'s. An
+answer with no tokens has ``prompt_last`` only; its other positions are that state."""
+
+FINAL = -1
+"""The layer index of the final norm's output (the LM head's input); ``0..n_layers-1``
+are the transformer blocks' outputs (transformers' ``hidden_states[L + 1]``,
+llama.cpp's ``l_out-L``)."""
+
+
+@dataclass(frozen=True)
+class HiddenSpec:
+    """Which residual-stream states a backend reads from the answer's own pass."""
+
+    layers: tuple[int, ...]
+    """Block indices ``0..n_layers-1``, or :data:`FINAL`."""
+    positions: tuple[Position, ...] = ("prompt_last", "answer_mean")
+
+    def __post_init__(self) -> None:
+        if not self.layers or not self.positions:
+            msg = "a HiddenSpec needs at least one layer and one position"
+            raise ConfigurationError(msg)
+        unknown = [p for p in self.positions if p not in POSITIONS]
+        if unknown:
+            msg = f"unknown hidden-state positions {unknown}; known: {list(POSITIONS)}"
+            raise ConfigurationError(msg)
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """One answer's hidden states, reduced to a few layers and positions.
+
+    ``values[i, j]`` is layer ``layers[i]`` at position ``positions[j]``: float32, shape
+    ``(len(layers), len(positions), d_model)``.
+    """
+
+    layers: tuple[int, ...]
+    positions: tuple[Position, ...]
+    values: np.ndarray
+
+    def features(self) -> np.ndarray:
+        """The values as one flat float64 vector (layer-major), a probe's input."""
+        return np.asarray(self.values, dtype=np.float64).reshape(-1)
+
+    def select(self, spec: HiddenSpec) -> HiddenStates:
+        """The states of ``spec``'s layers and positions (a subset of these)."""
+        try:
+            li = [self.layers.index(layer) for layer in spec.layers]
+            pi = [self.positions.index(position) for position in spec.positions]
+        except ValueError as exc:
+            msg = f"hidden states of {spec} asked from those of {self.layers} x {self.positions}"
+            raise ConfigurationError(msg) from exc
+        return HiddenStates(spec.layers, spec.positions, self.values[np.ix_(li, pi)])
+
+
+def reduce_hidden(spec: HiddenSpec, rows: dict[int, np.ndarray], n: int) -> HiddenStates:
+    """Reduce each layer's states at the answer's top-k rows to ``spec``'s positions.
+
+    ``rows[layer]`` holds, in order, the states behind the answer's first ``m >= 1`` rows
+    (``m`` may exceed ``n``: a decode that chose the end of the answer); the first ``n``
+    (at least one, ``prompt_last``) are used.
+    """
+    out = []
+    for layer in spec.layers:
+        states = np.asarray(rows[layer], dtype=np.float32)
+        kept = states[: max(n, 1)]
+        by_position = {
+            "prompt_last": kept[0],
+            "answer_mean": kept.mean(axis=0, dtype=np.float64).astype(np.float32),
+            "answer_last": kept[-1],
+        }
+        out.append(np.stack([by_position[p] for p in spec.positions]))
+    return HiddenStates(spec.layers, spec.positions, np.stack(out))
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -76,6 +160,8 @@ class Generation:
     ``max_new_tokens`` did."""
     prompt_tokens: int | None = None
     """How many tokens the prompt took (the answer's usage), when the backend knows."""
+    hidden: HiddenStates | None = None
+    """The answer's hidden states, when ``generate`` was asked for them (``hidden=``)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +198,8 @@ class ForcingRequest:
     """The answer's text, for backends that send text (the API backend)."""
     include_original: bool = False
     """Also force the answer after the original prompt (to score an existing answer)."""
+    hidden: HiddenSpec | None = None
+    """With ``include_original``: also return the original row's hidden states."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +213,8 @@ class Forced:
     observed: list[int] | None = None
     """Approximate backends: per variant, how many leading positions are exact (the rest
     score the distance's upper bound, see :func:`~esi_guard.esi_score`). ``None``: all."""
+    hidden: HiddenStates | None = None
+    """The original row's hidden states, when the request asked for them."""
 
 
 _ENGINES = {"huggingface": "transformers"}
@@ -162,6 +252,39 @@ class Backend(ABC):
         return None
 
     @property
+    def hidden_layers(self) -> tuple[int, ...] | None:
+        """The layers whose states the backend can return (``hidden=``); None: none.
+
+        :data:`FINAL` among them. API backends give none.
+        """
+        return None
+
+    @property
+    def hidden_size(self) -> int | None:
+        """Width of the hidden states (``d_model``), where the backend gives them."""
+        return None
+
+    def check_hidden(self, spec: HiddenSpec | None) -> None:
+        """A :class:`ConfigurationError` unless this backend can give ``spec``'s states."""
+        if spec is None:
+            return
+        layers = self.hidden_layers
+        if layers is None:
+            msg = (
+                f"{type(self).__name__} ({self.engine}) gives no hidden states, which a "
+                "hidden-state probe needs: use a white-box backend (transformers or llama.cpp)"
+            )
+            raise ConfigurationError(msg)
+        missing = [layer for layer in spec.layers if layer not in layers]
+        if missing:
+            blocks = [layer for layer in layers if layer != FINAL]
+            msg = (
+                f"{self.model_id} has no layers {missing}: its blocks are "
+                f"{min(blocks)}..{max(blocks)}, and FINAL ({FINAL}) is the final norm's output"
+            )
+            raise ConfigurationError(msg)
+
+    @property
     @abstractmethod
     def model_id(self) -> str:
         """Identity of the model, recorded with every result."""
@@ -174,8 +297,12 @@ class Backend(ABC):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Sequence[Generation | BackendError]:
         """Greedy answers with the original top-k at each answer position.
+
+        ``hidden``: also each answer's hidden states (``Generation.hidden``), read from
+        the same forward passes; a backend that has none raises :class:`ConfigurationError`.
 
         An answer ends before the first of the ``stop`` sequences it would contain
         (``finish_reason="stop"``); its tokens, text and distributions are the stopped ones.
@@ -205,14 +332,22 @@ class Backend(ABC):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Sequence[Generation | BackendError]:
         """Async :meth:`generate`; a worker thread by default."""
+        extra = {} if hidden is None else {"hidden": hidden}
         return await asyncio.to_thread(
-            self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop
+            self.generate, prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
         )
 
     def stream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """One prompt's answer as text pieces while it is generated, then its Generation.
 
@@ -220,16 +355,28 @@ class Backend(ABC):
         join to its ``text``. By default the answer comes in one piece, after
         :meth:`generate`; backends that can stream override this.
         """
-        (gen,) = self.generate([prompt], max_new_tokens=max_new_tokens, top_k=top_k, stop=stop)
+        extra = {} if hidden is None else {"hidden": hidden}
+        (gen,) = self.generate(
+            [prompt], max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
         if isinstance(gen, Generation) and gen.text:
             yield gen.text
         yield gen
 
     async def astream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> AsyncIterator[str | Generation | BackendError]:
         """Async :meth:`stream_generate`: each piece fetched in a worker thread."""
-        pieces = self.stream_generate(prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop)
+        extra = {} if hidden is None else {"hidden": hidden}
+        pieces = self.stream_generate(
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
         done = object()
         try:
             while (piece := await asyncio.to_thread(next, pieces, done)) is not done:

@@ -14,6 +14,11 @@ with many sequences:
   ``argpartition``, never a Python sort of the vocabulary).
 
 The KV cache is cleared after every call: nothing of one call leaks into the next.
+
+Hidden states come from the same decodes (:mod:`._tap`): :meth:`Engine.enable_taps` makes
+the context again with llama.cpp's eval callback, and a decode given ``names`` keeps those
+tensors' rows at its outputs (:attr:`Engine.states`). A context without the callback pays
+nothing for it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from esi_guard.backends.llamacpp._tap import Tap
 from esi_guard.exceptions import BackendError
 
 __all__ = ["Engine", "Row", "topk_rows"]
@@ -68,9 +74,9 @@ class Engine:
 
     def __init__(self, llama: Any, *, n_ctx: int, n_seq_max: int, n_threads: int | None) -> None:
         import llama_cpp
-        from llama_cpp import _internals
 
         self._lib = llama_cpp
+        self._llama = llama
         threads = n_threads or int(llama.context_params.n_threads)
         params = llama_cpp.llama_context_default_params()
         n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to 256 cells
@@ -83,12 +89,40 @@ class Engine:
         params.n_threads_batch = threads
         params.no_perf = True
         self.n_seq_max = n_seq_max
-        self._context = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
+        self._params = params
+        self._tap: Tap | None = None
+        self.states: dict[str, np.ndarray] = {}
+        """The tensors the last decode given ``names`` read, at its outputs."""
+        self._context = self._make_context()
         self.n_ctx = min(int(self._context.n_ctx()), n_ctx)
         """Most tokens one decode (and the KV cache) holds."""
         self.n_vocab = int(llama.n_vocab())
         self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, n_seq_max)
         self._views = self._batch_views()
+
+    def _make_context(self) -> Any:
+        from llama_cpp import _internals
+
+        return _internals.LlamaContext(model=self._llama._model, params=self._params, verbose=False)
+
+    @property
+    def taps(self) -> bool:
+        """Whether decodes can read hidden states (:meth:`enable_taps` was called)."""
+        return self._tap is not None
+
+    def enable_taps(self, width: int) -> None:
+        """Make the context again with the eval callback, so decodes can read states.
+
+        Once on, it stays on (a decode that reads nothing pays ~1-4% per one-token step).
+        """
+        if self._tap is not None:
+            return
+        tap = Tap(self._lib, width)
+        self._params.cb_eval = tap.callback
+        self._params.cb_eval_user_data = None
+        self._context.close()  # type: ignore[no-untyped-call]
+        self._context = self._make_context()
+        self._tap = tap
 
     def _batch_views(self) -> dict[str, np.ndarray]:
         batch, n = self._batch, self.n_ctx
@@ -121,17 +155,23 @@ class Engine:
         self._context.kv_cache_seq_rm(seq, -1, -1)
 
     def decode(
-        self, shared: Sequence[tuple[Sequence[int], Sequence[int]]], rows: Sequence[Row]
+        self,
+        shared: Sequence[tuple[Sequence[int], Sequence[int]]],
+        rows: Sequence[Row],
+        names: Sequence[str] = (),
     ) -> np.ndarray:
         """One ``llama_decode``: shared prefixes, then rows; the logits asked for, in order.
 
         ``shared`` holds ``(tokens, seq_ids)`` pairs: tokens at positions ``0..`` that
         belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 array.
+        ``names``: graph tensors to read (:meth:`enable_taps` first); their rows at the
+        outputs are then in :attr:`states`.
         """
         views = self._views
         seq_id = self._batch.seq_id
         n = 0
         wanted = 0
+        outputs: list[int] = []
         for tokens, seqs in shared:
             size = len(tokens)
             views["token"][n : n + size] = tokens
@@ -152,13 +192,24 @@ class Engine:
                 seq_id[i][0] = row.seq
             for offset in row.outputs:
                 views["logits"][n + offset] = 1
+                outputs.append(n + offset)
                 wanted += 1
             n += size
         if n > self.n_ctx:  # pragma: no cover - callers pack within n_ctx
             msg = f"a decode of {n} tokens exceeds the context's {self.n_ctx} cells"
             raise BackendError(msg)
         self._batch.n_tokens = n
-        code = self._lib.llama_decode(self._context.ctx, self._batch)
+        if names:
+            if self._tap is None:  # pragma: no cover - the backend enables taps first
+                msg = "hidden states asked of a llama.cpp context made without taps"
+                raise BackendError(msg)
+            self._tap.arm(names)
+        try:
+            code = self._lib.llama_decode(self._context.ctx, self._batch)
+            self.states = self._tap.take(n, outputs) if names and self._tap and not code else {}
+        finally:
+            if names and self._tap is not None:
+                self._tap.disarm()
         if code != 0:
             msg = f"llama_decode failed (code {code}) on {n} tokens in {len(rows)} rows"
             raise BackendError(msg)

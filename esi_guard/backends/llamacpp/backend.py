@@ -25,6 +25,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Generator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,12 @@ from esi_guard._keywords import strict_keywords
 from esi_guard.backends._identity import check_model_path, file_sha256, gguf_model_id
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.backends.base import (
+    FINAL,
     Backend,
     Forced,
     ForcingRequest,
     Generation,
+    HiddenSpec,
     Messages,
     Sample,
     StreamedText,
@@ -45,10 +48,12 @@ from esi_guard.backends.base import (
     finish_greedy,
     make_sample,
     non_finite,
+    reduce_hidden,
     shared_prefix,
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
+from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -137,6 +142,8 @@ class LlamaCppBackend(Backend):
         _OPEN.add(self)
         self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
         self._is_eog = llama_cpp.llama_vocab_is_eog
+        self._n_layers = int(llama_cpp.llama_model_n_layer(llama._model.model))
+        self._tapped: set[str] = set()  # graph names a probe decode found
 
     @classmethod
     def from_path(
@@ -229,6 +236,54 @@ class LlamaCppBackend(Backend):
         """Most tokens one prompt plus its answer may take."""
         return self._engine.n_ctx
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Every block's output and the final norm's (``FINAL``).
+
+        They are read from the same decodes through llama.cpp's eval callback.
+        """
+        return (*range(self._n_layers), FINAL)
+
+    @property
+    def hidden_size(self) -> int:
+        """The model's embedding width."""
+        return int(self.llama._model.n_embd())
+
+    def check_hidden(self, spec: HiddenSpec | None) -> None:
+        """As :meth:`Backend.check_hidden`, and check that llama.cpp's graph has the tensors.
+
+        A two-token decode checks that this architecture's graph names them (``l_out-L``,
+        ``result_norm``); the names found are remembered.
+        """
+        super().check_hidden(spec)
+        if spec is None:
+            return
+        names = [tensor_name(layer) for layer in spec.layers]
+        if set(names) <= self._tapped:
+            return
+        token = max(int(self.llama._model.token_bos()), 0)
+        with self._lock:
+            self._engine.enable_taps(self.hidden_size)
+            try:
+                self._engine.decode([], [Row(0, [token, token], 0, [1])], names)
+            except BackendError as exc:
+                architecture = self.llama.metadata.get("general.architecture", "unknown")
+                msg = (
+                    f"llama.cpp's graph of {self.model_id} (architecture {architecture!r}) "
+                    f"does not give the hidden states {names}: {exc}"
+                )
+                raise ConfigurationError(msg) from exc
+            finally:
+                self._engine.clear()
+        self._tapped.update(names)
+
+    def _names(self, hidden: HiddenSpec | None) -> list[str]:
+        """The graph names to read for ``hidden`` (checked; taps on), or none."""
+        if hidden is None:
+            return []
+        self.check_hidden(hidden)
+        return [tensor_name(layer) for layer in hidden.layers]
+
     def close(self) -> None:
         """Free the backend's context (the ``Llama`` and its weights stay)."""
         with self._lock:
@@ -274,27 +329,35 @@ class LlamaCppBackend(Backend):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
         """Greedy answers, one prompt at a time, keeping the raw-logit top-k at each step.
 
         A prompt that fills the context gets a :class:`ContextLengthError` in place; an
-        answer stops at the context's end (``finish_reason="length"``).
+        answer stops at the context's end (``finish_reason="length"``). ``hidden``: each
+        answer's states too, read from the same decodes.
         """
         results: list[Generation | BackendError] = []
         for prompt in prompts:
-            steps = self._greedy(prompt, max_new_tokens, top_k, stop)
+            steps = self._greedy(prompt, max_new_tokens, top_k, stop, hidden)
             results.append(next(item for item in steps if not isinstance(item, list)))
         return results
 
     def stream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """The answer's text as it is generated, then its :class:`Generation`.
 
         Closing the stream early stops the generation at the next token.
         """
         text = StreamedText(self._decode, stop)
-        for item in self._greedy(prompt, max_new_tokens, top_k, stop):
+        for item in self._greedy(prompt, max_new_tokens, top_k, stop, hidden):
             if isinstance(item, list):
                 if piece := text.add(item):
                     yield piece
@@ -304,9 +367,16 @@ class LlamaCppBackend(Backend):
             yield item
 
     def _greedy(
-        self, prompt: Messages, max_new_tokens: int, top_k: int, stop: Sequence[str]
+        self,
+        prompt: Messages,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str],
+        hidden: HiddenSpec | None = None,
     ) -> Generator[list[int] | Generation | BackendError, None, None]:
         """Each new token (as a one-item list) as it comes, then the Generation."""
+        names = self._names(hidden)
+        states: dict[str, list[np.ndarray]] = {name: [] for name in names}
         row = self.render(prompt)
         too_long = self._too_long(len(row) + 1, "the prompt (plus one answer token)")
         if too_long is not None:
@@ -317,8 +387,10 @@ class LlamaCppBackend(Backend):
         ids, values = [], []
         with self._lock:
             try:
-                logits = self._engine.decode([], [Row(0, row, 0, [len(row) - 1])])
+                logits = self._engine.decode([], [Row(0, row, 0, [len(row) - 1])], names)
                 while True:
+                    for name in names:
+                        states[name].append(self._engine.states[name][0])
                     top_ids, top_values = topk_rows(logits, top_k)
                     ids.append(top_ids[0])
                     values.append(top_values[0])
@@ -328,11 +400,11 @@ class LlamaCppBackend(Backend):
                         break
                     yield [token]
                     logits = self._engine.decode(
-                        [], [Row(0, [token], len(row) + len(tokens) - 1, [0])]
+                        [], [Row(0, [token], len(row) + len(tokens) - 1, [0])], names
                     )
             finally:
                 self._engine.clear()
-        yield finish_greedy(
+        gen = finish_greedy(
             tokens,
             TopK(np.stack(ids), np.stack(values)),
             is_end=self._is_end,
@@ -341,6 +413,10 @@ class LlamaCppBackend(Backend):
             prompt_tokens=len(row),
             model_id=self.model_id,
         )
+        if hidden is not None and isinstance(gen, Generation):
+            layers = {layer: np.stack(states[tensor_name(layer)]) for layer in hidden.layers}
+            gen = replace(gen, hidden=reduce_hidden(hidden, layers, len(gen.token_ids)))
+        yield gen
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
@@ -353,6 +429,10 @@ class LlamaCppBackend(Backend):
         """
         results: list[Forced | BackendError] = []
         for request in requests:
+            if request.hidden is not None and not request.include_original:
+                msg = "hidden states are read on the original row: set include_original"
+                raise ConfigurationError(msg)
+            names = self._names(request.hidden)
             extra = [request.prompt] if request.include_original else []
             rows = [self.render(messages) for messages in [*extra, *request.variants]]
             answer = list(request.answer_ids)
@@ -363,7 +443,9 @@ class LlamaCppBackend(Backend):
                 continue
             with self._lock:
                 try:
-                    forced = [topk_rows(logits, top_k) for logits in self._force(rows, answer)]
+                    forced = [topk_rows(logits, top_k)
+                              for logits in self._force(rows, answer, names)]  # fmt: skip
+                    states = self._engine.states if names else {}
                 finally:
                     self._engine.clear()
             if not all(np.isfinite(values).all() for _, values in forced):
@@ -371,24 +453,39 @@ class LlamaCppBackend(Backend):
                 continue
             tops = [TopK(ids, values) for ids, values in forced]
             original = tops.pop(0) if request.include_original else None
-            results.append(Forced(variants=tops, original=original))
+            hidden = None
+            if request.hidden is not None:
+                layers = {layer: states[tensor_name(layer)] for layer in request.hidden.layers}
+                hidden = reduce_hidden(request.hidden, layers, len(answer))
+            results.append(Forced(variants=tops, original=original, hidden=hidden))
         return results
 
-    def _force(self, rows: list[list[int]], answer: list[int]) -> list[np.ndarray]:
-        """Logits at each answer position after each row (one decode per row)."""
+    def _force(
+        self, rows: list[list[int]], answer: list[int], names: Sequence[str] = ()
+    ) -> list[np.ndarray]:
+        """Logits at each answer position after each row (one decode per row).
+
+        ``names``: read those tensors in the first row's decode (the engine's ``states``
+        after the call).
+        """
+        first_states: dict[str, np.ndarray] = {}
         shared = shared_prefix(rows, self.reuse_prefix)
         engine = self._engine
         if shared:
             engine.decode([], [Row(0, rows[0][:shared], 0, [])])
         out = []
-        for row in rows:
+        for number, row in enumerate(rows):
             if shared:
                 engine.copy_prefix(0, 1, shared)
             tail = row[shared:] + answer[:-1]
             first = len(row) - 1 - shared
             outputs = list(range(first, first + len(answer)))
-            out.append(engine.decode([], [Row(1, tail, shared, outputs)]))
+            read = names if number == 0 else ()
+            out.append(engine.decode([], [Row(1, tail, shared, outputs)], read))
+            if read:
+                first_states = engine.states
             engine.drop(1)
+        engine.states = first_states
         return out
 
     def sample(
