@@ -8,10 +8,22 @@ falls when a signal rises (monotone in each), fitted by :func:`fit_combined` wit
 strength chosen by stratified cross-validation. It is small enough to live in a threshold
 file as plain numbers (no pickle): ``esi-guard calibrate --score combined``.
 
-Signals (:data:`FEATURES`): ``esi`` (the score), ``nll`` (the answer's negative
-log-probability, its tokens' summed, each normalised over its position's top-k, as the
-benchmark's "NLL (greedy)") and ``entropy`` (mean entropy of those truncated
-distributions, ESI's ``alpha_t``, as "mean token entropy").
+Signals (:data:`SIGNALS`; :data:`FEATURES` is the default set): ``esi`` (the score),
+``nll`` (the answer's negative log-probability, its tokens' summed, each normalised over
+its position's top-k, as the benchmark's "NLL (greedy)"), ``entropy`` (mean entropy of
+those truncated distributions, ESI's ``alpha_t``, as "mean token entropy") and
+``max_nll`` (the largest of the tokens' negative log-probabilities: the answer's least
+likely token).
+
+**Hidden states** (``calibrate --features esi,nll,entropy,hidden``): the model's residual
+stream at the positions behind the answer (:class:`~esi_guard.backends.base.HiddenStates`,
+read from the answer's own forward passes) joins the signals as a *probe*: the states are
+standardised and reduced by PCA, and the logistic model takes the components beside the
+signals (signals' weights still >= 0; the components' free). Which layer, which positions,
+how many components and the L2 strength are chosen by cross-validation on the fitting
+answers. Standardising, PCA and the logistic model are all linear, so the fitted probe is
+folded into one weight vector over the raw states (:class:`HiddenProbe`): ``p_wrong`` is
+``sigmoid(intercept + w . z(signals) + v . states)``, plain numbers in the threshold file.
 """
 
 from __future__ import annotations
@@ -23,13 +35,39 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from esi_guard.backends.base import HiddenSpec, HiddenStates, Position
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.scoring import TopK, ValueKind, fill_value, truncated_entropy
 
-__all__ = ["FEATURES", "CombinedScore", "fit_combined", "free_signals"]
+__all__ = [
+    "FEATURES",
+    "HIDDEN",
+    "SIGNALS",
+    "CombinedScore",
+    "HiddenProbe",
+    "fit_combined",
+    "free_signals",
+]
 
 FEATURES = ("esi", "nll", "entropy")
-"""The signals a combined score uses, in order."""
+"""The signals a combined score uses by default, in order."""
+
+SIGNALS = ("esi", "nll", "entropy", "max_nll")
+"""Every scalar signal a combined score can use."""
+
+HIDDEN = "hidden"
+"""The feature name of the hidden-state probe (``--features ...,hidden``)."""
+
+POSITION_SETS: tuple[tuple[Position, ...], ...] = (
+    ("prompt_last",),
+    ("answer_mean",),
+    ("prompt_last", "answer_mean"),
+    ("answer_last",),
+)
+"""The positions a probe may read, tried by cross-validation."""
+
+COMPONENTS = (8, 16, 32)
+"""PCA sizes cross-validation chooses from (capped by the answers at hand)."""
 
 STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 """The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
@@ -58,15 +96,59 @@ def free_signals(
     norm = np.logaddexp.reduce(values, axis=1)
     norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
     entropy = truncated_entropy(original) if alphas is None else alphas
-    return {"nll": neg_log_likelihood((value - norm).tolist()), "entropy": float(np.mean(entropy))}
+    logprobs = (value - norm).tolist()
+    return {
+        "nll": neg_log_likelihood(logprobs),
+        "entropy": float(np.mean(entropy)),
+        "max_nll": float(-min(logprobs)) if logprobs else 0.0,
+    }
+
+
+class HiddenProbe(BaseModel):
+    """The hidden-state term of a combined score, folded to ``weights . states``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: tuple[int, ...]
+    """The layers read (block indices, or -1 for the final norm's output)."""
+    positions: tuple[Position, ...]
+    """The positions read (:data:`~esi_guard.backends.base.POSITIONS`)."""
+    hidden_size: int
+    """The model's hidden width: a backend of another width is refused."""
+    weights: tuple[float, ...]
+    """Over the states' values, layer-major (``HiddenStates.features()``)."""
+    components: int
+    """The PCA components it was fitted through."""
+    selection: dict[str, float] = {}
+    """Cross-validated log-loss of the best fit per candidate (``layer/positions``)."""
+
+    @property
+    def spec(self) -> HiddenSpec:
+        """What a backend must read for it."""
+        return HiddenSpec(self.layers, self.positions)
+
+    def term(self, states: HiddenStates) -> float:
+        """Its contribution to the logit of ``p_wrong``."""
+        x = states.select(self.spec).features()
+        if x.shape != (len(self.weights),):
+            msg = (
+                f"the probe reads {len(self.weights)} values ({self.hidden_size} per layer "
+                f"and position); the states give {x.shape[0]}"
+            )
+            raise ConfigurationError(msg)
+        return float(np.dot(self.weights, x))
 
 
 class CombinedScore(BaseModel):
-    """``p_wrong = sigmoid(intercept + sum_i weight_i * (signal_i - mean_i) / scale_i)``."""
+    """``p_wrong = sigmoid(intercept + sum_i weight_i * (signal_i - mean_i) / scale_i [+ probe])``.
+
+    With a :class:`HiddenProbe` (``hidden``), its term ``v . states`` joins the sum.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     features: tuple[str, ...] = FEATURES
+    """The scalar signals, among :data:`SIGNALS` (none: the probe alone)."""
     mean: tuple[float, ...]
     scale: tuple[float, ...]
     weights: tuple[float, ...]
@@ -76,23 +158,45 @@ class CombinedScore(BaseModel):
     """The L2 strength cross-validation chose."""
     n_fit: int
     """Answers it was fitted on."""
+    hidden: HiddenProbe | None = None
+    """The hidden-state probe, when fitted with hidden states."""
 
-    def p_wrong(self, signals: Mapping[str, float]) -> float:
-        """The probability that the answer with these signals is wrong."""
+    @property
+    def needs_hidden(self) -> HiddenSpec | None:
+        """The states a backend must read for it; None: none."""
+        return None if self.hidden is None else self.hidden.spec
+
+    def logit(self, signals: Mapping[str, float], hidden: HiddenStates | None = None) -> float:
+        """``log(p_wrong / (1 - p_wrong))``."""
         missing = [name for name in self.features if name not in signals]
         if missing:
             msg = f"the combined score needs the signals {missing} (got {sorted(signals)})"
             raise ConfigurationError(msg)
         x = (np.array([signals[n] for n in self.features]) - self.mean) / np.array(self.scale)
-        return float(_sigmoid(self.intercept + float(np.dot(self.weights, x))))
+        z = self.intercept + float(np.dot(self.weights, x))
+        if self.hidden is not None:
+            if hidden is None:
+                msg = "the combined score has a hidden-state probe and got no hidden states"
+                raise ConfigurationError(msg)
+            z += self.hidden.term(hidden)
+        return z
+
+    def p_wrong(self, signals: Mapping[str, float], hidden: HiddenStates | None = None) -> float:
+        """The probability that the answer with these signals (and states) is wrong."""
+        return float(_sigmoid(self.logit(signals, hidden)))
 
 
 def _sigmoid(z: Any) -> Any:
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z)))
 
 
-def _fit(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, float]:
-    """Weights >= 0 and an intercept minimising mean log-loss + strength/2 * |w|^2."""
+def _fit(
+    x: np.ndarray, y: np.ndarray, strength: float, bounded: int | None = None
+) -> tuple[np.ndarray, float]:
+    """Weights and an intercept minimising mean log-loss + strength/2 * |w|^2.
+
+    The first ``bounded`` weights (all by default) are >= 0; the others are free.
+    """
     from scipy.optimize import minimize
 
     def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -104,7 +208,8 @@ def _fit(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, flo
         return float(value), np.append(x.T @ grad_z + strength * w, grad_z.sum())
 
     start = np.append(np.zeros(x.shape[1]), math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
-    bounds = [(0.0, None)] * x.shape[1] + [(None, None)]
+    bounded = x.shape[1] if bounded is None else bounded
+    bounds = [(0.0, None)] * bounded + [(None, None)] * (x.shape[1] - bounded + 1)
     out = minimize(loss, start, jac=True, method="L-BFGS-B", bounds=bounds)
     return out.x[:-1], float(out.x[-1])
 
@@ -113,18 +218,35 @@ def fit_combined(
     signals: Sequence[Mapping[str, float]],
     wrong: Sequence[int],
     *,
+    features: Sequence[str] = FEATURES,
+    hidden: Sequence[HiddenStates] | None = None,
     folds: int = 5,
     seed: int = 0,
 ) -> CombinedScore:
     """Fit a :class:`CombinedScore` on answers' signals and wrong-answer labels.
 
+    ``features``: the scalar signals to use (:data:`SIGNALS`). ``hidden``: each answer's
+    hidden states (the same layers and positions for all), for a probe; its layer, positions,
+    PCA size and the L2 strength are chosen by stratified ``folds``-fold cross-validation
+    (held-out log-loss) on these answers only.
+
     Raises:
-        ConfigurationError: Too few answers, or only one class among them.
+        ConfigurationError: An unknown signal, no signal and no states, too few answers, or
+            only one class among them.
     """
     from sklearn.model_selection import StratifiedKFold
 
+    names = tuple(features)
+    unknown = [name for name in names if name not in SIGNALS]
+    if unknown:
+        msg = f"unknown signals {unknown}; known: {list(SIGNALS)} and {HIDDEN!r}"
+        raise ConfigurationError(msg)
+    if not names and hidden is None:
+        msg = "a combined score needs at least one signal or the hidden states"
+        raise ConfigurationError(msg)
     y = np.asarray(wrong, dtype=np.float64)
-    raw = np.array([[s[name] for name in FEATURES] for s in signals], dtype=np.float64)
+    raw = np.array([[s[name] for name in names] for s in signals], dtype=np.float64)
+    raw = raw.reshape(len(y), len(names))
     counts = int(y.sum()), int(len(y) - y.sum())
     if min(counts) < folds:
         msg = (
@@ -132,23 +254,102 @@ def fit_combined(
             f"fit; got {counts[0]} wrong and {counts[1]} right"
         )
         raise ConfigurationError(msg)
-    mean, scale = raw.mean(axis=0), raw.std(axis=0)
-    scale = np.where(scale > 0, scale, 1.0)
+    mean, scale = _standard(raw)
     x = (raw - mean) / scale
     splits = list(StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y))
+    common = {"features": names, "mean": tuple(map(float, mean)),
+              "scale": tuple(map(float, scale)), "n_fit": len(y)}  # fmt: skip
+    if hidden is None:
+        strength = min(STRENGTHS, key=lambda c: _held_out(x, y, splits, c))
+        weights, intercept = _fit(x, y, strength)
+        return CombinedScore(**common, weights=tuple(float(max(w, 0.0)) for w in weights),
+                             intercept=intercept, strength=strength)  # fmt: skip
+    return _fit_probe(x, y, splits, list(hidden), common)
 
-    def held_out_loss(strength: float) -> float:
-        total = 0.0
-        for train, test in splits:
-            w, b = _fit(x[train], y[train], strength)
-            z = x[test] @ w + b
-            total += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
-        return total / len(y)
 
-    strength = min(STRENGTHS, key=held_out_loss)
-    weights, intercept = _fit(x, y, strength)
-    return CombinedScore(
-        mean=tuple(map(float, mean)), scale=tuple(map(float, scale)),
-        weights=tuple(float(max(w, 0.0)) for w in weights), intercept=intercept,
-        strength=strength, n_fit=len(y),
-    )  # fmt: skip
+def _standard(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and standard deviations (1 where a column is constant)."""
+    mean, scale = raw.mean(axis=0), raw.std(axis=0)
+    return mean, np.where(scale > 1e-12 * (1.0 + np.abs(mean)), scale, 1.0)
+
+
+def _held_out(
+    x: np.ndarray, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]], strength: float,
+    free: int | None = None,
+) -> float:  # fmt: skip
+    """Mean held-out log-loss of :func:`_fit` at ``strength`` over ``splits``."""
+    total = 0.0
+    for train, test in splits:
+        w, b = _fit(x[train], y[train], strength, free)
+        z = x[test] @ w + b
+        total += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
+    return total / len(y)
+
+
+class _Reduced:
+    """Standardise then PCA, fitted on some answers' states; applied to any."""
+
+    def __init__(self, states: np.ndarray, components: int) -> None:
+        self.mean, self.scale = _standard(states)
+        z = (states - self.mean) / self.scale
+        self.center = z.mean(axis=0)
+        _, _, vt = np.linalg.svd(z - self.center, full_matrices=False)
+        self.basis = vt[:components]
+
+    def __call__(self, states: np.ndarray, components: int) -> np.ndarray:
+        return ((states - self.mean) / self.scale - self.center) @ self.basis[:components].T
+
+
+def _fit_probe(
+    x: np.ndarray,
+    y: np.ndarray,
+    splits: list[tuple[np.ndarray, np.ndarray]],
+    hidden: list[HiddenStates],
+    common: dict[str, Any],
+) -> CombinedScore:
+    """The probe: candidates (layer, positions) x PCA size x strength by held-out log-loss."""
+    layers, positions = hidden[0].layers, hidden[0].positions
+    if any(h.layers != layers or h.positions != positions for h in hidden):
+        msg = "every answer's hidden states must have the same layers and positions"
+        raise ConfigurationError(msg)
+    values = np.stack([np.asarray(h.values, dtype=np.float64) for h in hidden])
+    smallest = min(len(train) for train, _ in splits)
+    sizes = sorted({min(k, max(1, smallest // 8)) for k in COMPONENTS})
+    free = x.shape[1]
+    scores: dict[tuple[int, tuple[Position, ...], int, float], float] = {}
+    for li, layer in enumerate(layers):
+        for chosen in POSITION_SETS:
+            if not set(chosen) <= set(positions):
+                continue
+            pi = [positions.index(p) for p in chosen]
+            states = values[:, li, pi, :].reshape(len(y), -1)
+            losses = {(k, c): 0.0 for k in sizes for c in STRENGTHS}
+            for train, test in splits:
+                reduce = _Reduced(states[train], max(sizes))
+                for k in sizes:
+                    xa = np.hstack([x[train], reduce(states[train], k)])
+                    xb = np.hstack([x[test], reduce(states[test], k)])
+                    for c in STRENGTHS:
+                        w, b = _fit(xa, y[train], c, free)
+                        z = xb @ w + b
+                        losses[k, c] += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
+            for (k, c), loss in losses.items():
+                scores[layer, chosen, k, c] = loss / len(y)
+    layer, chosen, k, strength = min(scores, key=scores.__getitem__)
+    li, pi = layers.index(layer), [positions.index(p) for p in chosen]
+    states = values[:, li, pi, :].reshape(len(y), -1)
+    reduce = _Reduced(states, k)
+    w, b = _fit(np.hstack([x, reduce(states, k)]), y, strength, free)
+    # Fold standardising, PCA and the components' weights into weights on the raw states.
+    direction = reduce.basis[:k].T @ w[free:]
+    weights = direction / reduce.scale
+    intercept = b - float(np.dot(reduce.mean / reduce.scale + reduce.center, direction))
+    best: dict[str, float] = {}
+    for (lay, pos, _, _), loss in scores.items():
+        key = f"{lay}/{'+'.join(pos)}"
+        best[key] = min(loss, best.get(key, math.inf))
+    probe = HiddenProbe(layers=(layer,), positions=chosen, hidden_size=values.shape[-1],
+                        weights=tuple(map(float, weights)), components=k,
+                        selection=best)  # fmt: skip
+    return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in w[:free]),
+                         intercept=intercept, strength=strength, hidden=probe)  # fmt: skip

@@ -9,12 +9,13 @@ names what is not the same.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from esi_guard._keywords import check_keywords
+from esi_guard.backends.base import HiddenStates
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -150,16 +151,27 @@ class ESIResult:
     """True when sequential ESI settled the decision before ``n_variants``."""
     signals: dict[str, float] = field(default_factory=dict)
     """The greedy answer's free signals from the same pass: ``nll`` (its negative
-    log-probability, each token's over its position's top-k) and ``entropy`` (mean entropy
-    of those distributions). Empty when unscored."""
+    log-probability, each token's over its position's top-k), ``entropy`` (mean entropy
+    of those distributions) and ``max_nll`` (its least likely token's negative
+    log-probability); with a hidden-state probe, ``hidden`` (the probe's term in the logit
+    of ``p_wrong``). Empty when unscored."""
     p_wrong: float | None = None
     """With a combined score (``ESIGuard(combined=...)``, or a threshold file calibrated
     with ``--score combined``): the probability that the answer is wrong, which the
     decision is then made on; None otherwise."""
+    hidden: HiddenStates | None = field(default=None, repr=False, compare=False)
+    """The answer's hidden states, when the guard was asked to keep them
+    (``ESIGuard(hidden_states=...)``); in ``as_dict()`` as ``layers``, ``positions`` and
+    nested lists of ``values``, and left out when None."""
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy; ``context_reliance`` only where it was asked for."""
-        out = asdict(self)
+        """A JSON-serialisable copy; ``context_reliance`` and ``hidden`` only where asked for."""
+        hidden = self.hidden
+        out = asdict(replace(self, hidden=None))
         if out["context_reliance"] is None:
             del out["context_reliance"]
+        del out["hidden"]
+        if hidden is not None:
+            out["hidden"] = {"layers": list(hidden.layers), "positions": list(hidden.positions),
+                             "values": hidden.values.tolist()}  # fmt: skip
         return out

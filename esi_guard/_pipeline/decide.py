@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from esi_guard._pipeline.items import Item, Outcome
-from esi_guard.combined import CombinedScore
+from esi_guard.backends.base import HiddenStates
+from esi_guard.combined import HIDDEN, CombinedScore
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
 
@@ -35,6 +36,8 @@ class Rule:
     """The backend's ``model_id``, as results report it."""
     combined: CombinedScore | None = None
     """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
+    keep_hidden: bool = False
+    """Put the answer's hidden states in its result."""
 
     def decision(
         self, score: float | None, p_wrong: float | None, reliance: float | None
@@ -66,11 +69,23 @@ class Rule:
         forced: int = 0,
         context_reliance: float | None = None,
         signals: dict[str, float] | None = None,
+        hidden: HiddenStates | None = None,
     ) -> ESIResult:
-        """The item's result: scored, or unscored with ``why``; the decision it implies."""
+        """The item's result: scored, or unscored with ``why``; the decision it implies.
+
+        A combined score with a hidden-state probe and no states for the answer leaves it
+        unscored (``hidden_states_missing``): never decided without the probe.
+        """
         p_wrong = None
+        signals = dict(signals or {})
+        probe = None if self.combined is None else self.combined.hidden
+        if score is not None and probe is not None and hidden is None:
+            score, token_scores = None, None
+            why = "hidden_states_missing: the backend gave no hidden states for the probe"
         if score is not None and self.combined is not None:
-            p_wrong = self.combined.p_wrong({"esi": score, **(signals or {})})
+            if probe is not None and hidden is not None:
+                signals[HIDDEN] = probe.term(hidden)
+            p_wrong = self.combined.p_wrong({"esi": score, **signals}, hidden)
         if (
             score is not None
             and self.config.decide_on == "context_reliance"
@@ -93,8 +108,9 @@ class Rule:
             work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
             context_reliance=context_reliance,
             variants_used=len(item.variants),
-            signals=dict(signals or {}),
+            signals=signals if score is not None else {},
             p_wrong=p_wrong,
+            hidden=hidden if self.keep_hidden else None,
         )
 
 

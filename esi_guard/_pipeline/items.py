@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from esi_guard.backends.base import ChatMessage
+from esi_guard.backends.base import ChatMessage, HiddenStates
 from esi_guard.exceptions import BackendError
 from esi_guard.result import ESIResult
 from esi_guard.scoring import TopK
@@ -79,6 +79,8 @@ class Item:
     """The original distributions, when generation gave them."""
     prompt_tokens: int | None = None
     """How many tokens the prompt took, when the backend said."""
+    hidden: HiddenStates | None = None
+    """The answer's hidden states, when generation read them."""
     variants: list[str] = field(default_factory=list)
     """The L question texts the intervention made."""
     outcome: Outcome | None = None

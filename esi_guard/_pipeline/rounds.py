@@ -72,6 +72,8 @@ class Rounds:
                 done[text] = (topk, seen)
             if request.include_original:
                 self.original[key] = out.original
+                if out.hidden is not None:
+                    item.hidden = out.hidden
             self.rows[key] += len(request.variants) + int(request.include_original)
         return main
 

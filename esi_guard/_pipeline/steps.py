@@ -26,7 +26,7 @@ from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.rounds import Rounds
 from esi_guard._pipeline.shield import ashield, shield, wrapped
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation
+from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, HiddenSpec
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
     BackendError,
@@ -79,6 +79,16 @@ class _NoHook:
 _NO_HOOK = _NoHook()
 
 
+def merged(*specs: HiddenSpec | None) -> HiddenSpec | None:
+    """One spec reading every layer and position of ``specs`` (None: none asked)."""
+    given = [spec for spec in specs if spec is not None]
+    if not given:
+        return None
+    layers = tuple(dict.fromkeys(layer for spec in given for layer in spec.layers))
+    positions = tuple(dict.fromkeys(p for spec in given for p in spec.positions))
+    return HiddenSpec(layers, positions)
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """The guard's settings, as the steps need them."""
@@ -93,12 +103,20 @@ class Pipeline:
     """Stop sequences for generation."""
     combined: CombinedScore | None = None
     """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
+    keep_hidden: HiddenSpec | None = None
+    """Hidden states to read and keep in each result (beside what ``combined`` reads)."""
+
+    @cached_property
+    def hidden(self) -> HiddenSpec | None:
+        """The hidden states to read with each answer: the probe's and those to keep."""
+        return merged(self.combined and self.combined.needs_hidden, self.keep_hidden)
 
     @cached_property
     def rule(self) -> Rule:
         """How results are decided."""
         return Rule(self.threshold, self.action, self.on_error, self.config,
-                    self.backend.model_id, self.combined)  # fmt: skip
+                    self.backend.model_id, self.combined,
+                    self.keep_hidden is not None)  # fmt: skip
 
     def order(
         self, items: Sequence[Item], answered: bool = False
@@ -186,7 +204,7 @@ class Pipeline:
                 continue
             item.answer, item.answer_ids = gen.text, gen.token_ids
             item.original, item.finish_reason = gen.topk, gen.finish_reason
-            item.prompt_tokens = gen.prompt_tokens
+            item.prompt_tokens, item.hidden = gen.prompt_tokens, gen.hidden
         return [item for item in items if item.outcome is None]
 
     def _pieces(self, item: Item) -> Iterator[str]:
@@ -221,11 +239,14 @@ class Pipeline:
         self.generated([item], [gen or BackendError("the backend streamed no answer")])
 
     def _stream_args(self) -> dict[str, Any]:
-        return {
+        args: dict[str, Any] = {
             "max_new_tokens": self.config.max_new_tokens,
             "top_k": self.config.top_k,
             "stop": self.stop,
         }
+        if self.hidden is not None:
+            args["hidden"] = self.hidden
+        return args
 
     # -- intervene --------------------------------------------------------------------------
 
@@ -367,12 +388,13 @@ class Pipeline:
                 answer_ids=list(item.answer_ids),
                 answer=item.answer,
                 include_original=include_original,
+                hidden=self.hidden if include_original and item.hidden is None else None,
             )
             planned.append((item, request))
             template = item.prompt.template
             if context and template is not None and template.without_context is not None:
                 planned.append((item, replace(request, variants=[template.without_context],
-                                              include_original=False)))  # fmt: skip
+                                              include_original=False, hidden=None)))  # fmt: skip
         return planned
 
     def assess(
@@ -435,9 +457,11 @@ class Pipeline:
             return self.rule.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
         signals = free_signals(base, item.answer_ids, self.backend.values_kind, esi.alphas)
+        hidden = item.hidden if item.hidden is not None else forced.hidden
         result = self.rule.result(
-            item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals
-        )
+            item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals,
+            hidden,
+        )  # fmt: skip
         result.variant_scores = [float(x) for x in esi.variant_scores]
         return result
 

@@ -23,7 +23,14 @@ import threading
 from collections.abc import Generator, Sequence
 
 from esi_guard.backends._identity import file_sha256
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import (
+    Backend,
+    Forced,
+    ForcingRequest,
+    Generation,
+    HiddenSpec,
+    Messages,
+)
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.exceptions import BackendError
 
@@ -67,6 +74,21 @@ class EmbeddedBackend(Backend):
         return file_sha256(embedded_gguf())
 
     @property
+    def hidden_layers(self) -> tuple[int, ...] | None:
+        """See :attr:`Backend.hidden_layers` (loads the model)."""
+        return self.loaded.hidden_layers
+
+    @property
+    def hidden_size(self) -> int | None:
+        """See :attr:`Backend.hidden_size` (loads the model)."""
+        return self.loaded.hidden_size
+
+    def check_hidden(self, spec: HiddenSpec | None) -> None:
+        """See :meth:`Backend.check_hidden` (loads the model when ``spec`` is given)."""
+        if spec is not None:
+            self.loaded.check_hidden(spec)
+
+    @property
     def loaded(self) -> Backend:
         """The shared loaded backend (loads it on first access)."""
         return embedded_backend()
@@ -78,16 +100,27 @@ class EmbeddedBackend(Backend):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Sequence[Generation | BackendError]:
         """See :meth:`Backend.generate`."""
-        return self.loaded.generate(prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop)
+        extra = {} if hidden is None else {"hidden": hidden}
+        return self.loaded.generate(
+            prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
 
     def stream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """See :meth:`Backend.stream_generate`."""
+        extra = {} if hidden is None else {"hidden": hidden}
         return self.loaded.stream_generate(
-            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
         )
 
     def teacher_force(

@@ -18,11 +18,15 @@ import numpy as np
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends.base import (
+    FINAL,
     Backend,
     Forced,
     ForcingRequest,
     Generation,
+    HiddenSpec,
+    HiddenStates,
     Messages,
+    reduce_hidden,
     stopped_length,
 )
 from esi_guard.exceptions import BackendError
@@ -122,6 +126,28 @@ class FakeBackend(Backend):
 
     provider = "fake"
 
+    hidden_size = 8
+    """Width of the fake's hidden states."""
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Four fake blocks and the final norm."""
+        return (0, 1, 2, 3, FINAL)
+
+    def _hidden(self, question: str, spec: HiddenSpec, n: int) -> HiddenStates:
+        """States that carry the question's sensitivity: a probe can learn it back."""
+        level = self.sensitivity.get(question, self.default_sensitivity)
+        rows = {
+            layer: np.stack([
+                np.random.default_rng(_seed("hidden", question, str(layer), str(t))).normal(
+                    size=self.hidden_size
+                ) + level * (layer + 2)
+                for t in range(max(n, 1))
+            ])
+            for layer in spec.layers
+        }  # fmt: skip
+        return reduce_hidden(spec, rows, n)
+
     def generate(
         self,
         prompts: Sequence[Messages],
@@ -129,8 +155,13 @@ class FakeBackend(Backend):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
-        """Scripted answers, cut at ``max_new_tokens`` words or before a stop sequence."""
+        """Scripted answers, cut at ``max_new_tokens`` words or before a stop sequence.
+
+        ``hidden``: states made from the question and its sensitivity.
+        """
+        self.check_hidden(hidden)
         self._record("generate", len(prompts))
         results: list[Generation | BackendError] = []
         for prompt in prompts:
@@ -151,6 +182,7 @@ class FakeBackend(Backend):
                     topk=self._topk(ids, top_k, 0.0, question),
                     finish_reason=finish,
                     prompt_tokens=sum(len(m["content"].split()) for m in prompt),
+                    hidden=None if hidden is None else self._hidden(question, hidden, len(ids)),
                 )
             )
         return results
@@ -177,7 +209,11 @@ class FakeBackend(Backend):
             )
             if self.failures.get(question) == "nan":
                 variants = [TopK(v.ids, np.full_like(v.values, np.nan)) for v in variants]
-            results.append(Forced(variants=variants, original=original))
+            states = None
+            if request.hidden is not None and request.include_original:
+                self.check_hidden(request.hidden)
+                states = self._hidden(question, request.hidden, len(answer))
+            results.append(Forced(variants=variants, original=original, hidden=states))
         return results
 
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:

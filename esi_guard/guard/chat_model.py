@@ -27,8 +27,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_vali
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
-from esi_guard._pipeline.steps import Pipeline
-from esi_guard.backends.base import Backend
+from esi_guard._pipeline.steps import Pipeline, merged
+from esi_guard.backends.base import Backend, HiddenSpec
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
@@ -132,7 +132,12 @@ class ESIGuard(BaseChatModel):
     combined: CombinedScore | None = None
     """A combined score (``esi-guard calibrate --score combined`` fits one; a threshold
     file carries it to ``from_calibration``): decisions are then made on its ``p_wrong``,
-    from ESI and the answer's free signals, and ``threshold`` is a probability."""
+    from ESI and the answer's free signals, and ``threshold`` is a probability. One with a
+    hidden-state probe needs a backend that gives hidden states (transformers, llama.cpp)."""
+    hidden_states: HiddenSpec | None = None
+    """Also read these hidden states with every answer (from its own forward passes) and
+    keep them in its result (``ESIResult.hidden``): what ``esi-guard calibrate --features
+    ...,hidden`` fits a probe on. Needs a backend that gives them."""
 
     stop: list[str] | None = None
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
@@ -212,7 +217,28 @@ class ESIGuard(BaseChatModel):
         if self.combined is not None and self.decide_on != "esi":
             msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
             raise ConfigurationError(msg)
+        self._check_hidden()
         return self
+
+    def _check_hidden(self) -> None:
+        """The backend gives the hidden states the probe and ``hidden_states`` read."""
+        probe = None if self.combined is None else self.combined.hidden
+        reads = merged(probe and probe.spec, self.hidden_states)
+        if reads is None:
+            return
+        try:
+            self.backend.check_hidden(reads)
+        except ConfigurationError as exc:
+            what = "the combined score's hidden-state probe" if probe else "hidden_states"
+            msg = f"{what} cannot be used with this backend: {exc}"
+            raise ConfigurationError(msg) from exc
+        size = self.backend.hidden_size
+        if probe is not None and size is not None and size != probe.hidden_size:
+            msg = (
+                f"the hidden-state probe was fitted on states of width {probe.hidden_size}; "
+                f"{self.backend.model_id} gives {size}: another model"
+            )
+            raise ConfigurationError(msg)
 
     def _score_range(self) -> tuple[float, float, str]:
         """The values the guard's decision signal can take, and its name, for error messages.
@@ -551,6 +577,7 @@ class ESIGuard(BaseChatModel):
             on_error=self.on_error,
             stop=tuple(stop if stop is not None else self.stop or ()),
             combined=self.combined,
+            keep_hidden=self.hidden_states,
         )
 
     def _start(

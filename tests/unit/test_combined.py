@@ -68,6 +68,7 @@ def test_free_signals_match_the_formula() -> None:
     p = math.e**2 / (math.e**2 + math.e)
     entropy = (-(p * math.log(p) + (1 - p) * math.log(1 - p)) + math.log(2)) / 2
     assert got["entropy"] == pytest.approx(entropy)
+    assert got["max_nll"] == pytest.approx(math.log(2))  # the least likely token: 1/2
     assert free_signals(topk, [3, 6], "logits", truncated_entropy(topk)) == got  # given alphas
     # A token outside the top-k gets ESI's fill value: less likely than every kept one.
     assert free_signals(topk, [9, 6], "logits")["nll"] > got["nll"]
@@ -83,7 +84,7 @@ def test_a_guard_with_a_combined_score_decides_on_p_wrong() -> None:
     guard = ESIGuard(backend=backend, threshold=0.5, combined=model)
     sure, unsure = (m.response_metadata["esi"] for m in guard.batch([SURE, UNSURE]))
     for esi in (sure, unsure):
-        assert set(esi["signals"]) == {"nll", "entropy"}
+        assert set(esi["signals"]) == {"nll", "entropy", "max_nll"}
         assert esi["p_wrong"] == pytest.approx(
             model.p_wrong({"esi": esi["score"], **esi["signals"]})
         )

@@ -20,6 +20,7 @@ from esi_guard.backends.base import (
     Forced,
     ForcingRequest,
     Generation,
+    HiddenSpec,
     Messages,
     StreamedText,
     stopped_length,
@@ -231,11 +232,14 @@ class OpenAIBackend(Backend):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
         """Greedy answers with the top-k logprobs at each answer position.
 
         ``stop`` goes to the server, which ends the answer before the first stop sequence.
+        A server gives no hidden states: ``hidden`` is a :class:`ConfigurationError`.
         """
+        self.check_hidden(hidden)
         calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = self._transport.send_all(calls)
         parse = functools.partial(self._parse_generation, stop=stop)
@@ -248,8 +252,10 @@ class OpenAIBackend(Backend):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
         """Async :meth:`generate`, with the async client."""
+        self.check_hidden(hidden)
         await self._negotiator.aresolve()
         calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = await self._transport.asend_all(calls)
@@ -257,13 +263,20 @@ class OpenAIBackend(Backend):
         return [self._guarded(parse, r) for r in responses]
 
     def stream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """The answer's text from the server's stream (with logprobs), then its Generation.
 
         Opening the stream is retried like any request; a stream that breaks off midway is
         the prompt's :class:`APIError`. Closing the iterator early closes the stream.
         """
+        self.check_hidden(hidden)
         (call,) = self._generation_calls([prompt], max_new_tokens, top_k, stop)
         endpoint, args = call.endpoint, call.kwargs
         gathered = _Streamed(chat=endpoint == "chat")
