@@ -12,6 +12,7 @@ this module (and ``esi_guard``) stays light.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from esi_guard.backends.base import Generation, Messages, finish_greedy
+from esi_guard.backends.base import Generation, HiddenSpec, Messages, finish_greedy
+from esi_guard.backends.hf._hidden import capture, with_states
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -200,10 +202,14 @@ class Engine:
         stop: Sequence[str],
         streamer: Any = None,
         halt: Any = None,
+        hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
         """Greedy answers to prompt ``rows`` in one ``generate`` call (the caller holds the lock).
 
-        ``streamer`` and ``halt`` are handed to ``generate`` (see ``_stream``).
+        ``streamer`` and ``halt`` are handed to ``generate`` (see ``_stream``). ``hidden``:
+        each answer's states too, read by hooks from the same passes. Every pass's last
+        column is the state behind the next top-k row: the last prompt token first (left
+        padding puts it last in every row), then the token just chosen.
         """
         torch = import_torch()
         from transformers import GenerationConfig
@@ -219,7 +225,12 @@ class Engine:
             output_logits=True,
             return_dict_in_generate=True,
         )
-        with torch.inference_mode():
+        hooks: Any = (
+            contextlib.nullcontext({})
+            if hidden is None
+            else capture(self.model, hidden.layers, lambda state: state[:, -1])
+        )
+        with torch.inference_mode(), hooks as kept:
             out = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
@@ -229,10 +240,13 @@ class Engine:
             )
         ids, values = self.topk_to_numpy(torch.stack(out.logits, dim=1), top_k)
         new_tokens = out.sequences[:, width:].cpu().tolist()
-        return [
+        gens = [
             self.finish(tokens, ids[i], values[i], stop, len(rows[i]))
             for i, tokens in enumerate(new_tokens)
         ]
+        if hidden is None:
+            return gens
+        return with_states(gens, hidden, kept, passes=len(out.logits))
 
     def finish(
         self,

@@ -3,18 +3,29 @@
 Requests are packed whole into passes of at most ``max_batch_rows`` rows; in a pass the
 prompt prefix every row shares runs once and its KV cache is expanded over the rows; the
 rows are padded so that every answer starts in one column, and the output layer runs at
-the answer positions only; only the top-k ids and values leave the device.
+the answer positions only; only the top-k ids and values leave the device (and, for a
+request that asks, the original row's hidden states at the answer's top-k rows).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from esi_guard.backends.base import Forced, ForcingRequest, non_finite, shared_prefix
+from esi_guard.backends.base import (
+    Forced,
+    ForcingRequest,
+    HiddenSpec,
+    HiddenStates,
+    non_finite,
+    reduce_hidden,
+    shared_prefix,
+)
+from esi_guard.backends.hf._hidden import capture
 from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
@@ -82,7 +93,8 @@ def force_group(
     """One forward pass over a group's rows: the top-k at each answer position.
 
     The caller holds the engine's lock. ``reuse_prefix``: run the prefix all rows share
-    once and expand its KV cache over them.
+    once and expand its KV cache over them. A request with ``hidden`` (and
+    ``include_original``, which the backend checks) gets its original row's states.
     """
     import torch
 
@@ -113,32 +125,74 @@ def force_group(
     first = lead - 1 if engine.can_trim else 0  # the column predicting answer token 0
     trim = {"logits_to_keep": width - first} if engine.can_trim else {}
     device = engine.device
+    hooks, read_states = _original_states(engine, group, lead)
     with torch.inference_mode():
         cache = None
         if shared:
             prefix = torch.tensor([prompts[0][:shared]], device=device)
             cache = engine.prefill(prefix)
             cache.batch_repeat_interleave(n_rows)
-        logits = engine.model(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            position_ids=positions.to(device),
-            use_cache=cache is not None,
-            **{engine.cache_name: cache},
-            **trim,
-        ).logits
+        with hooks as kept:
+            logits = engine.model(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=positions.to(device),
+                use_cache=cache is not None,
+                **{engine.cache_name: cache},
+                **trim,
+            ).logits
         start = lead - 1 - first
         picked = logits[:, start : start + n_answer]
     ids, values = engine.topk_to_numpy(picked, top_k)
-    return _split(engine.model_id, [item.request for item in group], ids, values)
+    requests = [item.request for item in group]
+    return _split(engine.model_id, requests, ids, values, read_states(kept))
+
+
+def _original_states(
+    engine: Engine, group: list[Rendered], lead: int
+) -> tuple[Any, Callable[[dict[int, list[Any]]], list[HiddenStates | None]]]:
+    """Hooks reading the original rows' states for the requests that ask, and their reduction.
+
+    Answer row ``t``'s state sits in column ``lead - 1 + t`` of the forcing pass (the
+    shared prefix never holds one: every row keeps its last prompt token in the tail).
+    Returns the hooks' context (nothing hooked when no request asks) and a function of
+    what they kept giving each request's :class:`HiddenStates` or None.
+    """
+    import torch
+
+    wanted: list[tuple[int, int, HiddenSpec, int]] = []
+    row = 0
+    for i, item in enumerate(group):
+        spec = item.request.hidden
+        if spec is not None:  # with include_original: its row comes first
+            wanted.append((i, row, spec, len(item.request.answer_ids)))
+        row += len(item.rows)
+    if not wanted:
+        return contextlib.nullcontext({}), lambda kept: [None] * len(group)
+    rows = torch.tensor([row for _, row, _, _ in wanted], device=engine.device)
+    columns = slice(lead - 1, lead - 1 + max(max(n, 1) for *_, n in wanted))
+    layers = sorted({layer for _, _, spec, _ in wanted for layer in spec.layers})
+
+    def read(kept: dict[int, list[Any]]) -> list[HiddenStates | None]:
+        states: list[HiddenStates | None] = [None] * len(group)
+        for k, (i, _, spec, n) in enumerate(wanted):
+            by_layer = {layer: kept[layer][-1][k, : max(n, 1)].numpy() for layer in spec.layers}
+            states[i] = reduce_hidden(spec, by_layer, n)
+        return states
+
+    return capture(engine.model, layers, lambda state: state[rows, columns]), read
 
 
 def _split(
-    model_id: str, group: list[ForcingRequest], ids: np.ndarray, values: np.ndarray
+    model_id: str,
+    group: list[ForcingRequest],
+    ids: np.ndarray,
+    values: np.ndarray,
+    hidden: Sequence[HiddenStates | None] | None = None,
 ) -> list[Forced | BackendError]:
     results: list[Forced | BackendError] = []
     row = 0
-    for request in group:
+    for request, states in zip(group, hidden or [None] * len(group), strict=True):
         n = len(request.answer_ids)
         size = len(request.variants) + int(request.include_original)
         if not np.isfinite(values[row : row + size, :n]).all():
@@ -153,5 +207,5 @@ def _split(
             TopK(ids[row + i, :n], values[row + i, :n]) for i in range(len(request.variants))
         ]
         row += len(request.variants)
-        results.append(Forced(variants=variants, original=original))
+        results.append(Forced(variants=variants, original=original, hidden=states))
     return results

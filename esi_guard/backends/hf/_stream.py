@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from esi_guard.backends.base import Generation, Messages, StreamedText
+from esi_guard.backends.base import Generation, HiddenSpec, Messages, StreamedText
 
 if TYPE_CHECKING:
     from esi_guard.backends.hf._engine import Engine
@@ -80,7 +80,12 @@ def stream_tokens(run: Callable[[Any, Any], Any]) -> Iterator[list[int] | tuple[
 
 
 def stream_answer(
-    engine: Engine, prompt: Messages, max_new_tokens: int, top_k: int, stop: Sequence[str]
+    engine: Engine,
+    prompt: Messages,
+    max_new_tokens: int,
+    top_k: int,
+    stop: Sequence[str],
+    hidden: HiddenSpec | None = None,
 ) -> Generator[str | Generation | BackendError, None, None]:
     """:meth:`HFBackend.stream_generate`'s work, under the engine's lock."""
     with engine.lock:
@@ -94,7 +99,9 @@ def stream_answer(
             room = min(room, engine.context_length - len(row))
         text = StreamedText(engine.decode, stop)
         for piece in stream_tokens(
-            lambda streamer, halt: engine.generate_chunk([row], room, top_k, stop, streamer, halt)
+            lambda streamer, halt: engine.generate_chunk(
+                [row], room, top_k, stop, streamer, halt, hidden=hidden
+            )
         ):
             if isinstance(piece, list):
                 if delta := text.add(piece):

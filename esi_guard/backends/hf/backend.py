@@ -4,10 +4,14 @@ White-box: the values are the model's raw logits (before any logits processor), 
 only the top-k of each position ever leaves the device.
 
 Generation batches prompts with left padding. Teacher forcing puts the answer after
-every variant of a request and runs them in ONE forward pass, right-padded (each row's
-real tokens keep positions ``0..len-1``; padding sits after them and, the model being
-causal, never touches them). The logits at position ``len(prompt) - 1 + t`` are the
+every variant of a request and runs them in ONE forward pass, each row padded on the
+left so that every answer starts in one column ``lead`` (real tokens keep their own
+positions, padding is masked): the logits at column ``lead - 1 + t`` are the
 distribution of answer token ``t``.
+
+Hidden states (``hidden=``) are read by forward hooks on the decoder blocks and the final
+norm in those same passes, keeping only the states behind the answer's top-k rows; a call
+without ``hidden`` registers no hook.
 
 One lock serialises calls into the model, so one backend can serve many threads. The
 model, its tokenizer and that lock live in an ``Engine`` (``_engine.py``), which the
@@ -29,16 +33,19 @@ from esi_guard.backends._identity import (
     gguf_model_id,
 )
 from esi_guard.backends.base import (
+    FINAL,
     Backend,
     Forced,
     ForcingRequest,
     Generation,
+    HiddenSpec,
     Messages,
     Sample,
 )
 from esi_guard.backends.embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard.backends.hf._engine import Engine, import_torch, split_on_oom
 from esi_guard.backends.hf._force import Rendered, force_group, pack
+from esi_guard.backends.hf._hidden import decoder_parts
 from esi_guard.backends.hf._sample import sample_answers
 from esi_guard.backends.hf._stream import stream_answer
 from esi_guard.exceptions import BackendError, ConfigurationError, ModelLoadError
@@ -231,6 +238,35 @@ class HFBackend(Backend):
         """Device the model's parameters live on."""
         return self._engine.device
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...] | None:
+        """Every decoder block ``0..n_layers-1`` and :data:`FINAL` (the final norm's output).
+
+        None for an architecture whose blocks or final norm this backend cannot find.
+        """
+        try:
+            blocks, _ = decoder_parts(self.model)
+        except ConfigurationError:
+            return None
+        return (*range(len(blocks)), FINAL)
+
+    @property
+    def hidden_size(self) -> int | None:
+        """The model's ``hidden_size`` (its text config's, for a multimodal one)."""
+        config = self.model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        size = getattr(text, "hidden_size", None)
+        return size if isinstance(size, int) else None
+
+    def check_hidden(self, spec: HiddenSpec | None) -> None:
+        """A :class:`ConfigurationError` unless ``spec``'s layers are this model's.
+
+        An architecture whose blocks or final norm cannot be found is named in the error.
+        """
+        if spec is not None:
+            decoder_parts(self.model)
+        super().check_hidden(spec)
+
     def render(self, prompt: Messages) -> list[int]:
         """Token ids of a prompt through the chat template, generation prompt added.
 
@@ -257,14 +293,17 @@ class HFBackend(Backend):
         max_new_tokens: int,
         top_k: int,
         stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
         """Greedy answers, keeping the top-k of the raw logits at each step.
 
         A prompt that fills the context window gets a :class:`ContextLengthError` in
         place; an answer stops at the window's end (``finish_reason="length"``). ``stop``
         sequences are found in the decoded answer after generation, which then keeps the
-        tokens before the first one.
+        tokens before the first one. ``hidden``: each answer's states too
+        (``Generation.hidden``), from the same passes.
         """
+        self.check_hidden(hidden)
         engine = self._engine
         results: list[Generation | BackendError | None] = [None] * len(prompts)
         with engine.lock:
@@ -282,21 +321,29 @@ class HFBackend(Backend):
                     room = max_new_tokens
                     if engine.context_length is not None:
                         room = min(room, engine.context_length - max(len(r) for r in rows))
-                    return engine.generate_chunk(rows, room, top_k, stop)
+                    return engine.generate_chunk(rows, room, top_k, stop, hidden=hidden)
 
                 for (i, _), gen in zip(chunk, split_on_oom(run, chunk), strict=True):
                     results[i] = gen
         return [r for r in results if r is not None]
 
     def stream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int, stop: Sequence[str] = ()
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """The answer's text as it is generated, then its :class:`Generation`.
 
-        The raw-logit top-k is still kept at every step; closing the stream early stops
-        the generation and leaves the backend ready for the next call.
+        The raw-logit top-k is still kept at every step (and ``hidden``'s states, as in
+        :meth:`generate`); closing the stream early stops the generation and leaves the
+        backend ready for the next call.
         """
-        return stream_answer(self._engine, prompt, max_new_tokens, top_k, stop)
+        self.check_hidden(hidden)
+        return stream_answer(self._engine, prompt, max_new_tokens, top_k, stop, hidden)
 
     def sample(
         self,
@@ -325,8 +372,18 @@ class HFBackend(Backend):
         """Force each request's answer after all its variants, one forward pass per group.
 
         A request with a variant (plus the answer) longer than the context window gets
-        a :class:`ContextLengthError` in place: variants are never truncated.
+        a :class:`ContextLengthError` in place: variants are never truncated. A request
+        with ``hidden`` gets its original row's states (``Forced.hidden``); it needs
+        ``include_original`` (a :class:`ConfigurationError` otherwise, before any pass).
         """
+        for request in requests:
+            if request.hidden is not None and not request.include_original:
+                msg = (
+                    f"a ForcingRequest with hidden={request.hidden} needs "
+                    "include_original=True: the states are read from the original row"
+                )
+                raise ConfigurationError(msg)
+            self.check_hidden(request.hidden)
         engine = self._engine
         results: list[Forced | BackendError | None] = [None] * len(requests)
         with engine.lock:
