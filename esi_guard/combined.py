@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from esi_guard.backends.base import HiddenSpec, HiddenStates, Position
+from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, HiddenStates, Position
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.scoring import TopK, ValueKind, fill_value, truncated_entropy
 
@@ -47,6 +47,7 @@ __all__ = [
     "HiddenProbe",
     "fit_combined",
     "free_signals",
+    "probe_window",
 ]
 
 FEATURES = ("esi", "nll", "entropy")
@@ -65,6 +66,9 @@ POSITION_SETS: tuple[tuple[Position, ...], ...] = (
     ("answer_last",),
 )
 """The positions a probe may read, tried by cross-validation."""
+
+DEPTHS = (0.4, 0.5, 0.6, 0.7, 0.8)
+"""Where in the model's depth the probe's candidate layers sit (plus the final norm's)."""
 
 COMPONENTS = (8, 16, 32)
 """PCA sizes cross-validation chooses from (capped by the answers at hand)."""
@@ -102,6 +106,20 @@ def free_signals(
         "entropy": float(np.mean(entropy)),
         "max_nll": float(-min(logprobs)) if logprobs else 0.0,
     }
+
+
+def probe_window(hidden_layers: Sequence[int]) -> HiddenSpec:
+    """The states a probe's fit chooses from, read with every calibration answer.
+
+    Blocks at :data:`DEPTHS` of the model's depth and the final norm's output, at every
+    position.
+    """
+    blocks = sorted(layer for layer in hidden_layers if layer != FINAL)
+    if not blocks:
+        return HiddenSpec((FINAL,), POSITIONS)
+    last = len(blocks) - 1
+    picks = tuple(dict.fromkeys(blocks[min(last, int(f * last + 0.5))] for f in DEPTHS))
+    return HiddenSpec((*picks, FINAL) if FINAL in hidden_layers else picks, POSITIONS)
 
 
 class HiddenProbe(BaseModel):
@@ -297,7 +315,8 @@ class _Reduced:
         self.basis = vt[:components]
 
     def __call__(self, states: np.ndarray, components: int) -> np.ndarray:
-        return ((states - self.mean) / self.scale - self.center) @ self.basis[:components].T
+        z = (states - self.mean) / self.scale - self.center
+        return np.asarray(z @ self.basis[:components].T)
 
 
 def _fit_probe(

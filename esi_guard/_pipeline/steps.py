@@ -109,7 +109,8 @@ class Pipeline:
     @cached_property
     def hidden(self) -> HiddenSpec | None:
         """The hidden states to read with each answer: the probe's and those to keep."""
-        return merged(self.combined and self.combined.needs_hidden, self.keep_hidden)
+        probe = None if self.combined is None else self.combined.needs_hidden
+        return merged(probe, self.keep_hidden)
 
     @cached_property
     def rule(self) -> Rule:

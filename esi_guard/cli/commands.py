@@ -29,9 +29,9 @@ import typer
 
 from esi_guard import __version__
 from esi_guard.backends.adapters import auto_engine, local_backend
-from esi_guard.backends.base import Backend
+from esi_guard.backends.base import FINAL, Backend, HiddenSpec
 from esi_guard.calibration import labels as label_methods
-from esi_guard.calibration.combining import Combined, fit_on_part
+from esi_guard.calibration.combining import Combined, fit_on_part, parse_features
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
 from esi_guard.calibration.thresholds import (
@@ -86,6 +86,7 @@ from esi_guard.cli._run import (
     stderr,
     warn,
 )
+from esi_guard.combined import FEATURES, HIDDEN, probe_window
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
@@ -158,13 +159,19 @@ def _labeller(method: LabelMethod, threshold: float | None, judge: str | None) -
 def _guard(
     model: str, api_base: str | None, api_mode: str, device: str | None, runner: LocalBackend,
     chat_template: str | None, intervention: str, n_variants: int, top_k: int, distance: str,
-    max_new_tokens: int, seed: int, dtype: str | None = None,
+    max_new_tokens: int, seed: int, dtype: str | None = None, hidden: bool = False,
 ) -> ESIGuard:  # fmt: skip
+    """The guard a run scores with; ``hidden``: it keeps the probe's candidate states."""
     backend = _backend(model, api_base, api_mode, device, runner, chat_template, dtype)
+    states = None
+    if hidden:
+        if backend.hidden_layers is None:
+            backend.check_hidden(HiddenSpec((FINAL,)))  # the backend's own refusal
+        states = probe_window(backend.hidden_layers or ())
     return ESIGuard(
         backend=backend, threshold=0.0, intervention=_INTERVENTIONS[intervention](),  # unused
         n_variants=n_variants, top_k=top_k, distance=distance,
-        max_new_tokens=max_new_tokens, seed=seed,
+        max_new_tokens=max_new_tokens, seed=seed, hidden_states=states,
     )  # fmt: skip
 
 
@@ -253,20 +260,34 @@ def calibrate(
         float,
         typer.Option(help="Combined: share of the answers it is fitted on (the rest choose)."),
     ] = 0.5,
-) -> None:
+    features: Annotated[
+        str,
+        typer.Option(help="Combined: its signals, of esi, nll, entropy, max_nll, and hidden "
+                     "(a probe on the model's hidden states; transformers or llama.cpp)."),
+    ] = ",".join(FEATURES),
+) -> None:  # fmt: skip
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     _check_targets(select, alpha, delta, coverage)
     if score is ScoreName.combined and min_variants is not None:
         fail("--score combined and --min-variants: choose one")
+    try:
+        names = parse_features(features)
+    except ESIGuardError as exc:
+        fail(str(exc))
+    if names != FEATURES and score is not ScoreName.combined:
+        fail("--features is for --score combined")
+    hidden = HIDDEN in names
     request = {
         **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
         "intervention": _INTERVENTIONS[intervention.value]().describe(), "n_variants": n_variants,
         "top_k": top_k, "distance": distance, "max_new_tokens": max_new_tokens,
     }  # fmt: skip
+    if hidden:
+        request["hidden_states"] = True  # another cache: its records carry the states
     run = score_run(
         lambda: _guard(model, api_base, api_mode, device, runner, chat_template,
                        intervention.value, n_variants, top_k, distance, max_new_tokens, 0,
-                       dtype),
+                       dtype, hidden),
         Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
         request=request, labeller=lambda: _labeller(labels, label_threshold, judge),
         cache=cache, system=system, prompt_file=prompt, batch_size=batch_size,
@@ -275,7 +296,7 @@ def calibrate(
     metrics = report(run, data, resamples)
     combined = None
     if score is ScoreName.combined:
-        combined = _combined(run, fit_fraction, seed or 0)
+        combined = _combined(run, fit_fraction, seed or 0, names)
         scores, wrong = combined.p_wrong, combined.wrong  # the threshold is chosen on these
     _warn_if_small(len(scores), select, alpha, delta)
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
@@ -373,14 +394,21 @@ def _plot(
                                       " (no threshold line: no threshold qualified)"))  # fmt: skip
 
 
-def _combined(run: Run, fraction: float, seed: int) -> Combined:
+def _combined(run: Run, fraction: float, seed: int, features: tuple[str, ...]) -> Combined:
     """Fit the combined score on part of the run; say how it does on the rest."""
     try:
         combined = fit_on_part([r for r in run.records if r["scored"]], run.wrong,
-                               fraction=fraction, seed=seed)  # fmt: skip
+                               fraction=fraction, seed=seed, features=features)  # fmt: skip
     except ESIGuardError as exc:
         fail(str(exc))
     report = combined.report
+    if "probe" in report:
+        probe = report["probe"]
+        console.print(
+            f"hidden-state probe: layer {probe['layers'][0]} (-1: the final norm's output), "
+            f"{'+'.join(probe['positions'])}, {probe['components']} PCA components, L2 "
+            f"{probe['strength']:g}, chosen by cross-validation on the fitting answers"
+        )
     console.print(
         f"combined score: fitted on {report['n_fit']} answers; on the other "
         f"{report['n_select']} (threshold chosen there): ECE {report['ece']:.3f}, AUROC "

@@ -26,6 +26,7 @@ from typing import Any
 
 from langchain_core.runnables import Runnable
 
+from esi_guard.calibration.combining import encode_states
 from esi_guard.calibration.data import Example
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
@@ -58,7 +59,7 @@ def run_header(
     ``request`` is what the command was asked for (JSON values), known before any model
     is loaded; the rest comes from the guard and its backend.
     """
-    return {
+    header = {
         "kind": CACHE_KIND,
         "version": CACHE_VERSION,
         "request": request or {},
@@ -68,6 +69,10 @@ def run_header(
         "model_sha256": guard.backend.model_sha256,
         "scoring": scoring_config(guard, system_prompt, template).model_dump(),
     }
+    if guard.hidden_states is not None:
+        spec = guard.hidden_states
+        header["hidden_states"] = {"layers": list(spec.layers), "positions": list(spec.positions)}
+    return header
 
 
 def scoring_config(
@@ -239,6 +244,8 @@ def _record(index: int, example: Example, message: Any) -> dict[str, Any]:
     if isinstance(message, BaseException):
         raise message
     esi = message.response_metadata["esi"]
+    if esi.get("hidden"):
+        base["hidden"] = encode_states(esi["hidden"])
     return {**base, "prediction": esi["answer"], "score": esi["score"], "scored": esi["scored"],
             "reason": esi["reason"], "context_reliance": esi.get("context_reliance"),
             "variant_scores": esi.get("variant_scores"), "signals": esi.get("signals"),

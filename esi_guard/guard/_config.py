@@ -107,7 +107,8 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
     The model matches on the weights' digest where the file and the backend both have
     one (a GGUF's, :attr:`Backend.model_sha256`), else on ``model_id``. A file calibrated
     on another engine than the backend's is accepted with an
-    :class:`EngineMismatchWarning`.
+    :class:`EngineMismatchWarning`, unless it holds a hidden-state probe (refused: the
+    engines' states differ).
     """
     calibrated = settings.calibrated
     problems = settings.expected.differences(
@@ -124,6 +125,14 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
         )
         raise ConfigurationError(msg)
     other_engine = engine_difference(calibrated, guard.backend, settings.where)
+    probe = calibrated.combined is not None and calibrated.combined.hidden is not None
+    if other_engine is not None and probe:
+        msg = (
+            f"{settings.where} holds a hidden-state probe fitted on the {calibrated.engine} "
+            f"engine; this guard runs {guard.backend.engine}, whose hidden states of the same "
+            "weights differ (by ~1% on the embedded model): calibrate on this engine"
+        )
+        raise ConfigurationError(msg)
     if other_engine is not None:
         warnings.warn(other_engine, EngineMismatchWarning, stacklevel=stacklevel + 1)
 

@@ -223,7 +223,7 @@ class ESIGuard(BaseChatModel):
     def _check_hidden(self) -> None:
         """The backend gives the hidden states the probe and ``hidden_states`` read."""
         probe = None if self.combined is None else self.combined.hidden
-        reads = merged(probe and probe.spec, self.hidden_states)
+        reads = merged(None if probe is None else probe.spec, self.hidden_states)
         if reads is None:
             return
         try:

@@ -120,7 +120,7 @@ class Engine:
         tap = Tap(self._lib, width)
         self._params.cb_eval = tap.callback
         self._params.cb_eval_user_data = None
-        self._context.close()  # type: ignore[no-untyped-call]
+        self._context.close()
         self._context = self._make_context()
         self._tap = tap
 
@@ -140,11 +140,11 @@ class Engine:
         if self._batch is not None:
             self._lib.llama_batch_free(self._batch)
             self._batch = None
-        self._context.close()  # type: ignore[no-untyped-call]
+        self._context.close()
 
     def clear(self) -> None:
         """Empty the KV cache."""
-        self._context.kv_cache_clear()  # type: ignore[no-untyped-call]
+        self._context.kv_cache_clear()
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Let sequence ``target`` share the KV cells of ``source``'s first ``length`` tokens."""

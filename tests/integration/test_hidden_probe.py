@@ -1,0 +1,106 @@
+"""A hidden-state probe end to end on the embedded model (llama.cpp): calibrate -> file -> guard.
+
+``esi-guard calibrate --score combined --features esi,nll,entropy,hidden`` on 64 SciQ
+questions; the threshold file carries the probe; ``ESIGuard.from_calibration`` reads the
+same states from each answer's own decodes and reproduces the file's ``p_wrong`` exactly
+on the calibration questions, and refuses another model, another engine and an API backend.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from esi_guard import ESIGuard
+from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.backends.openai import OpenAIBackend
+from esi_guard.calibration.combining import decode_states
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import commands as cli_module
+from esi_guard.exceptions import ConfigurationError
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
+
+
+@pytest.fixture(scope="module")
+def llama() -> LlamaCppBackend:
+    return LlamaCppBackend.default(n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def calibrated(
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, llama: LlamaCppBackend
+) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("probe")
+    out, cache = folder / "threshold.json", folder / "run.jsonl"
+    patch = pytest.MonkeyPatch()
+    patch.setattr(cli_module, "_backend", lambda *args: llama)
+    try:
+        result = CliRunner().invoke(cli_module.app, [
+            "calibrate", "--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "64",
+            "--cache", str(cache), *SCORING, "--score", "combined",
+            "--features", "esi,nll,entropy,hidden", "--fit-fraction", "0.6",
+            "--select", "coverage", "--coverage", "0.7", "--resamples", "100",
+            "--out", str(out),
+        ])  # fmt: skip
+    finally:
+        patch.undo()
+    assert result.exit_code == 0, result.output
+    assert "hidden-state probe: layer" in " ".join(result.output.split())
+    return out, cache
+
+
+def test_the_file_carries_the_probe_and_the_guard_reproduces_p_wrong_exactly(
+    calibrated: tuple[Path, Path], llama: LlamaCppBackend
+) -> None:
+    out, cache = calibrated
+    written = ThresholdFile.read(out)
+    assert written.engine == "llamacpp"
+    combined = written.combined
+    assert combined is not None and combined.hidden is not None
+    probe = combined.hidden
+    assert probe.hidden_size == llama.hidden_size == 576
+    assert len(probe.weights) == len(probe.layers) * len(probe.positions) * 576
+    assert set(probe.selection)  # the candidates' cross-validated losses are reported
+    guard = ESIGuard.from_calibration(out, backend=llama)
+    records = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
+    scored = [r for r in records if r["scored"]][:4]
+    system = written.scoring.system_prompt  # the CLI asked with its QA instruction
+    assert system
+    messages = guard.batch([[("system", system), ("human", r["question"])] for r in scored])
+    for record, message in zip(scored, messages, strict=True):
+        esi = message.response_metadata["esi"]
+        assert esi["answer"] == record["prediction"]
+        signals = {"esi": record["score"], **record["signals"]}
+        expected = combined.p_wrong(signals, decode_states(record["hidden"]))
+        assert esi["p_wrong"] == expected  # exact: same decodes, same states, same numbers
+        assert esi["signals"]["hidden"] == probe.term(decode_states(record["hidden"]))
+        assert esi["decision"] == ("accept" if expected <= written.threshold else "flag")
+
+
+def test_another_model_engine_or_an_api_backend_is_refused(
+    calibrated: tuple[Path, Path], llama: LlamaCppBackend, tmp_path: Path
+) -> None:
+    out, _ = calibrated
+    raw = json.loads(out.read_text())
+    other = tmp_path / "other-model.json"
+    other.write_text(json.dumps({**raw, "model": "someone/else", "model_sha256": "0" * 64}))
+    with pytest.raises(ConfigurationError, match="model"):
+        ESIGuard.from_calibration(other, backend=llama)
+    narrower = tmp_path / "other-width.json"
+    probe = {**raw["combined"]["hidden"], "hidden_size": 960}
+    narrower.write_text(json.dumps({**raw, "combined": {**raw["combined"], "hidden": probe}}))
+    with pytest.raises(ConfigurationError, match="width 960"):
+        ESIGuard.from_calibration(narrower, backend=llama)
+    engine = tmp_path / "other-engine.json"
+    engine.write_text(json.dumps({**raw, "engine": "transformers"}))
+    with pytest.raises(ConfigurationError, match="hidden-state probe fitted on the transformers"):
+        ESIGuard.from_calibration(engine, backend=llama)
+    api = OpenAIBackend(raw["model"], base_url="http://127.0.0.1:9/v1", mode="chat")
+    with pytest.raises(ConfigurationError, match="gives no hidden states"):
+        ESIGuard.from_calibration(out, backend=api)
