@@ -55,7 +55,7 @@ def test_the_probe_learns_what_the_states_carry(
     results = [guard.score(q, "I do not know.") for q in questions[60:]]
     _, _, wrong = bank(80)
     assert all(r.scored and r.p_wrong is not None for r in results)
-    p = [r.p_wrong for r in results]
+    p = [float(r.p_wrong or 0.0) for r in results]
     auroc = np.mean([a > b for a, wa in zip(p, wrong[60:], strict=True) if wa
                      for b, wb in zip(p, wrong[60:], strict=True) if not wb])  # fmt: skip
     assert auroc > 0.9
