@@ -4,14 +4,20 @@
 importing torch, llama-cpp-python or the openai SDK: their heavy imports happen when a
 model is loaded or a request is sent. :func:`embedded_gguf` is the embedded default
 model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_id``).
+:class:`HiddenSpec` and :class:`HiddenStates` are the hidden states a white-box backend
+reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
 """
 
 from esi_guard.backends.base import (
+    FINAL,
+    POSITIONS,
     Backend,
     ChatMessage,
     Forced,
     ForcingRequest,
     Generation,
+    HiddenSpec,
+    HiddenStates,
     Messages,
     Sample,
     Sampler,
@@ -23,6 +29,8 @@ from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.backends.openai import OpenAIBackend, RequestStats
 
 __all__ = [
+    "FINAL",
+    "POSITIONS",
     "Backend",
     "ChatMessage",
     "FakeBackend",
@@ -30,6 +38,8 @@ __all__ = [
     "ForcingRequest",
     "Generation",
     "HFBackend",
+    "HiddenSpec",
+    "HiddenStates",
     "LlamaCppBackend",
     "Messages",
     "OpenAIBackend",
