@@ -30,6 +30,13 @@ Times are wall seconds per example of everything the method needs, generation in
 measured stage by stage in this run. Writes a markdown table (stdout and ``--markdown``)
 and a JSON list of records (``dataset``, ``method``, ``auroc``, ``seconds_per_example``,
 ``n``, ...).
+
+The hidden-state probe's rows ("hidden probe", "combined + hidden"...; issue 37) come from
+the runs ``benchmarks/probe.py collect`` left in a folder, scored out of fold by
+``benchmarks/probe.py report``, in tables of their own (llama.cpp, not this run's engine)::
+
+    OMP_NUM_THREADS=1 python benchmarks/run.py --table out.json \\
+        --probe-cache .bench-cache/probe --markdown out.md
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.closed_book import Parts, run_closed
 from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
+from benchmarks.probe import markdown as probe_markdown
+from benchmarks.probe import report as probe_report
+from benchmarks.probe import runs as probe_runs
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
 
@@ -77,7 +87,18 @@ def _seconds(record: dict[str, Any]) -> str:
 
 
 def markdown(records: list[dict[str, Any]]) -> str:
-    """AUROC and seconds per example, methods by data sets, and the speed ratios."""
+    """AUROC and seconds per example, methods by data sets, and the speed ratios.
+
+    The hidden-state probe's records (``"probe": True``, ``benchmarks/probe.py report``)
+    follow in tables of their own: another engine (llama.cpp), and out-of-fold scores.
+    """
+    probe = [r for r in records if r.get("probe")]
+    parts = [_methods_markdown([r for r in records if not r.get("probe")]), probe_markdown(probe)]
+    return "\n\n".join(part for part in parts if part)
+
+
+def _methods_markdown(records: list[dict[str, Any]]) -> str:
+    """The run's own records: its methods by data sets, paired differences, RAG."""
     rag = [r for r in records if r.get("target")]
     paired = [r for r in records if r.get("paired") and not r.get("target")]
     records = [r for r in records if not r.get("target") and not r.get("paired")]
@@ -249,16 +270,32 @@ def main() -> None:
         metavar="JSON",
         help="print (and --markdown) the table of earlier runs' JSON; no run",
     )
+    parser.add_argument(
+        "--probe-cache",
+        type=Path,
+        metavar="DIR",
+        help="add the hidden-state probe's rows (benchmarks/probe.py report) of every run "
+        "collected in DIR (all shards' files there; a run still collecting is reported on "
+        "what it holds); with --table or alone; --json writes the records",
+    )
+    parser.add_argument("--probe-repeats", type=int, default=2, help="outer k-fold repeats")
+    parser.add_argument("--probe-folds", type=int, default=5)
     args = parser.parse_args()
-    if args.table:
-        earlier = [r for path in args.table for r in json.loads(path.read_text())]
+    if args.table or args.probe_cache:
+        earlier = [r for path in args.table or () for r in json.loads(path.read_text())]
+        if args.probe_cache:
+            earlier += probe_report(args.probe_cache, probe_runs(args.probe_cache),
+                                    folds=args.probe_folds, repeats=args.probe_repeats)  # fmt: skip
+            if args.json:
+                args.json.write_text(json.dumps(earlier, indent=1))
         table = markdown(earlier)
         print(table)
         if args.markdown:
             args.markdown.write_text(table + "\n")
         return
     if not args.data or args.json is None:
-        parser.error("give --data PATH (one or more) and --json OUT.json, or --table JSON...")
+        parser.error("give --data PATH (one or more) and --json OUT.json, or --table JSON... "
+                     "and/or --probe-cache DIR")  # fmt: skip
 
     template = FEW_SHOT_TEMPLATE if args.few_shot else args.chat_template
     backend = local_backend(args.model, chat_template=template, dtype=args.dtype)
