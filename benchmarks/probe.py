@@ -702,7 +702,8 @@ def report(
                       "accuracy": 1 - float(run.labels["wrong"].mean()),
                       "labels": run.header["labels"], "model": run.header["model"],
                       "engine": run.header["engine"], "folds": folds, "repeats": repeats,
-                      **({"target": target} if rag else {})}  # fmt: skip
+                      **({"target": target, "positive_rate": float(y.mean())} if rag
+                         else {})}  # fmt: skip
             records += _set_records(run, target, scores, fits, common)
             if rag:
                 records.append({**common, "method": BEFORE, "abstain": True,
@@ -783,7 +784,9 @@ def markdown(records: list[dict[str, Any]]) -> str:
     first: dict[str, dict[str, Any]] = {}
     for r in scored:
         first.setdefault(_column(r), r)
-    counts = [f"{c}: {r['n']} / {r['accuracy']:.3f} / {r['labels']}" for c, r in first.items()]
+    counts = [f"{c}: {r['n']} / {r['accuracy']:.3f} / {r['labels']}"
+              + (f" ({r['positive_rate']:.0%} {r['target']})" if "positive_rate" in r else "")
+              for c, r in first.items()]  # fmt: skip
     lines += ["", "n / accuracy / labels: " + "; ".join(counts)]
     lines += ["", *_table("held-out ECE of p_wrong (10 bins)", columns, cells["ece"])]
     lines += ["", *_table("layer/positions chosen (outer folds)", columns, cells["chosen"])]
@@ -799,8 +802,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
         if r.get("abstain"):
             lines.append(
                 f"- {_column(r)}: abstain before generating ({r['method']}, threshold "
-                f"keeping {r['coverage']:.0%} of answerable on the fit folds): held out, "
-                f"answerable kept {r['answerable_kept']:.3f}, unanswerable abstained "
+                f"keeping {r['coverage']:.0%} of answerable on the fit folds, in sample): "
+                f"held out, answerable kept {r['answerable_kept']:.3f}, unanswerable abstained "
                 f"{r['unanswerable_abstained']:.3f}; wrong among kept "
                 f"{r['wrong_rate_kept']:.3f} (all {r['wrong_rate']:.3f}); generation saved "
                 f"{r['generate_seconds_saved']:.3f} s of {r['generate_seconds']:.3f} s "
