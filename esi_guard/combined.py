@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, HiddenStates, Position
+from esi_guard.backends.hidden import FINAL, POSITIONS, HiddenSpec, HiddenStates, Position
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.scoring import TopK, ValueKind, fill_value, truncated_entropy
 
@@ -186,22 +186,36 @@ class CombinedScore(BaseModel):
 
     def logit(self, signals: Mapping[str, float], hidden: HiddenStates | None = None) -> float:
         """``log(p_wrong / (1 - p_wrong))``."""
+        z, term = self._parts(signals, hidden)
+        return z if term is None else z + term
+
+    def p_wrong(self, signals: Mapping[str, float], hidden: HiddenStates | None = None) -> float:
+        """The probability that the answer with these signals (and states) is wrong."""
+        return float(_sigmoid(self.logit(signals, hidden)))
+
+    def scored(
+        self, signals: Mapping[str, float], hidden: HiddenStates | None = None
+    ) -> tuple[float, float | None]:
+        """``p_wrong`` and the probe's term in its logit (None without a probe), at once."""
+        z, term = self._parts(signals, hidden)
+        return float(_sigmoid(z if term is None else z + term)), term
+
+    def _parts(
+        self, signals: Mapping[str, float], hidden: HiddenStates | None
+    ) -> tuple[float, float | None]:
+        """The logit's signal part (intercept included) and the probe's term."""
         missing = [name for name in self.features if name not in signals]
         if missing:
             msg = f"the combined score needs the signals {missing} (got {sorted(signals)})"
             raise ConfigurationError(msg)
         x = (np.array([signals[n] for n in self.features]) - self.mean) / np.array(self.scale)
         z = self.intercept + float(np.dot(self.weights, x))
-        if self.hidden is not None:
-            if hidden is None:
-                msg = "the combined score has a hidden-state probe and got no hidden states"
-                raise ConfigurationError(msg)
-            z += self.hidden.term(hidden)
-        return z
-
-    def p_wrong(self, signals: Mapping[str, float], hidden: HiddenStates | None = None) -> float:
-        """The probability that the answer with these signals (and states) is wrong."""
-        return float(_sigmoid(self.logit(signals, hidden)))
+        if self.hidden is None:
+            return z, None
+        if hidden is None:
+            msg = "the combined score has a hidden-state probe and got no hidden states"
+            raise ConfigurationError(msg)
+        return z, self.hidden.term(hidden)
 
 
 def _sigmoid(z: Any) -> Any:

@@ -83,9 +83,9 @@ class Rule:
             score, token_scores = None, None
             why = "hidden_states_missing: the backend gave no hidden states for the probe"
         if score is not None and self.combined is not None:
-            if probe is not None and hidden is not None:
-                signals[HIDDEN] = probe.term(hidden)
-            p_wrong = self.combined.p_wrong({"esi": score, **signals}, hidden)
+            p_wrong, term = self.combined.scored({"esi": score, **signals}, hidden)
+            if term is not None:
+                signals[HIDDEN] = term
         if (
             score is not None
             and self.config.decide_on == "context_reliance"

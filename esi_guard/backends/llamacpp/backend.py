@@ -443,9 +443,8 @@ class LlamaCppBackend(Backend):
                 continue
             with self._lock:
                 try:
-                    forced = [topk_rows(logits, top_k)
-                              for logits in self._force(rows, answer, names)]  # fmt: skip
-                    states = self._engine.states if names else {}
+                    rows_logits, states = self._force(rows, answer, names)
+                    forced = [topk_rows(logits, top_k) for logits in rows_logits]
                 finally:
                     self._engine.clear()
             if not all(np.isfinite(values).all() for _, values in forced):
@@ -462,18 +461,18 @@ class LlamaCppBackend(Backend):
 
     def _force(
         self, rows: list[list[int]], answer: list[int], names: Sequence[str] = ()
-    ) -> list[np.ndarray]:
+    ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
         """Logits at each answer position after each row (one decode per row).
 
-        ``names``: read those tensors in the first row's decode (the engine's ``states``
-        after the call).
+        ``names``: those tensors are read in the first row's decode and returned with the
+        logits (empty without names).
         """
-        first_states: dict[str, np.ndarray] = {}
         shared = shared_prefix(rows, self.reuse_prefix)
         engine = self._engine
         if shared:
             engine.decode([], [Row(0, rows[0][:shared], 0, [])])
-        out = []
+        out: list[np.ndarray] = []
+        states: dict[str, np.ndarray] = {}
         for number, row in enumerate(rows):
             if shared:
                 engine.copy_prefix(0, 1, shared)
@@ -483,10 +482,9 @@ class LlamaCppBackend(Backend):
             read = names if number == 0 else ()
             out.append(engine.decode([], [Row(1, tail, shared, outputs)], read))
             if read:
-                first_states = engine.states
+                states = engine.states
             engine.drop(1)
-        engine.states = first_states
-        return out
+        return out, states
 
     def sample(
         self,
