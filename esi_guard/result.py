@@ -159,6 +159,13 @@ class ESIResult:
     """With a combined score (``ESIGuard(combined=...)``, or a threshold file calibrated
     with ``--score combined``): the probability that the answer is wrong, which the
     decision is then made on; None otherwise."""
+    decided_by: Literal["probe", "esi"] | None = None
+    """With a cascade (``ESIGuard(esi_probe=...)``): ``probe`` when the cheap score was far
+    enough from the threshold to decide on (no variant forced; ``score`` is then the
+    probe's estimate of ESI, and ``p_wrong`` the cheap score's), ``esi`` when full ESI
+    decided. None (left out of ``as_dict()``) without a cascade."""
+    probe_score: float | None = None
+    """With a cascade: the ESI probe's estimate of the score; None otherwise (left out)."""
     hidden: HiddenStates | None = field(default=None, repr=False, compare=False)
     """The answer's hidden states, when the guard was asked to keep them
     (``ESIGuard(hidden_states=...)``); in ``as_dict()`` as ``layers``, ``positions`` and
@@ -168,8 +175,9 @@ class ESIResult:
         """A JSON-serialisable copy; ``context_reliance`` and ``hidden`` only where asked for."""
         hidden = self.hidden
         out = asdict(replace(self, hidden=None))
-        if out["context_reliance"] is None:
-            del out["context_reliance"]
+        for name in ("context_reliance", "decided_by", "probe_score"):
+            if out[name] is None:
+                del out[name]
         del out["hidden"]
         if hidden is not None:
             out["hidden"] = {"layers": list(hidden.layers), "positions": list(hidden.positions),

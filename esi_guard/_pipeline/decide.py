@@ -11,6 +11,7 @@ from typing import Literal
 
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends.base import HiddenStates
+from esi_guard.cascade import Cascade
 from esi_guard.combined import HIDDEN, CombinedScore
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
@@ -38,6 +39,8 @@ class Rule:
     """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
     keep_hidden: bool = False
     """Put the answer's hidden states in its result."""
+    cascade: Cascade | None = None
+    """When set, an answer whose cheap score is outside its band is decided on it."""
 
     def decision(
         self, score: float | None, p_wrong: float | None, reliance: float | None
@@ -111,6 +114,49 @@ class Rule:
             signals=signals if score is not None else {},
             p_wrong=p_wrong,
             hidden=hidden if self.keep_hidden else None,
+            decided_by=None if self.cascade is None else "esi",
+            probe_score=item.probe_score,
+        )
+
+    def by_probe(
+        self, item: Item, signals: dict[str, float], hidden: HiddenStates | None
+    ) -> ESIResult | None:
+        """The cascade's result when its cheap score decides the answer; None: ESI must.
+
+        Records the probe's estimate on ``item`` either way. Without the states the
+        cheap score reads, ESI decides (never the probe on a guess).
+        """
+        cascade = self.cascade
+        if cascade is None or not item.answer_ids:
+            return None
+        needs = cascade.needs_hidden
+        if needs is not None and (hidden is None or not set(needs.layers) <= set(hidden.layers)):
+            return None
+        estimate, cheap = cascade.cheap(signals, hidden)
+        item.probe_score = estimate
+        route = cascade.route(cheap)
+        if route is None:
+            return None
+        return ESIResult(
+            score=estimate,
+            threshold=self.threshold,
+            decision="accept" if route == "accept" else self.action,
+            scored=True,
+            reason=None,
+            answer=item.answer,
+            variants=[],
+            answer_token_ids=[int(i) for i in item.answer_ids],
+            token_scores=[],
+            model=self.model,
+            scoring=self.config.as_metadata(),
+            finish_reason=item.finish_reason,
+            work={"forced_variants": 0, "forced_tokens": 0},
+            variants_used=0,
+            signals=dict(signals),
+            p_wrong=None if cascade.combined is None else cheap,
+            hidden=hidden if self.keep_hidden else None,
+            decided_by="probe",
+            probe_score=estimate,
         )
 
 

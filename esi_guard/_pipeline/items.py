@@ -81,6 +81,8 @@ class Item:
     """How many tokens the prompt took, when the backend said."""
     hidden: HiddenStates | None = None
     """The answer's hidden states, when generation read them."""
+    probe_score: float | None = None
+    """With a cascade: the ESI probe's estimate, once the answer's states were read."""
     variants: list[str] = field(default_factory=list)
     """The L question texts the intervention made."""
     outcome: Outcome | None = None

@@ -27,6 +27,7 @@ from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.rounds import Rounds
 from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, HiddenSpec
+from esi_guard.cascade import Cascade
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
     BackendError,
@@ -105,19 +106,22 @@ class Pipeline:
     """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
     keep_hidden: HiddenSpec | None = None
     """Hidden states to read and keep in each result (beside what ``combined`` reads)."""
+    cascade: Cascade | None = None
+    """When set, answers whose cheap score is outside its band skip ESI (decided on it)."""
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
-        """The hidden states to read with each answer: the probe's and those to keep."""
+        """The hidden states to read with each answer: the probes' and those to keep."""
         probe = None if self.combined is None else self.combined.needs_hidden
-        return merged(probe, self.keep_hidden)
+        cheap = None if self.cascade is None else self.cascade.needs_hidden
+        return merged(probe, cheap, self.keep_hidden)
 
     @cached_property
     def rule(self) -> Rule:
         """How results are decided."""
         return Rule(self.threshold, self.action, self.on_error, self.config,
                     self.backend.model_id, self.combined,
-                    self.keep_hidden is not None)  # fmt: skip
+                    self.keep_hidden is not None, self.cascade)  # fmt: skip
 
     def order(
         self, items: Sequence[Item], answered: bool = False
@@ -197,7 +201,7 @@ class Pipeline:
     def generated(
         self, items: Sequence[Item], gens: Sequence[Generation | BackendError]
     ) -> list[Item]:
-        """Record the answers; the items that have one go on."""
+        """Record the answers; those that have one and the cascade does not decide go on."""
         for item, gen in zip(items, gens, strict=True):
             item.steps["generate"] = gen
             if isinstance(gen, BackendError):
@@ -206,6 +210,11 @@ class Pipeline:
             item.answer, item.answer_ids = gen.text, gen.token_ids
             item.original, item.finish_reason = gen.topk, gen.finish_reason
             item.prompt_tokens, item.hidden = gen.prompt_tokens, gen.hidden
+            if self.cascade is not None and gen.topk is not None and gen.token_ids:
+                signals = free_signals(gen.topk, gen.token_ids, self.backend.values_kind)
+                item.outcome = self.rule.by_probe(item, signals, gen.hidden)
+                if item.outcome is not None:
+                    item.steps["score"] = item.outcome
         return [item for item in items if item.outcome is None]
 
     def _pieces(self, item: Item) -> Iterator[str]:

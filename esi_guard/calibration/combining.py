@@ -62,6 +62,8 @@ class Combined(NamedTuple):
     report: dict[str, Any]
     """``n_fit``, ``n_select``, ``ece`` and the held-out AUROC of ``p_wrong`` and of ESI
     (``value``, ``low``, ``high``: 95% bootstrap)."""
+    held: list[int] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    """The held-out answers' indices among the records given (``p_wrong``'s order)."""
 
 
 def fit_on_part(
@@ -132,4 +134,4 @@ def fit_on_part(
         report["probe"] = {"layers": list(probe.layers), "positions": list(probe.positions),
                            "components": probe.components, "strength": model.strength,
                            "selection": probe.selection}  # fmt: skip
-    return Combined(model, p_wrong, labels, report)
+    return Combined(model, p_wrong, labels, report, list(held))

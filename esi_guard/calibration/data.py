@@ -43,7 +43,14 @@ from typing import Any
 
 from esi_guard.exceptions import InputError
 
-__all__ = ["DEFAULT_ANSWERS_SEP", "Example", "dataset_hash", "load_examples", "load_files"]
+__all__ = [
+    "DEFAULT_ANSWERS_SEP",
+    "Example",
+    "dataset_hash",
+    "load_examples",
+    "load_files",
+    "load_questions",
+]
 
 _KNOWN = [("question", "answers", "wrong"), ("query", "truthful answer", None),
           ("question", "answer", None), ("context", "aliases", None),
@@ -177,6 +184,48 @@ def load_examples(
         examples.append(Example(question, answers, _answers(wrong, sep)))
     if not examples:
         msg = f"{where}: no examples"
+        raise InputError(msg)
+    return _shuffled(examples, limit, seed)
+
+
+def load_questions(
+    path: str | Path,
+    *,
+    question_field: str | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+) -> list[Example]:
+    """A file's questions, with no labels needed (``esi-guard distill``).
+
+    Gold answers, if any, are not read; SQuAD 2.0 keeps its passages. Shuffled with
+    ``seed`` and cut to ``limit`` as :func:`load_examples` does.
+
+    Raises:
+        InputError: On a missing or unreadable file, a row without the question field
+            (``question_field``, else a known one: ``question``, ``query``, ``Question``,
+            ``context``), or no question at all.
+    """
+    where = Path(path)
+    if not where.is_file():
+        msg = f"data file not found: {where}"
+        raise InputError(msg)
+    squad = _squad(where)
+    if squad is not None:
+        return _shuffled(squad, limit, seed)
+    known = [question_field] if question_field else list(dict.fromkeys(q for q, _, _ in _KNOWN))
+    examples = []
+    for number, record in _rows(where):
+        field_name = next((name for name in known if name in record), None)
+        if field_name is None:
+            msg = f"{where}:{number}: no question field (looked for {known}; pass --question-field)"
+            raise InputError(msg)
+        question = _question(record[field_name])
+        if not question:
+            msg = f"{where}:{number}: empty question"
+            raise InputError(msg)
+        examples.append(Example(question, ()))
+    if not examples:
+        msg = f"{where}: no questions"
         raise InputError(msg)
     return _shuffled(examples, limit, seed)
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from esi_guard.cascade import Band, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.result import ScoringConfig
@@ -75,6 +76,11 @@ class ThresholdFile(BaseModel):
     """How the combined score was fitted and checked: ``n_fit`` and ``n_select`` (the
     answers it was fitted on, and the others the threshold was chosen and its ECE
     measured on), ``ece`` (held out), and the AUROC of ``p_wrong`` and of ESI there."""
+
+    esi_probe: ESIProbe | None = None
+    """With ``calibrate --esi-probe FILE``: the ESI probe of the guard's cascade."""
+    probe_band: Band | None = None
+    """Its band, fitted on the calibration answers (``fitted`` holds the certificate)."""
 
     def write(self, path: str | Path) -> None:
         """Write as indented JSON."""

@@ -45,6 +45,7 @@ from esi_guard.calibration.thresholds import (
     min_examples,
     risk_tests,
 )
+from esi_guard.cli._cascade import fit_cascade, read_probe
 from esi_guard.cli._options import (
     AnswersField,
     AnswersSep,
@@ -247,11 +248,15 @@ def calibrate(
     ] = None,
     max_disagreement: Annotated[
         float,
-        typer.Option(help="Sequential: most early decisions differing from full-L ones."),
+        typer.Option(help="Sequential / cascade: most decisions differing from full-L ones."),
     ] = 0.05,
     stop_delta: Annotated[
-        float, typer.Option(help="Sequential: allowed failure probability of that bound.")
+        float, typer.Option(help="Sequential / cascade: allowed failure probability of that bound.")
     ] = 0.1,
+    esi_probe: Annotated[
+        Path | None,
+        typer.Option(help="An ESI probe (esi-guard distill): fit the cascade's band too."),
+    ] = None,
     score: Annotated[
         ScoreName,
         typer.Option(help="esi, or combined: P(wrong) from ESI and the answer's free signals."),
@@ -276,7 +281,10 @@ def calibrate(
         fail(str(exc))
     if names != FEATURES and score is not ScoreName.combined:
         fail("--features is for --score combined")
-    hidden = HIDDEN in names
+    probe = None if esi_probe is None else read_probe(esi_probe)
+    if probe is not None and min_variants is not None:
+        fail("--esi-probe and --min-variants: choose one")
+    hidden = HIDDEN in names or probe is not None
     request = {
         **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
         "intervention": _INTERVENTIONS[intervention.value]().describe(), "n_variants": n_variants,
@@ -313,6 +321,9 @@ def calibrate(
     dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
                           n=len(run.examples), limit=limit, seed=seed or 0)  # fmt: skip
     result = _threshold_file(run, choice, metrics, combined, sequential, dataset)
+    if probe is not None:
+        result = result.model_copy(update=fit_cascade(
+            run, probe, choice.threshold, combined, max_disagreement, stop_delta))  # fmt: skip
     result.write(out)
     console.print(
         f"threshold {choice.threshold:.4f} ({choice.method}): calibration coverage "
@@ -463,7 +474,8 @@ def evaluate(
     request = {
         **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
         "threshold": calibrated.model_dump(mode="json",
-                                           include={"scoring", "sequential", "combined"}),
+                                           include={"scoring", "sequential", "combined",
+                                                    "esi_probe", "probe_band"}),
     }  # fmt: skip
     run = score_run(
         lambda: ESIGuard.from_calibration(
@@ -491,6 +503,12 @@ def evaluate(
     )
     if calibrated.guarantee:
         console.print(f"calibrated guarantee: {calibrated.guarantee['statement']}")
+    paths = [r["decided_by"] for r in run.records if r.get("decided_by")]
+    if paths:
+        console.print(
+            f"cascade: full ESI ran on {paths.count('esi')} of {len(paths)} answers "
+            f"({paths.count('esi') / len(paths):.1%}); the probe decided the others"
+        )
 
 
 QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}

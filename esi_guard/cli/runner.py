@@ -246,7 +246,9 @@ def _record(index: int, example: Example, message: Any) -> dict[str, Any]:
     esi = message.response_metadata["esi"]
     if esi.get("hidden"):
         base["hidden"] = encode_states(esi["hidden"])
+    if "decided_by" in esi:  # a cascade: which path decided, the probe's estimate
+        base |= {"decided_by": esi["decided_by"], "probe_score": esi.get("probe_score")}
     return {**base, "prediction": esi["answer"], "score": esi["score"], "scored": esi["scored"],
             "reason": esi["reason"], "context_reliance": esi.get("context_reliance"),
             "variant_scores": esi.get("variant_scores"), "signals": esi.get("signals"),
-            "p_wrong": esi.get("p_wrong")}  # fmt: skip
+            "p_wrong": esi.get("p_wrong"), "variants_used": esi.get("variants_used")}  # fmt: skip

@@ -23,6 +23,7 @@ from esi_guard.result import ScoringConfig
 
 if TYPE_CHECKING:
     from esi_guard.backends.base import Backend
+    from esi_guard.cascade import ESIProbe
     from esi_guard.interventions import Intervention
 
 __all__ = [
@@ -91,6 +92,9 @@ def file_settings(
     settings["threshold"] = calibrated.threshold
     if calibrated.combined is not None:
         settings["combined"] = calibrated.combined
+    if calibrated.esi_probe is not None:
+        settings["esi_probe"] = given.pop("esi_probe", calibrated.esi_probe)
+        settings["probe_band"] = given.pop("probe_band", calibrated.probe_band)
     if calibrated.sequential is not None:
         settings["stop_constant"] = given.pop("stop_constant", calibrated.sequential["constant"])
         settings["min_variants"] = given.pop("min_variants", calibrated.sequential["min_variants"])
@@ -155,7 +159,7 @@ def from_threshold_file(
     return guard
 
 
-def model_difference(calibrated: ThresholdFile, backend: Backend) -> str | None:
+def model_difference(calibrated: ThresholdFile | ESIProbe, backend: Backend) -> str | None:
     """Why the file's model is not the backend's, with the fix; None when they match.
 
     On the digest when both sides have one (the same GGUF however loaded), else on

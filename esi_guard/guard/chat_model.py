@@ -22,7 +22,14 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
-from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.decide import raised
@@ -30,9 +37,11 @@ from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline, merged
 from esi_guard.backends.base import Backend, HiddenSpec
 from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import _batching, _config, _live, _tracing
+from esi_guard.guard._cascade import cascade_for
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
@@ -138,6 +147,19 @@ class ESIGuard(BaseChatModel):
     """Also read these hidden states with every answer (from its own forward passes) and
     keep them in its result (``ESIResult.hidden``): what ``esi-guard calibrate --features
     ...,hidden`` fits a probe on. Needs a backend that gives them."""
+    esi_probe: ESIProbe | None = None
+    """An ESI probe (``esi-guard distill`` writes one; a path is read): a cascade then
+    decides each answer on the probe's estimate of ESI (or, with ``combined``, on
+    ``p_wrong`` with that estimate) where it is outside ``probe_band``, and runs ESI only
+    inside it (``ESIResult.decided_by``). Needs the backend the probe was distilled on."""
+    probe_band: Band | None = None
+    """Where the cascade's cheap score is too close to the threshold and ESI runs. None
+    (deciding on ESI): fitted at the threshold on the probe's held-out distillation
+    answers, so that its decisions differ from full ESI's on at most
+    ``probe_disagreement`` of them with probability 0.9 (no labels needed); a threshold
+    file calibrated with ``--esi-probe`` carries one fitted on labelled answers."""
+    probe_disagreement: float = Field(default=0.02, gt=0, lt=1)
+    """The share of decisions a label-free band may change against full ESI."""
 
     stop: list[str] | None = None
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
@@ -153,6 +175,7 @@ class ESIGuard(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
     _warned: bool = PrivateAttr(default=False)
+    _cascade: Cascade | None = PrivateAttr(default=None)
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
@@ -172,6 +195,11 @@ class ESIGuard(BaseChatModel):
             msg = "max_tokens and max_new_tokens are one setting: give one of them"
             raise ValueError(msg)
         return data
+
+    @field_validator("esi_probe", mode="before")
+    @classmethod
+    def _read_probe(cls, value: Any) -> Any:
+        return ESIProbe.read(value) if isinstance(value, (str, Path)) else value
 
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
@@ -218,7 +246,22 @@ class ESIGuard(BaseChatModel):
             msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
             raise ConfigurationError(msg)
         self._check_hidden()
+        self._cascade = self._check_cascade()
         return self
+
+    def _check_cascade(self) -> Cascade | None:
+        if self.esi_probe is None:
+            if self.probe_band is not None:
+                msg = "probe_band needs an esi_probe (esi-guard distill writes one)"
+                raise ConfigurationError(msg)
+            return None
+        if self.decide_on != "esi":
+            msg = "a cascade estimates ESI: decide_on must stay 'esi'"
+            raise ConfigurationError(msg)
+        return cascade_for(self.esi_probe, self.probe_band, backend=self.backend,
+                           scoring=self.scoring_config, threshold=self.threshold,
+                           combined=self.combined,
+                           max_disagreement=self.probe_disagreement)  # fmt: skip
 
     def _check_hidden(self) -> None:
         """The backend gives the hidden states the probe and ``hidden_states`` read."""
@@ -578,6 +621,7 @@ class ESIGuard(BaseChatModel):
             stop=tuple(stop if stop is not None else self.stop or ()),
             combined=self.combined,
             keep_hidden=self.hidden_states,
+            cascade=self._cascade,
         )
 
     def _start(

@@ -1,0 +1,76 @@
+"""``calibrate --esi-probe FILE``: the cascade's band, fitted on the calibration answers.
+
+Every calibration answer ran full ESI; the probe's cheap score is computed for each from
+its signals and states, and :func:`~esi_guard.cascade.fit_band` finds the narrowest band
+whose decisions differ from full-ESI ones on at most ``--max-disagreement`` of the answers
+with probability ``1 - --stop-delta``. With ``--score combined`` the band is on the
+combined score's ``p_wrong`` (the probe's estimate in ESI's place), fitted on the answers
+the threshold was chosen on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from esi_guard.calibration.combining import Combined, decode_states
+from esi_guard.cascade import Band, Cascade, ESIProbe, fit_band
+from esi_guard.cli._run import Run, console, fail
+from esi_guard.exceptions import ESIGuardError
+
+__all__ = ["fit_cascade", "read_probe"]
+
+_IGNORED = ("system_prompt", "prompt_template", "min_variants", "stop_constant", "decide_on")
+
+
+def read_probe(path: Path) -> ESIProbe:
+    """The probe file, or the command ends naming the problem."""
+    try:
+        return ESIProbe.read(path)
+    except ESIGuardError as exc:
+        fail(str(exc))
+
+
+def fit_cascade(
+    run: Run, probe: ESIProbe, threshold: float, combined: Combined | None, most: float,
+    delta: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The threshold file's ``esi_probe`` and ``probe_band``; the command ends if none fits."""
+    scoring = run.scoring
+    problems = [] if probe.scoring is None else probe.scoring.differences(scoring, ignore=_IGNORED)
+    if probe.model != run.header["model"] and probe.model_sha256 != run.header["model_sha256"]:
+        problems.insert(0, f"model: {probe.model!r} vs {run.header['model']!r}")
+    if problems:
+        fail("the ESI probe does not match this run (distilled vs calibrated): "
+             + "; ".join(problems))  # fmt: skip
+    scored = [r for r in run.records if r["scored"]]
+    if combined is None:
+        picks, full = list(range(len(scored))), [float(r["score"]) for r in scored]
+    else:
+        picks, full = combined.held, combined.p_wrong
+    band = Band(low=threshold, high=threshold)  # a placeholder for the cheap scores
+    cascade = Cascade(probe=probe, band=band, combined=combined and combined.model)
+    try:
+        cheap = []
+        for i in picks:
+            record = scored[i]
+            states = decode_states(record["hidden"]) if record.get("hidden") else None
+            cheap.append(cascade.cheap(record["signals"], states)[1])
+    except ESIGuardError as exc:
+        fail(f"the ESI probe cannot read these results: {exc}")
+    fitted = fit_band(cheap, full, threshold, max_disagreement=most, delta=delta,
+                      logit=combined is not None)  # fmt: skip
+    if fitted is None:
+        fail(
+            f"cascade: no band keeps its decisions within {most:g} of full-ESI ones with "
+            f"probability >= {1 - delta:g} on these {len(picks)} answers; raise "
+            "--max-disagreement or calibrate on more examples"
+        )
+    info = fitted.fitted or {}
+    console.print(
+        f"cascade: ESI runs where the cheap score is in [{fitted.low:.4f}, {fitted.high:.4f}] "
+        f"({info['esi_share']:.1%} of {len(picks)} answers); its decisions differ from full "
+        f"ESI on {info['disagreement']:.3f} (<= {info['bound']:.3f} with probability "
+        f"{1 - delta:g})"
+    )
+    return {"esi_probe": probe, "probe_band": fitted}

@@ -1,0 +1,84 @@
+"""The guard's cascade: its ESI probe and band checked against the guard, or refused.
+
+:func:`cascade_for` is what ``ESIGuard``'s validator calls when ``esi_probe`` is set: it
+refuses a probe distilled on another model or engine, for another ESI, or one that
+needs hidden states from a backend that gives none, each with a
+:class:`~esi_guard.exceptions.ConfigurationError` saying why, and builds the
+:class:`~esi_guard.cascade.Cascade` the pipeline routes with.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from esi_guard.cascade import Band, Cascade, ESIProbe, label_free_band
+from esi_guard.exceptions import ConfigurationError
+from esi_guard.guard._config import model_difference
+
+if TYPE_CHECKING:
+    from esi_guard.backends.base import Backend
+    from esi_guard.combined import CombinedScore
+    from esi_guard.result import ScoringConfig
+
+__all__ = ["cascade_for"]
+
+_IGNORED = ("system_prompt", "prompt_template", "min_variants", "stop_constant", "decide_on")
+"""Settings that do not change the ESI score a probe estimates."""
+
+
+def cascade_for(
+    probe: ESIProbe,
+    band: Band | None,
+    *,
+    backend: Backend,
+    scoring: ScoringConfig,
+    threshold: float,
+    combined: CombinedScore | None,
+    max_disagreement: float = 0.02,
+) -> Cascade:
+    """The cascade of a guard with these settings, or a ConfigurationError naming the misfit."""
+    problems = []
+    if (other := model_difference(probe, backend)) is not None:
+        problems.append(other)
+    if probe.engine is not None and probe.hidden is not None and probe.engine != backend.engine:
+        problems.append(
+            f"engine: the probe reads the {probe.engine} engine's hidden states and this "
+            f"guard runs {backend.engine}, whose states of the same weights differ: distill "
+            "on this engine"
+        )
+    if probe.scoring is not None:
+        problems += probe.scoring.differences(scoring, ignore=_IGNORED)
+    if problems:
+        msg = "the ESI probe does not match this guard (distilled vs given): " + "; ".join(problems)
+        raise ConfigurationError(msg)
+    if band is None and combined is not None:
+        msg = (
+            "a cascade on a combined score needs a band fitted on labelled answers: "
+            "`esi-guard calibrate --score combined --esi-probe FILE` writes one into the "
+            "threshold file (ESIGuard.from_calibration reads it)"
+        )
+        raise ConfigurationError(msg)
+    band = band or label_free_band(probe, threshold, max_disagreement=max_disagreement)
+    if not band.low <= threshold <= band.high:
+        msg = (
+            f"the cascade's band [{band.low:g}, {band.high:g}] must hold the threshold "
+            f"{threshold:g}"
+        )
+        raise ConfigurationError(msg)
+    cascade = Cascade(probe=probe, band=band, combined=combined)
+    needs = cascade.needs_hidden
+    if needs is not None:
+        try:
+            backend.check_hidden(needs)
+        except ConfigurationError as exc:
+            msg = f"the ESI probe reads hidden states, which this backend cannot give: {exc}"
+            raise ConfigurationError(msg) from exc
+        width = backend.hidden_size
+        hidden = probe.hidden
+        if hidden is not None and width is not None and width != hidden.hidden_size:
+            msg = (
+                f"the ESI probe was distilled on states of width {hidden.hidden_size}; "
+                f"{backend.model_id} gives {width}: another model"
+            )
+            raise ConfigurationError(msg)
+    return cascade
