@@ -156,7 +156,9 @@ def _seconds(cache: Path, name: str, stage: str, n: int) -> np.ndarray:
 
 
 def markdown(records: Sequence[dict[str, Any]]) -> str:
-    """The table: one line per set and row."""
+    """The table: one line per set and row ("" without records)."""
+    if not records:
+        return ""
     lines = ["| set | n (wrong) | row | AUROC [95% CI] | paired vs ESI | Spearman w/ ESI | "
              "ran ESI | agreement | guarded/plain |", "|" + "---|" * 9]  # fmt: skip
     by = {(r["dataset"], r["method"]): r for r in records}

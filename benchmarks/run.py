@@ -37,6 +37,11 @@ the runs ``benchmarks/probe.py collect`` left in a folder, scored out of fold by
 
     OMP_NUM_THREADS=1 python benchmarks/run.py --table out.json \\
         --probe-cache .bench-cache/probe --markdown out.md
+
+The rows "ESI probe" and "ESI cascade" (issue 38) come from the same runs,
+``--cascade-cache .bench-cache/probe`` (``benchmarks/cascade.py``: the probe distilled on
+one half of each set, measured on the other; guarded/plain from the run's stage timings;
+``benchmarks/cascade_timing.py`` times the guards side by side).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ from esi_guard.nli import NLIModel
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.cascade import evaluate as cascade_rows
+from benchmarks.cascade import markdown as cascade_markdown
 from benchmarks.closed_book import Parts, run_closed
 from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
 from benchmarks.probe import markdown as probe_markdown
@@ -93,7 +100,9 @@ def markdown(records: list[dict[str, Any]]) -> str:
     follow in tables of their own: another engine (llama.cpp), and out-of-fold scores.
     """
     probe = [r for r in records if r.get("probe")]
-    parts = [_methods_markdown([r for r in records if not r.get("probe")]), probe_markdown(probe)]
+    cascade = [r for r in records if r.get("cascade")]
+    own = [r for r in records if not r.get("probe") and not r.get("cascade")]
+    parts = [_methods_markdown(own), probe_markdown(probe), cascade_markdown(cascade)]
     return "\n\n".join(part for part in parts if part)
 
 
@@ -278,16 +287,27 @@ def main() -> None:
         "collected in DIR (all shards' files there; a run still collecting is reported on "
         "what it holds); with --table or alone; --json writes the records",
     )
+    parser.add_argument(
+        "--cascade-cache",
+        type=Path,
+        metavar="DIR",
+        help="add the rows 'ESI probe' and 'ESI cascade' (benchmarks/cascade.py) of every "
+        "run collected in DIR (the same runs as --probe-cache)",
+    )
     parser.add_argument("--probe-repeats", type=int, default=2, help="outer k-fold repeats")
     parser.add_argument("--probe-folds", type=int, default=5)
     args = parser.parse_args()
-    if args.table or args.probe_cache:
+    if args.table or args.probe_cache or args.cascade_cache:
         earlier = [r for path in args.table or () for r in json.loads(path.read_text())]
         if args.probe_cache:
             earlier += probe_report(args.probe_cache, probe_runs(args.probe_cache),
                                     folds=args.probe_folds, repeats=args.probe_repeats)  # fmt: skip
-            if args.json:
-                args.json.write_text(json.dumps(earlier, indent=1))
+        if args.cascade_cache:
+            for name in probe_runs(args.cascade_cache):
+                earlier += cascade_rows(args.cascade_cache, name, repeats=args.probe_repeats,
+                                        coverage=0.8)  # fmt: skip
+        if (args.probe_cache or args.cascade_cache) and args.json:
+            args.json.write_text(json.dumps(earlier, indent=1))
         table = markdown(earlier)
         print(table)
         if args.markdown:

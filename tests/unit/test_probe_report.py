@@ -52,13 +52,12 @@ def test_the_window_is_the_blocks_at_40_to_80_percent_depth_and_final() -> None:
     assert window(hidden_spec(30), "final") == HiddenSpec((FINAL,), POSITIONS)
 
 
-def _write_run(folder: Path, name: str, rng: np.random.Generator, rag: bool) -> None:
+def _write_run(folder: Path, name: str, rng: np.random.Generator, rag: bool, n: int = 36) -> None:
     """A run as ``collect`` writes it: Cache records, states saved by ``_save_hidden``."""
     layers = (4, 8, 9, FINAL)
     header = {"labels": "containment", "model": "fake", "engine": "fake",
               "layers": list(layers), "positions": list(POSITIONS)}  # fmt: skip
     cache = Cache(folder, name, header)
-    n = 36
     wrong = np.array([0, 1] * (n // 2) + [0])  # the last: SOC changed nothing, no ESI
     chunk = [(i, None) for i in range(n + 1)]
     topk = TopK(np.zeros((1, 2), np.int64), np.zeros((1, 2)))
@@ -100,3 +99,22 @@ def test_the_report_of_synthetic_runs_renders_in_run_pys_table(
                 "| combined + hidden - best free signal |", "fitted on \\ measured on",
                 "squad2-fake (unanswerable)", "abstain before generating"):  # fmt: skip
         assert row in table
+
+
+def test_the_cascade_rows_of_a_synthetic_run_render_in_run_pys_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import cascade
+
+    monkeypatch.setattr(cascade, "RESAMPLES", 50)
+    _write_run(tmp_path, "sciq-fake", np.random.default_rng(1), rag=False, n=80)
+    records = cascade.evaluate(tmp_path, "sciq-fake", repeats=1, coverage=0.8)
+    by = {r["method"]: r for r in records}
+    assert by["ESI probe"]["n"] == 80 and -1 <= by["ESI probe"]["spearman"] <= 1
+    for row in (cascade.CERTIFIED, cascade.QUANTILE):
+        assert 0 <= by[row]["esi_share"] <= 1 and 0 <= by[row]["agreement"] <= 1
+        assert by[row]["guarded_over_plain"] <= by[row]["full_esi_over_plain"]
+    assert by[cascade.CERTIFIED]["esi_share"] == 1.0  # 40 answers certify nothing: all ESI
+    table = markdown(records)
+    assert "| sciq-fake | 80 (40) | ESI cascade |" in table
+    assert "| ESI probe |" in table
