@@ -1,0 +1,125 @@
+r"""Guarded/plain, side by side in one run: no guard, full-L ESI, the ESI cascade.
+
+    OMP_NUM_THREADS=1 python benchmarks/cascade_timing.py --cache .bench-cache/probe \\
+        --name sciq-smollm2 --data sciq/test.jsonl --limit 40 --json timing.json
+
+The embedded model on llama.cpp, one thread, three backends of their own (so none pays
+for another's hidden-state taps): ``plain`` (the backend's greedy answer with its top-k,
+no guard), ``esi`` (``ESIGuard``, L=10, k=100, SOC) and ``cascade`` (the same guard with
+``esi_probe``). The probe is distilled from the run ``benchmarks/probe.py`` collected
+(``--name``: its questions' ESI and states; no label), its label-free band certified on
+its held-out estimates; the threshold is ESI's value accepting 80% of those questions.
+The questions timed are others from the same set (``--data``, not among the collected).
+One at a time, each question goes through the three in turn; then each runs ``batch``
+over all of them (batches of 8). Reported: mean seconds per question, guarded/plain
+ratios, the share of answers the cascade sent to ESI and its decision agreement with the
+full guard on these questions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esi_guard import ESIGuard
+from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.calibration.data import load_examples
+from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
+
+if not __package__:  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import Answering
+from benchmarks.probe import usable, window
+from tests.shared_data import shared_data
+
+__all__ = ["distilled", "main"]
+
+BATCH = 8
+
+
+def distilled(cache: Path, name: str) -> tuple[ESIProbe, float, set[str]]:
+    """A probe on a collected run (no label), its guard's threshold, the run's questions."""
+    run = usable(cache, name)
+    esi = np.array([s["esi"] for s in run.signals])
+    states = [h.select(window(run.spec, "window")) for h in run.states]
+    probe = fit_esi_probe(run.signals, esi, hidden=states)
+    oof = held_out(run.signals, esi, hidden=states)
+    probe = probe.model_copy(update={"held_out_estimates": tuple(map(float, oof)),
+                                     "held_out_esi": tuple(map(float, esi)),
+                                     "model": run.header["model"],
+                                     "engine": run.header["engine"]})  # fmt: skip
+    questions = {r["question"] for r in _records(cache, name)}
+    return probe, float(np.quantile(esi, 0.8)), questions
+
+
+def _records(cache: Path, name: str) -> list[dict[str, Any]]:
+    from benchmarks.probe import load
+
+    return load(cache, name).records
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Time the three side by side; print and write the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cache", type=Path, required=True)
+    parser.add_argument("--name", default="sciq-smollm2")
+    parser.add_argument("--data", default="sciq/test.jsonl")
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    probe, threshold, seen = distilled(args.cache, args.name)
+    path = Path(args.data) if Path(args.data).is_file() else shared_data() / args.data
+    examples = [e for e in load_examples(path, seed=7) if e.question not in seen][: args.limit]
+    answering = Answering()
+    prompts = [answering.messages(e.question) for e in examples]
+    settings = {"n_variants": 10, "top_k": 100, "max_new_tokens": answering.max_new_tokens,
+                "threshold": threshold, "action": "flag"}  # fmt: skip
+    plain = LlamaCppBackend.default(n_threads=1)
+    full = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), **settings)
+    cascade = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), esi_probe=probe, **settings)
+    args_plain = {"max_new_tokens": answering.max_new_tokens, "top_k": 100}
+    for warm in (lambda: plain.generate(prompts[:1], **args_plain),
+                 lambda: full.invoke(prompts[0]), lambda: cascade.invoke(prompts[0])):  # fmt: skip
+        warm()
+    seconds: dict[str, list[float]] = {"plain": [], "esi": [], "cascade": []}
+    metas: dict[str, list[dict[str, Any]]] = {"esi": [], "cascade": []}
+    for prompt in prompts:
+        start = time.perf_counter()
+        plain.generate([prompt], **args_plain)
+        seconds["plain"].append(time.perf_counter() - start)
+        for key, guard in (("esi", full), ("cascade", cascade)):
+            start = time.perf_counter()
+            message = guard.invoke(prompt)
+            seconds[key].append(time.perf_counter() - start)
+            metas[key].append(message.response_metadata["esi"])
+    batched = {}
+    for key, call in (("plain", lambda chunk: plain.generate(chunk, **args_plain)),
+                      ("esi", full.batch), ("cascade", cascade.batch)):  # fmt: skip
+        start = time.perf_counter()
+        for i in range(0, len(prompts), BATCH):
+            call(prompts[i : i + BATCH])
+        batched[key] = (time.perf_counter() - start) / len(prompts)
+    one = {key: float(np.mean(values)) for key, values in seconds.items()}
+    ran = [m["decided_by"] == "esi" for m in metas["cascade"]]
+    agree = [a["decision"] == b["decision"] for a, b in zip(metas["esi"], metas["cascade"],
+                                                           strict=True)]  # fmt: skip
+    out = {"n": len(prompts), "threshold": threshold, "one_at_a_time": one, "batched": batched,
+           "ratio_one": {k: one[k] / one["plain"] for k in ("esi", "cascade")},
+           "ratio_batched": {k: batched[k] / batched["plain"] for k in ("esi", "cascade")},
+           "esi_share": float(np.mean(ran)), "agreement": float(np.mean(agree)),
+           "probe": {"layer": probe.hidden.layers if probe.hidden else None,
+                     "n_fit": probe.n_fit}}  # fmt: skip
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
