@@ -34,16 +34,16 @@ from pydantic import (
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
-from esi_guard._pipeline.steps import Pipeline, merged
+from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend, HiddenSpec
 from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import _batching, _config, _live, _tracing
-from esi_guard.guard._cascade import cascade_for
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
+from esi_guard.guard._probes import cascade_of, check_hidden
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, ESIResult, OnError, ScoringConfig
@@ -245,43 +245,9 @@ class ESIGuard(BaseChatModel):
         if self.combined is not None and self.decide_on != "esi":
             msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
             raise ConfigurationError(msg)
-        self._check_hidden()
-        self._cascade = self._check_cascade()
+        check_hidden(self.backend, self.combined, self.hidden_states)
+        self._cascade = cascade_of(self)
         return self
-
-    def _check_cascade(self) -> Cascade | None:
-        if self.esi_probe is None:
-            if self.probe_band is not None:
-                msg = "probe_band needs an esi_probe (esi-guard distill writes one)"
-                raise ConfigurationError(msg)
-            return None
-        if self.decide_on != "esi":
-            msg = "a cascade estimates ESI: decide_on must stay 'esi'"
-            raise ConfigurationError(msg)
-        return cascade_for(self.esi_probe, self.probe_band, backend=self.backend,
-                           scoring=self.scoring_config, threshold=self.threshold,
-                           combined=self.combined,
-                           max_disagreement=self.probe_disagreement)  # fmt: skip
-
-    def _check_hidden(self) -> None:
-        """The backend gives the hidden states the probe and ``hidden_states`` read."""
-        probe = None if self.combined is None else self.combined.hidden
-        reads = merged(None if probe is None else probe.spec, self.hidden_states)
-        if reads is None:
-            return
-        try:
-            self.backend.check_hidden(reads)
-        except ConfigurationError as exc:
-            what = "the combined score's hidden-state probe" if probe else "hidden_states"
-            msg = f"{what} cannot be used with this backend: {exc}"
-            raise ConfigurationError(msg) from exc
-        size = self.backend.hidden_size
-        if probe is not None and size is not None and size != probe.hidden_size:
-            msg = (
-                f"the hidden-state probe was fitted on states of width {probe.hidden_size}; "
-                f"{self.backend.model_id} gives {size}: another model"
-            )
-            raise ConfigurationError(msg)
 
     def _score_range(self) -> tuple[float, float, str]:
         """The values the guard's decision signal can take, and its name, for error messages.

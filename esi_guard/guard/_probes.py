@@ -1,26 +1,28 @@
-"""The guard's cascade: its ESI probe and band checked against the guard, or refused.
+"""The guard's probes checked against its backend: the combined score's and the cascade's.
 
-:func:`cascade_for` is what ``ESIGuard``'s validator calls when ``esi_probe`` is set: it
-refuses a probe distilled on another model or engine, for another ESI, or one that
-needs hidden states from a backend that gives none, each with a
-:class:`~esi_guard.exceptions.ConfigurationError` saying why, and builds the
-:class:`~esi_guard.cascade.Cascade` the pipeline routes with.
+``ESIGuard``'s validator calls :func:`check_hidden` (the backend gives the states a
+combined score's hidden-state probe and ``hidden_states`` read) and :func:`cascade_of`
+(when ``esi_probe`` is set: refuses a probe distilled on another model or engine, for
+another ESI, or one that needs hidden states from a backend that gives none, and builds
+the :class:`~esi_guard.cascade.Cascade` the pipeline routes with). Each refusal is a
+:class:`~esi_guard.exceptions.ConfigurationError` saying why.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from esi_guard._pipeline.steps import merged
 from esi_guard.cascade import Band, Cascade, ESIProbe, label_free_band
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard._config import model_difference
 
 if TYPE_CHECKING:
-    from esi_guard.backends.base import Backend
+    from esi_guard.backends.base import Backend, HiddenSpec
     from esi_guard.combined import CombinedScore
     from esi_guard.result import ScoringConfig
 
-__all__ = ["cascade_for"]
+__all__ = ["cascade_for", "cascade_of", "check_hidden"]
 
 _IGNORED = ("system_prompt", "prompt_template", "min_variants", "stop_constant", "decide_on")
 """Settings that do not change the ESI score a probe estimates."""
@@ -82,3 +84,40 @@ def cascade_for(
             )
             raise ConfigurationError(msg)
     return cascade
+
+
+def check_hidden(backend: Backend, combined: CombinedScore | None, keep: HiddenSpec | None) -> None:
+    """The backend gives the hidden states the combined score's probe and ``keep`` read."""
+    probe = None if combined is None else combined.hidden
+    reads = merged(None if probe is None else probe.spec, keep)
+    if reads is None:
+        return
+    try:
+        backend.check_hidden(reads)
+    except ConfigurationError as exc:
+        what = "the combined score's hidden-state probe" if probe else "hidden_states"
+        msg = f"{what} cannot be used with this backend: {exc}"
+        raise ConfigurationError(msg) from exc
+    size = backend.hidden_size
+    if probe is not None and size is not None and size != probe.hidden_size:
+        msg = (
+            f"the hidden-state probe was fitted on states of width {probe.hidden_size}; "
+            f"{backend.model_id} gives {size}: another model"
+        )
+        raise ConfigurationError(msg)
+
+
+def cascade_of(guard: Any) -> Cascade | None:
+    """The cascade of an ``ESIGuard`` (its ``esi_probe``, ``probe_band``...); None: none."""
+    if guard.esi_probe is None:
+        if guard.probe_band is not None:
+            msg = "probe_band needs an esi_probe (esi-guard distill writes one)"
+            raise ConfigurationError(msg)
+        return None
+    if guard.decide_on != "esi":
+        msg = "a cascade estimates ESI: decide_on must stay 'esi'"
+        raise ConfigurationError(msg)
+    return cascade_for(guard.esi_probe, guard.probe_band, backend=guard.backend,
+                       scoring=guard.scoring_config, threshold=guard.threshold,
+                       combined=guard.combined,
+                       max_disagreement=guard.probe_disagreement)  # fmt: skip
