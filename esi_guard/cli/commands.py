@@ -282,8 +282,6 @@ def calibrate(
     if names != FEATURES and score is not ScoreName.combined:
         fail("--features is for --score combined")
     probe = None if esi_probe is None else read_probe(esi_probe)
-    if probe is not None and min_variants is not None:
-        fail("--esi-probe and --min-variants: choose one")
     hidden = HIDDEN in names or probe is not None
     request = {
         **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
