@@ -43,7 +43,8 @@ from esi_guard.cascade import Band, fit_esi_probe, held_out, label_free_band
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.probe import load, runs, usable, window
+from benchmarks.probe import load, runs
+from benchmarks.probe_report import usable, window
 
 __all__ = ["evaluate", "markdown"]
 

@@ -36,7 +36,7 @@ from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import Answering
-from benchmarks.probe import usable, window
+from benchmarks.probe_report import usable, window
 from tests.shared_data import shared_data
 
 __all__ = ["distilled", "main"]

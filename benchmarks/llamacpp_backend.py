@@ -1,12 +1,14 @@
 """The embedded model through transformers and through llama.cpp in process, side by side.
 
-    OMP_NUM_THREADS=1 python benchmarks/llamacpp_backend.py --limit 30 --threads 1
+    OMP_NUM_THREADS=1 python benchmarks/llamacpp_backend.py --limit 20 --threads 1
 
 Same GGUF, same questions, prompt, ESI settings and thread count. For each backend: load
 time; plain seconds per question (greedy answer, no guard: transformers ``generate`` and
 llama.cpp ``create_chat_completion`` on the same loaded model) and guarded seconds per
 question (``ESIGuard.invoke``), one question at a time and ``ESIGuard.batch`` over all;
-then the agreement: how many greedy answers are the same text, and the Spearman
+llama.cpp's ``batch`` twice, its rows packed (``pack_rows``, the default) and each row in
+a decode of its own, with the ratios to transformers' and the ESI scores' drift between
+the two; then the agreement: how many greedy answers are the same text, and the Spearman
 correlation of the ESI scores where they are.
 """
 
@@ -70,6 +72,38 @@ def _run(name: str, backend: Any, plain: Any, questions: list[str], args: Any) -
     return {"plain": plain_s, "guarded": guarded_s, "batched": batched_s, "esi": one}
 
 
+def _packing(
+    backend: LlamaCppBackend, questions: list[str], args: Any, hf: Any, packed: Any
+) -> None:
+    """llama.cpp's guarded ``batch`` with each row alone, against packed and transformers.
+
+    The packed scores are those of one question at a time: a request's rows never share a
+    decode with another's, so batching changes none of its bits.
+    """
+    guard = ESIGuard(
+        backend=backend, threshold=1.0, max_new_tokens=args.max_new_tokens, n_variants=10, seed=0
+    )
+    prompts = [[("system", SYSTEM), ("human", q)] for q in questions]
+    hf_s, packed_s = hf["batched"], packed["batched"]
+    backend.pack_rows = False
+    try:
+        start = time.perf_counter()
+        alone = [m.response_metadata["esi"] for m in guard.batch(prompts)]
+        alone_s = (time.perf_counter() - start) / len(questions)
+    finally:
+        backend.pack_rows = True
+    print(
+        f"guarded batch: transformers {hf_s:.2f} s/q | llama.cpp packed {packed_s:.2f} s/q "
+        f"({packed_s / hf_s:.2f}x) | llama.cpp rows alone {alone_s:.2f} s/q "
+        f"({alone_s / hf_s:.2f}x) | packed / alone {packed_s / alone_s:.2f}x"
+    )
+    diffs = [abs(p["score"] - q["score"]) for p, q in zip(packed["esi"], alone, strict=True)
+             if p["scored"] and q["scored"]]  # fmt: skip
+    if diffs:
+        print(f"ESI packed vs rows alone: max |difference| {max(diffs):.4f}, "
+              f"mean {statistics.mean(diffs):.4f} over {len(diffs)} scored")  # fmt: skip
+
+
 def main() -> None:
     """Load both backends, time them on the same questions, compare their answers and scores."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -98,6 +132,7 @@ def main() -> None:
     ratios = {key: b[key] / a[key] for key in ("plain", "guarded", "batched")}
     print(f"llama.cpp / transformers: plain {ratios['plain']:.2f}x, guarded one at a time "
           f"{ratios['guarded']:.2f}x, batched {ratios['batched']:.2f}x")  # fmt: skip
+    _packing(lc, questions, args, a, b)
 
     same = [
         (x["score"], y["score"])

@@ -64,9 +64,9 @@ from benchmarks.cascade import evaluate as cascade_rows
 from benchmarks.cascade import markdown as cascade_markdown
 from benchmarks.closed_book import Parts, run_closed
 from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
-from benchmarks.probe import markdown as probe_markdown
-from benchmarks.probe import report as probe_report
 from benchmarks.probe import runs as probe_runs
+from benchmarks.probe_report import markdown as probe_markdown
+from benchmarks.probe_report import report as probe_report
 from benchmarks.rag import markdown as rag_markdown
 from benchmarks.rag import run_rag
 

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import probe
+from benchmarks import probe_report
 from benchmarks.cache import Cache
-from benchmarks.probe import _save_hidden, hidden_spec, out_of_fold, report, runs, window
+from benchmarks.probe import _save_hidden, hidden_spec, runs
+from benchmarks.probe_report import out_of_fold, report, window
 from benchmarks.run import markdown
 from esi_guard.backends import Generation
 from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, HiddenStates
@@ -78,7 +79,7 @@ def _write_run(folder: Path, name: str, rng: np.random.Generator, rag: bool, n: 
 def test_the_report_of_synthetic_runs_renders_in_run_pys_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(probe, "RESAMPLES", 50)
+    monkeypatch.setattr(probe_report, "RESAMPLES", 50)
     rng = np.random.default_rng(0)
     _write_run(tmp_path, "sciq-fake", rng, rag=False)
     _write_run(tmp_path, "squad2-fake", rng, rag=True)
