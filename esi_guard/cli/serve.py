@@ -1,0 +1,184 @@
+r"""``esi-guard serve``: the guard as an OpenAI-compatible server (the ``serve`` extra).
+
+    esi-guard serve --model default --action abstain                 # the embedded model
+    esi-guard serve --upstream http://vllm:8000/v1 --upstream-model Qwen/Qwen2.5-7B-Instruct \
+        --threshold threshold.json --port 8001
+
+The model runs in process (``--model``, ``--backend``) or on an upstream OpenAI-compatible
+server (``--upstream``, through the API backend). FastAPI and uvicorn are imported when the
+command runs, so the other commands never need them.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from esi_guard.cli._options import ChatTemplateOption, Device, DType, LocalBackend, Model, Runner
+from esi_guard.cli._run import fail
+from esi_guard.cli.commands import _backend, app
+from esi_guard.exceptions import ConfigurationError, ESIGuardError
+
+if TYPE_CHECKING:
+    from esi_guard.backends import Backend
+    from esi_guard.guard import ESIGuard
+
+__all__ = ["build_guard", "serve"]
+
+KEY_VARIABLE = "ESI_GUARD_API_KEY"
+"""The environment variable ``--api-key`` falls back to (keeps the key off the command line)."""
+
+
+class ServeAction(str, Enum):
+    """What the server does with an untrusted answer."""
+
+    flag = "flag"
+    abstain = "abstain"
+    route = "route"
+
+
+class ServeOnError(str, Enum):
+    """What the server does with an answer it could not score."""
+
+    abstain = "abstain"
+    flag = "flag"
+
+
+def build_guard(
+    backend: Backend,
+    threshold: str | None,
+    *,
+    action: str = "flag",
+    on_error: str = "abstain",
+    fallback: Any = None,
+    **settings: Any,
+) -> ESIGuard:
+    """The served guard: a calibration file through ``from_calibration``, or a number."""
+    from esi_guard.guard import ESIGuard
+
+    given = {k: v for k, v in settings.items() if v is not None}
+    common = {"action": action, "on_error": on_error, "fallback": fallback, **given}
+    if threshold is not None and Path(threshold).is_file():
+        return ESIGuard.from_calibration(threshold, backend=backend, **common)
+    if threshold is None:
+        return ESIGuard(backend=backend, **common)
+    try:
+        value = float(threshold)
+    except ValueError:
+        msg = f"--threshold must be a calibration file or a number, got {threshold!r}"
+        raise ConfigurationError(msg) from None
+    return ESIGuard(backend=backend, threshold=value, **common)
+
+
+def _fallback(url: str, model: str) -> Any:
+    """A chat model on the fallback server (its key from ``OPENAI_API_KEY``, as the upstream's)."""
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError as exc:
+        msg = "--fallback-upstream needs langchain-openai: pip install 'esi-guard[serve]'"
+        raise ImportError(msg) from exc
+    key = os.environ.get("OPENAI_API_KEY", "EMPTY")
+    return ChatOpenAI(base_url=url, model=model, api_key=key, temperature=0)
+
+
+@app.command()
+def serve(
+    model: Model = "default",
+    backend: Runner = LocalBackend.auto,
+    device: Device = None,
+    dtype: DType = None,
+    chat_template: ChatTemplateOption = None,
+    upstream: Annotated[
+        str | None, typer.Option(help="An OpenAI-compatible server's /v1 URL to guard.")
+    ] = None,
+    upstream_model: Annotated[
+        str | None, typer.Option(help="The model name the upstream serves.")
+    ] = None,
+    upstream_mode: Annotated[
+        str, typer.Option(help="API backend mode: echo, chat, auto.")
+    ] = "auto",
+    threshold: Annotated[
+        str | None,
+        typer.Option(
+            help="A calibration file (esi-guard calibrate) or a number; the embedded "
+            "model's shipped one when left out."
+        ),
+    ] = None,
+    action: Annotated[ServeAction, typer.Option(help="Untrusted answers.")] = ServeAction.flag,
+    on_error: Annotated[
+        ServeOnError, typer.Option(help="Answers that cannot be scored.")
+    ] = ServeOnError.abstain,
+    abstain_message: Annotated[str | None, typer.Option(help="The abstention text.")] = None,
+    fallback_upstream: Annotated[
+        str | None, typer.Option(help="--action route: the /v1 URL answering instead.")
+    ] = None,
+    fallback_model: Annotated[
+        str | None, typer.Option(help="--action route: the fallback's model name.")
+    ] = None,
+    n_variants: Annotated[int | None, typer.Option(help="L, variants per question.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="k, tokens kept per distribution.")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Most tokens per answer; a request may ask for fewer.")
+    ] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The name clients send; default the model's id.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Require Authorization: Bearer KEY (or set {KEY_VARIABLE}).", show_default=False
+        ),
+    ] = None,
+    max_batch: Annotated[int, typer.Option(help="Most requests per batched call (1: off).")] = 32,
+    batch_window_ms: Annotated[
+        float, typer.Option(help="How long a batch waits for more requests.")
+    ] = 10.0,
+    max_queue: Annotated[int, typer.Option(help="Most waiting requests; then 503.")] = 256,
+    slots: Annotated[
+        int | None,
+        typer.Option(help="Batched calls at once (default 1 in process, 4 upstream)."),
+    ] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Larger bodies get a 413.")] = 1_048_576,
+    drain_seconds: Annotated[
+        int, typer.Option(help="On SIGTERM, how long in-flight requests may finish.")
+    ] = 30,
+    log_prompts: Annotated[bool, typer.Option(help="Log prompts and answers.")] = False,
+) -> None:
+    """Serve the guard as an OpenAI-compatible /v1/chat/completions endpoint."""
+    try:
+        from esi_guard.serve import ServeSettings, create_app, run
+    except ImportError as exc:
+        fail(f"esi-guard serve needs the serve extra: pip install 'esi-guard[serve]' ({exc})")
+    if (upstream is None) != (upstream_model is None):
+        fail("--upstream and --upstream-model go together")
+    if action is ServeAction.route and not fallback_upstream:
+        fail("--action route needs --fallback-upstream URL")
+    key = api_key or os.environ.get(KEY_VARIABLE) or None
+    try:
+        engine = _backend(upstream_model or model, upstream, upstream_mode, device, backend,
+                          chat_template, dtype)  # fmt: skip
+        fallback = None
+        if fallback_upstream:
+            fallback = _fallback(fallback_upstream, fallback_model or upstream_model or model)
+        guard = build_guard(
+            engine, threshold, action=action.value, on_error=on_error.value, fallback=fallback,
+            n_variants=n_variants, top_k=top_k, max_new_tokens=max_tokens,
+            abstain_message=abstain_message,
+        )  # fmt: skip
+        settings = ServeSettings(
+            model_name=served_model_name, max_batch=max_batch, batch_window_ms=batch_window_ms,
+            max_queue=max_queue, slots=slots or (4 if upstream else 1), api_key=key,
+            max_body_bytes=max_body_bytes, log_prompts=log_prompts,
+        )  # fmt: skip
+        server_app = create_app(guard, settings)
+    except (ESIGuardError, ImportError) as exc:
+        fail(str(exc))
+    run(server_app, host=host, port=port, drain_seconds=drain_seconds)

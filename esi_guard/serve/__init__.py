@@ -1,0 +1,30 @@
+"""``esi-guard serve``: the guard as an OpenAI-compatible chat-completions server.
+
+Needs the ``serve`` extra (FastAPI, uvicorn, prometheus-client). ``create_app(guard,
+settings)`` is the ASGI app; the ``esi-guard serve`` command (:mod:`esi_guard.cli.serve`)
+builds the guard from its flags and runs the app with uvicorn. The parts, each a private
+module:
+
+* ``_schema``   the wire format: OpenAI's request (unknown fields refused), responses, chunks
+* ``_errors``   OpenAI-shaped errors, each failure recognised by its type
+* ``_batcher``  the micro-batcher: concurrent requests in one batched guard call
+* ``_service``  the guards, the batcher and the answers, apart from HTTP
+* ``_metrics``  Prometheus metrics; ``_timed`` times the backend's steps for them
+* ``app``       the routes, streams, key check and body limit
+
+docs/serve.md says how to run it, call it and scale it.
+"""
+
+from esi_guard.serve._batcher import MicroBatcher
+from esi_guard.serve._schema import ABSTAIN_FINISH_REASON, ChatRequest
+from esi_guard.serve._settings import ServeSettings
+from esi_guard.serve.app import create_app, run
+
+__all__ = [
+    "ABSTAIN_FINISH_REASON",
+    "ChatRequest",
+    "MicroBatcher",
+    "ServeSettings",
+    "create_app",
+    "run",
+]

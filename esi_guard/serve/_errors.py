@@ -1,0 +1,112 @@
+"""OpenAI-shaped errors: what each failure becomes on the wire, recognised by its type.
+
+Every error body is ``{"error": {"message", "type", "param", "code"}}``, as OpenAI's API
+answers, so the openai SDK and ``ChatOpenAI`` raise their usual exceptions:
+
+=======================================  ======  =========================================
+what                                     status  ``code``
+=======================================  ======  =========================================
+body not JSON, not an object             400     ``invalid_json``
+unknown field                            400     ``unknown_parameter`` (``param`` names it)
+bad value (empty messages, temperature)  400     ``invalid_value`` / ``missing_required_parameter``
+not a prompt (no user message...)        400     ``invalid_prompt`` (:class:`InputError`)
+prompt longer than the model's context   400     ``context_length_exceeded``
+wrong or missing key                     401     ``invalid_api_key``
+another model's name                     404     ``model_not_found``
+body over the size limit                 413     ``request_too_large``
+the engine failed                        500     the error's reason code
+the upstream failed after its retries    502     ``upstream_error``
+queue full, or shutting down             503     ``server_overloaded`` (``Retry-After``)
+=======================================  ======  =========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from esi_guard.exceptions import APIError, BackendError, ContextLengthError, InputError, reason
+
+__all__ = ["ServeError", "from_exception", "from_validation", "overloaded"]
+
+
+class ServeError(Exception):
+    """An HTTP error with OpenAI's body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.kind = kind
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}  # fmt: skip
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool"})
+"""The names pydantic puts in a location for a union's branch: not fields."""
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as OpenAI names a field: ``messages[0].content``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in _UNION_TAGS and "[" not in part and "(" not in part:
+            out += f".{part}" if out else part
+    return out
+
+
+def from_validation(exc: ValidationError) -> ServeError:
+    """The first problem of a request body that does not fit the schema."""
+    errors = exc.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = unknown[0] if unknown else errors[0]
+    param = _param(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        msg = f"Unrecognized request argument supplied: {param}"
+        return ServeError(400, msg, code="unknown_parameter", param=param)
+    if first["type"] == "missing":
+        msg = f"Missing required parameter: {param}"
+        return ServeError(400, msg, code="missing_required_parameter", param=param)
+    text = str(first["msg"]).removeprefix("Value error, ")
+    return ServeError(400, f"Invalid value for {param}: {text}", code="invalid_value", param=param)
+
+
+def from_exception(exc: BaseException) -> ServeError:
+    """What a guarded call's failure (in place of its answer) becomes."""
+    if isinstance(exc, ServeError):
+        return exc
+    if isinstance(exc, InputError):
+        return ServeError(400, str(exc), code="invalid_prompt", param="messages")
+    if isinstance(exc, ContextLengthError):
+        return ServeError(400, reason(exc), code="context_length_exceeded", param="messages")
+    if isinstance(exc, APIError):
+        msg = f"the upstream model server failed: {reason(exc)}"
+        return ServeError(502, msg, code="upstream_error", kind="upstream_error")
+    if isinstance(exc, BackendError):
+        return ServeError(500, reason(exc), code=exc.code, kind="server_error")
+    return ServeError(500, f"internal error: {type(exc).__name__}", code="internal_error",
+                      kind="server_error")  # fmt: skip
+
+
+def overloaded(retry_after: int, why: str) -> ServeError:
+    """A 503 with ``Retry-After``."""
+    return ServeError(503, why, code="server_overloaded", kind="server_error",
+                      headers={"Retry-After": str(retry_after)})  # fmt: skip

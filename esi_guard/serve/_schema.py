@@ -1,0 +1,213 @@
+"""The wire format: OpenAI's chat-completions request, and responses built from guarded messages.
+
+Pure (pydantic, no FastAPI): a request is validated here, field by field, and an unknown
+field is refused by name (``extra="forbid"``), never dropped. What the server does not
+honour is not in the schema: sampling settings other than greedy, ``n`` above 1, tools,
+logprobs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "ABSTAIN_FINISH_REASON",
+    "ChatRequest",
+    "Message",
+    "StreamOptions",
+    "TextPart",
+    "chunk",
+    "completion",
+    "esi_headers",
+    "esi_info",
+]
+
+ABSTAIN_FINISH_REASON = "content_filter"
+"""The ``finish_reason`` of an answer the guard withheld: OpenAI's value for an answer a
+filter withheld, so every client already knows it; the content is the abstention text."""
+
+_Strict = ConfigDict(extra="forbid")
+
+
+class TextPart(BaseModel):
+    """One text part of a message's content (other part types are refused)."""
+
+    model_config = _Strict
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """One chat message; ``developer`` is read as ``system``. Tool calls are refused."""
+
+    model_config = _Strict
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+    """Accepted as OpenAI's schema has it; the model does not see it."""
+
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    def as_chat(self) -> dict[str, str]:
+        """The message as the guard takes it."""
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": self.text()}
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: only ``include_usage``."""
+
+    model_config = _Strict
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    """``POST /v1/chat/completions``'s body: the subset of OpenAI's schema the guard honours."""
+
+    model_config = _Strict
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    """Only 0 (or absent): ESI scores the greedy answer."""
+    top_p: float | None = None
+    """Only 1 (or absent)."""
+    n: int | None = None
+    """Only 1 (or absent)."""
+    user: str | None = None
+    """Accepted as OpenAI's schema has it; never logged."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy(cls, value: float | None) -> float | None:
+        if value not in (None, 0):
+            msg = f"ESI scores the greedy answer: temperature must be 0, got {value}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _whole(cls, value: float | None) -> float | None:
+        if value not in (None, 1):
+            msg = f"ESI scores the greedy answer: top_p must be 1, got {value}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            msg = f"the guard gives one answer per request: n must be 1, got {value}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            msg = f"at most 4 stop sequences, got {len(value)}"
+            raise ValueError(msg)
+        return value
+
+    def stops(self) -> tuple[str, ...]:
+        """The stop sequences, as a tuple (empty when none)."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def token_limit(self) -> int | None:
+        """``max_completion_tokens`` or ``max_tokens`` (both given: the smaller)."""
+        given = [v for v in (self.max_tokens, self.max_completion_tokens) if v is not None]
+        return min(given) if given else None
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages as the guard takes them."""
+        return [message.as_chat() for message in self.messages]
+
+
+def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
+    """The ``esi`` object a response carries, from a result's ``as_dict()``.
+
+    Score, decision, threshold, whether it was scored and why not, variants used; the
+    combined score's ``p_wrong``, the cascade's ``decided_by`` and ``fallback_used`` where
+    they apply. A withheld answer's text is not sent.
+    """
+    info = {
+        "score": esi.get("score"),
+        "decision": esi["decision"],
+        "threshold": esi["threshold"],
+        "scored": esi["scored"],
+        "reason": esi.get("reason"),
+        "variants_used": esi.get("variants_used", 0),
+        "model": esi.get("model"),
+    }
+    for name in ("p_wrong", "decided_by", "fallback_used"):
+        if esi.get(name) is not None:
+            info[name] = esi[name]
+    return info
+
+
+def esi_headers(info: dict[str, Any]) -> dict[str, str]:
+    """``X-ESI-Score`` (``none`` when unscored) and ``X-ESI-Decision``."""
+    score = info.get("score")
+    shown = "none" if score is None or not math.isfinite(score) else f"{score:.6f}"
+    return {"X-ESI-Score": shown, "X-ESI-Decision": str(info["decision"])}
+
+
+def completion(
+    model: str, content: str, finish_reason: str, usage: dict[str, int], info: dict[str, Any]
+) -> dict[str, Any]:
+    """A ``chat.completion`` object with its ``esi``."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "finish_reason": finish_reason,
+            "logprobs": None,
+        }],
+        "usage": usage,
+        "esi": info,
+    }  # fmt: skip
+
+
+def chunk(
+    ident: str,
+    model: str,
+    delta: dict[str, Any] | None,
+    *,
+    finish_reason: str | None = None,
+    usage: dict[str, int] | None = None,
+    info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion.chunk``; ``delta=None`` is the usage chunk (no choices)."""
+    out: dict[str, Any] = {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+    }
+    if usage is not None:
+        out["usage"] = usage
+    if info is not None:
+        out["esi"] = info
+    return out

@@ -1,0 +1,331 @@
+"""The FastAPI app: OpenAI's chat-completions endpoint in front of a guard.
+
+``create_app(guard, settings)`` gives an ASGI app; ``esi-guard serve`` runs it with uvicorn.
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health`` (with
+``/health/live`` and ``/health/ready``), ``GET /metrics``. What each answers is in
+docs/serve.md; the request schema is :mod:`._schema`, the errors :mod:`._errors`.
+
+A stream is held until its answer is scored (then sent as chunks, the last with ``esi``),
+unless the guard flags (``action="flag"``, ``on_error="flag"``): then tokens go out as they
+are generated and the last chunk carries ``esi``. A client that disconnects while its
+request waits for a batch is taken out of the queue; a live stream whose client is gone
+stops generating. A request already in a running batch finishes with that batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from esi_guard.exceptions import ScoringError
+from esi_guard.guard import ESIGuard
+from esi_guard.serve._batcher import Full
+from esi_guard.serve._errors import ServeError, from_validation, overloaded
+from esi_guard.serve._schema import ChatRequest, chunk, completion, esi_headers
+from esi_guard.serve._service import Answer, Service
+from esi_guard.serve._settings import ServeSettings
+
+__all__ = ["create_app", "run"]
+
+log = logging.getLogger("esi_guard.serve")
+
+_CHAT = "/v1/chat/completions"
+_PATHS = (_CHAT, "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGI = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
+                Awaitable[None]]  # fmt: skip
+
+
+def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAPI:
+    """The server's ASGI app around ``guard`` (see the module).
+
+    Raises:
+        ConfigurationError: ``guard.on_error="raise"``: a server answers every request.
+    """
+    service = Service(guard, settings or ServeSettings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.batcher.start()
+        warming = None
+        if service.settings.warm_up:
+            warming = asyncio.get_running_loop().create_task(service.warm_up())
+        else:
+            service.ready = True
+            service.metrics.ready.set(1)
+        try:
+            yield
+        finally:
+            service.ready = False
+            if warming is not None:
+                warming.cancel()
+            await service.batcher.stop()
+
+    app = FastAPI(title="esi-guard", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
+    app.state.service = service
+    app.add_exception_handler(ServeError, _serve_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_middleware(_Counted, service=service)
+
+    @app.post(_CHAT)
+    async def chat_completions(request: Request) -> Response:
+        _check_key(service, request)
+        body = await _body(request, service.settings.max_body_bytes)
+        chat = _parse(body)
+        if chat.model != service.name:
+            msg = f"The model {chat.model!r} does not exist: this server serves {service.name!r}"
+            raise ServeError(404, msg, code="model_not_found", param="model")
+        if service.settings.log_prompts:
+            log.info("prompt: %s", json.dumps(chat.chat()))
+        limit = min(chat.token_limit() or service.max_tokens, service.max_tokens)
+        if chat.stream and service.live:
+            events = _live_events(service, chat, limit)
+            headers = {"X-ESI-Score": "pending", "X-ESI-Decision": "pending"}
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        try:
+            future = service.batcher.submit((limit, chat.stops()), chat.chat())
+        except Full as exc:
+            raise overloaded(service.settings.retry_after, f"server overloaded: {exc}") from exc
+        output = await _wait(request, future)
+        if output is _GONE:
+            return Response(status_code=499)
+        answer = service.answer(output)
+        if service.settings.log_prompts:
+            log.info("answer (%s): %s", answer.esi["decision"], answer.content)
+        headers = esi_headers(answer.esi)
+        if chat.stream:
+            events = _held_events(service.name, answer, _include_usage(chat))
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return JSONResponse(completion(service.name, answer.content, answer.finish_reason,
+                                       answer.usage, answer.esi), headers=headers)  # fmt: skip
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        _check_key(service, request)
+        card = {"id": service.name, "object": "model", "created": 0, "owned_by": "esi-guard"}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    @app.get("/health/ready")
+    async def health() -> JSONResponse:
+        body = {"live": True, "ready": service.ready, "model": service.name}
+        return JSONResponse(body, status_code=200 if service.ready else 503)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def run(
+    app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, drain_seconds: int = 30
+) -> None:
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM.
+
+    On the signal the server stops accepting connections, ``/health`` turns not ready, and
+    requests in flight get ``drain_seconds`` to finish (streams included); then it exits.
+    """
+    import uvicorn
+
+    service: Service = app.state.service
+
+    class _Draining(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            service.ready = False
+            service.metrics.ready.set(0)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=drain_seconds)
+    _Draining(config).run()
+
+
+# -- requests --------------------------------------------------------------------------------
+
+_GONE = object()
+
+
+def _check_key(service: Service, request: Request) -> None:
+    """Bearer key, compared in constant time; neither key is ever logged."""
+    key = service.settings.api_key
+    if key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    expected = key.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        msg = "Incorrect API key provided: send Authorization: Bearer <key>"
+        raise ServeError(401, msg, code="invalid_api_key")
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    too_large = ServeError(413, f"request body over {limit} bytes", code="request_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > limit:
+            raise too_large
+    return bytes(data)
+
+
+def _parse(body: bytes) -> ChatRequest:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        msg = f"the body is not valid JSON: {exc}"
+        raise ServeError(400, msg, code="invalid_json") from exc
+    if not isinstance(data, dict):
+        msg = f"the body must be a JSON object, got {type(data).__name__}"
+        raise ServeError(400, msg, code="invalid_json")
+    try:
+        return ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(exc) from exc
+
+
+async def _wait(request: Request, future: asyncio.Future[Any], poll: float = 0.1) -> Any:
+    """The request's output, or ``_GONE`` (its future cancelled) if the client went away."""
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=poll)
+        if done:
+            try:
+                return future.result()
+            except Exception as exc:  # a failure in place of the answer
+                return exc
+        if await request.is_disconnected():
+            future.cancel()
+            return _GONE
+
+
+def _include_usage(chat: ChatRequest) -> bool:
+    return chat.stream_options is not None and chat.stream_options.include_usage
+
+
+# -- streams ---------------------------------------------------------------------------------
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def _ending(ident: str, model: str, answer: Answer, rest: str, usage: bool) -> list[str]:
+    """The last events: what is left of the content, finish reason with ``esi``, usage."""
+    out = [_sse(chunk(ident, model, {"content": rest}))] if rest else []
+    out.append(_sse(chunk(ident, model, {}, finish_reason=answer.finish_reason, info=answer.esi)))
+    if usage:
+        out.append(_sse(chunk(ident, model, None, usage=answer.usage, info=answer.esi)))
+    out.append(_sse("[DONE]"))
+    return out
+
+
+async def _held_events(model: str, answer: Answer, usage: bool) -> AsyncIterator[str]:
+    ident = f"chatcmpl-{uuid.uuid4().hex}"
+    yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
+    for event in _ending(ident, model, answer, answer.content, usage):
+        yield event
+
+
+async def _live_events(service: Service, chat: ChatRequest, limit: int) -> AsyncIterator[str]:
+    """Tokens as generated, then the scored ending; an error after the start as an event."""
+    ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
+    guard = service.guard_for(limit, live=True)
+    stop = list(chat.stops()) or None
+    async with service.batcher.slot():
+        yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
+        sent, last = "", None
+        try:
+            async for piece in guard.astream(chat.chat(), stop=stop):
+                if "esi" in piece.response_metadata:
+                    last = piece
+                    break
+                sent += str(piece.content)
+                yield _sse(chunk(ident, model, {"content": piece.content}))
+        except ScoringError as exc:
+            answer = service.unscored(exc.result, shown=True)  # type: ignore[arg-type]
+            service.metrics.decided(answer.esi)
+        except Exception as exc:  # after the start, an error can only be an event
+            failure = service.failure(exc)
+            yield _sse(failure.body())
+            return
+        else:
+            answer = service.answer(_whole(last, sent))
+        rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
+        for event in _ending(ident, model, answer, rest, _include_usage(chat)):
+            yield event
+
+
+def _whole(last: Any, sent: str) -> Any:
+    """The live stream's whole message: the text sent, and the last chunk."""
+    from langchain_core.messages import AIMessage
+
+    return AIMessage(content=sent + str(last.content), response_metadata=last.response_metadata,
+                     usage_metadata=last.usage_metadata)  # fmt: skip
+
+
+# -- errors and counting ---------------------------------------------------------------------
+
+
+async def _serve_error(request: Request, exc: ServeError) -> JSONResponse:
+    headers = {**exc.headers}
+    if request.url.path == _CHAT:
+        headers.setdefault("X-ESI-Decision", "error")
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    error = ServeError(exc.status_code, str(exc.detail), code=code)
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+class _Counted:
+    """ASGI middleware: requests by endpoint and status, the in-flight gauge, request seconds."""
+
+    def __init__(self, app: ASGI, service: Service) -> None:
+        self.app = app
+        self.metrics = service.metrics
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in _PATHS else "other"
+        status = 500
+        chat = path == _CHAT
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        started = time.perf_counter()
+        if chat:
+            self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.requests.labels(path, str(status)).inc()
+            if chat:
+                self.metrics.in_flight.dec()
+                self.metrics.steps.labels("request").observe(time.perf_counter() - started)

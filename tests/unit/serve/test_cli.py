@@ -1,0 +1,83 @@
+"""``esi-guard serve``: the flags reach the guard and the server; the extra stays lazy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import esi_guard.serve
+from esi_guard import FakeBackend
+from esi_guard.cli import app
+from esi_guard.cli import serve as serve_module
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What `serve` would run: the app and where, with a fake backend for the model."""
+    runs: list[dict[str, Any]] = []
+    monkeypatch.setattr(serve_module, "_backend", lambda *args: FakeBackend())
+    monkeypatch.setattr(esi_guard.serve, "run", lambda a, **kw: runs.append({"app": a, **kw}))
+    return runs
+
+
+def test_flags_reach_the_guard_and_the_server(launched: list[dict[str, Any]]) -> None:
+    result = CliRunner().invoke(app, [
+        "serve", "--model", "some.gguf", "--threshold", "0.25", "--action", "abstain",
+        "--n-variants", "3", "--max-tokens", "16", "--max-batch", "4", "--batch-window-ms", "5",
+        "--max-queue", "9", "--api-key", "k3y", "--port", "8123", "--drain-seconds", "7",
+        "--served-model-name", "guarded",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = launched
+    assert (run["host"], run["port"], run["drain_seconds"]) == ("127.0.0.1", 8123, 7)
+    service = run["app"].state.service
+    assert service.guard.threshold == 0.25 and service.guard.action == "abstain"
+    assert service.guard.n_variants == 3 and service.max_tokens == 16
+    assert service.policy == "abstain" and service.name == "guarded"
+    settings = service.settings
+    assert (settings.max_batch, settings.batch_window_ms, settings.max_queue) == (4, 5.0, 9)
+    assert settings.api_key.get_secret_value() == "k3y" and settings.slots == 1
+    assert "k3y" not in repr(settings)
+
+
+def test_a_threshold_file_goes_through_from_calibration(
+    launched: list[dict[str, Any]], tmp_path: Path, threshold_file: Callable[..., Any]
+) -> None:
+    path = tmp_path / "threshold.json"
+    threshold_file(threshold=0.42).write(path)
+    result = CliRunner().invoke(app, ["serve", "--threshold", str(path)])
+    assert result.exit_code == 0, result.output
+    assert launched[0]["app"].state.service.guard.threshold == 0.42
+    other = tmp_path / "other.json"
+    threshold_file(threshold=0.42, model="another-model").write(other)
+    refused = CliRunner().invoke(app, ["serve", "--threshold", str(other)])
+    assert refused.exit_code == 2 and "another-model" in refused.output
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--action", "route"], "--fallback-upstream"),
+    (["--upstream", "http://127.0.0.1:9/v1"], "--upstream-model"),
+    (["--threshold", "high"], "calibration file or a number"),
+])  # fmt: skip
+def test_settings_that_cannot_work_are_refused(
+    launched: list[dict[str, Any]], args: list[str], said: str
+) -> None:
+    result = CliRunner().invoke(app, ["serve", "--threshold", "0.3", *args])
+    assert result.exit_code == 2
+    assert said in result.output
+    assert launched == []
+
+
+def test_the_package_and_the_other_commands_do_not_import_the_server() -> None:
+    code = (
+        "import sys, esi_guard, esi_guard.cli; "
+        "print(sorted({'fastapi', 'uvicorn', 'prometheus_client', 'starlette'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
