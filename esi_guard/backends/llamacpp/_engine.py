@@ -154,6 +154,10 @@ class Engine:
         """Remove a sequence from the KV cache (cells it shares stay with the others)."""
         self._context.kv_cache_seq_rm(seq, -1, -1)
 
+    def keep(self, seq: int, length: int) -> None:
+        """Remove sequence ``seq``'s tokens from position ``length`` on (its prefix stays)."""
+        self._context.kv_cache_seq_rm(seq, length, -1)
+
     def decode(
         self,
         shared: Sequence[tuple[Sequence[int], Sequence[int]]],

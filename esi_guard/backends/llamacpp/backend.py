@@ -6,16 +6,18 @@ The backend runs on a llama.cpp context of its own made from the ``Llama``'s loa
 the weights are shared, and the ``Llama``'s own context (the one LangChain's
 ``ChatLlamaCpp`` generates with) is never touched.
 
-Why one sequence per ``llama_decode``: llama.cpp's CPU kernels round a token's numbers
-differently depending on where it falls in its batch (whole tiles of tokens or the
-remainder), by up to about one logit on the embedded model. Sequences sharing a decode
-would add that noise between the original and its variants, so every row runs alone:
-the same call always gives the same bits, generation and teacher forcing of a short
-prompt agree to the bit, and what is left (a row's tokens split differently) moves the
-ESI score by 0.005 on average (``benchmarks/llamacpp_backend.py``: against transformers,
-Spearman 0.99 where the greedy answers match). The prompt prefix all of a request's
-variants share is computed once and its KV cells shared with each row (no copy, no
-recomputation). Sampling (for the baselines only) decodes its ``n`` answers together.
+Rows packed, or each alone (``pack_rows``): a request's rows (the original, then each
+variant) go into one ``llama_decode`` after the prompt prefix they share, computed once
+and its KV cells shared with each row (no copy, no recomputation); more rows than
+``n_seq_max`` or ``n_ctx`` holds are split over several decodes (:mod:`._pack`).
+llama.cpp's CPU kernels round a token's numbers differently with the size of the decode
+it falls in, by up to about two logits on the embedded model, so packed rows differ from
+rows decoded alone by that much; a request's rows never share a decode with another
+request's, so a request gets the same bits whatever it is batched with.
+``pack_rows=False`` decodes every row alone: generation and teacher forcing of a short
+prompt then agree to the bit. Either way the ESI scores follow transformers'
+(``benchmarks/llamacpp_backend.py``: Spearman 0.99 where the greedy answers match).
+Sampling (for the baselines only) decodes its ``n`` answers together.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import atexit
 import sys
 import threading
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,7 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
+from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
     BackendError,
@@ -63,6 +67,9 @@ from esi_guard.exceptions import (
 from esi_guard.scoring import TopK
 
 __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
+
+TopRows = tuple[np.ndarray, np.ndarray]
+"""A row's top-k ids and values at each answer position (:func:`topk_rows`)."""
 
 _EXTRA_HINT = "install the 'llamacpp' extra: pip install 'esi-guard[llamacpp]'"
 COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}Answer:"
@@ -101,9 +108,10 @@ class LlamaCppBackend(Backend):
             takes (a request's rows share their common prefix's cells). Default: the
             model's training context, at most 8192.
         n_threads: CPU threads; the ``Llama``'s setting by default.
-        n_seq_max: Most answers sampled together (sampling baselines only).
+        n_seq_max: Most rows forced in one decode, and most answers sampled together.
         reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
             every row runs in full (the same scores up to llama.cpp's rounding, more work).
+        pack_rows: Force a request's rows in one decode (see :attr:`pack_rows`).
     """
 
     provider = "llamacpp"
@@ -120,6 +128,7 @@ class LlamaCppBackend(Backend):
         n_threads: int | None = None,
         n_seq_max: int = 16,
         reuse_prefix: bool = True,
+        pack_rows: bool = True,
     ) -> None:
         llama_cpp = _import_llama_cpp()
         if not isinstance(llama, llama_cpp.Llama):
@@ -130,6 +139,13 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
+        self.pack_rows = pack_rows
+        """Force a request's rows together, in as few decodes as ``n_ctx`` and ``n_seq_max``
+        allow (default), or each in a decode of its own (False: a row's numbers are those
+        it gets alone, and forcing a short prompt's answer gives its generation's to the
+        bit). Rows alone take 4% longer in a guarded batch on a CPU (the forward is compute
+        bound; packing saves per-decode work only); packed ESI scores differ from theirs by
+        0.0043 at most on 20 SciQ questions (``tests/integration/test_llamacpp_packing.py``)."""
         self._model_id = model_id or gguf_model_id(llama.model_path, str(llama.model_path))
         self.template = self._template(chat_template)
         trained = int(llama._model.n_ctx_train()) or 8192
@@ -155,6 +171,7 @@ class LlamaCppBackend(Backend):
         n_gpu_layers: int = 0,
         model_id: str | None = None,
         chat_template: str | ChatTemplate | None = None,
+        pack_rows: bool = True,
         **llama_kwargs: Any,
     ) -> LlamaCppBackend:
         """Load a GGUF file.
@@ -166,6 +183,7 @@ class LlamaCppBackend(Backend):
             n_gpu_layers: Layers to offload to a GPU (a CUDA/Metal build of llama.cpp).
             model_id: See the class.
             chat_template: See the class.
+            pack_rows: See the class.
             **llama_kwargs: Passed to ``llama_cpp.Llama``.
         """
         llama_cpp = _import_llama_cpp()
@@ -192,11 +210,15 @@ class LlamaCppBackend(Backend):
             chat_template=chat_template,
             n_ctx=n_ctx,
             n_threads=n_threads,
+            pack_rows=pack_rows,
         )
 
     @classmethod
     def default(cls, **kwargs: Any) -> LlamaCppBackend:
-        """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF)."""
+        """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF).
+
+        ``kwargs`` go to :meth:`from_path` (``n_threads``, ``pack_rows``, ...).
+        """
         kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
         return cls.from_path(embedded_gguf(), **kwargs)
 
@@ -423,68 +445,60 @@ class LlamaCppBackend(Backend):
     ) -> list[Forced | BackendError]:
         """Force each request's answer after each of its variants.
 
-        Each row runs alone after the prefix the request's rows share (computed once). A
-        row longer than the context gets a :class:`ContextLengthError` in place: variants
-        are never truncated.
+        The prefix a request's rows share is computed once; then, with ``pack_rows``, its
+        rows go into one decode (several where ``n_ctx`` or ``n_seq_max`` is too small),
+        else each row runs alone. A row longer than the context gets a
+        :class:`ContextLengthError` in place: variants are never truncated.
         """
-        results: list[Forced | BackendError] = []
-        for request in requests:
+        failed: dict[int, BackendError] = {}
+        jobs: dict[int, Job] = {}
+        for number, request in enumerate(requests):
             if request.hidden is not None and not request.include_original:
                 msg = "hidden states are read on the original row: set include_original"
                 raise ConfigurationError(msg)
-            names = self._names(request.hidden)
             extra = [request.prompt] if request.include_original else []
             rows = [self.render(messages) for messages in [*extra, *request.variants]]
             answer = list(request.answer_ids)
             longest = max(len(row) for row in rows) + len(answer)
             too_long = self._too_long(longest, "a variant plus the answer")
             if too_long is not None:
-                results.append(too_long)
+                failed[number] = too_long
                 continue
-            with self._lock:
-                try:
-                    rows_logits, states = self._force(rows, answer, names)
-                    forced = [topk_rows(logits, top_k) for logits in rows_logits]
-                finally:
-                    self._engine.clear()
-            if not all(np.isfinite(values).all() for _, values in forced):
-                results.append(non_finite(self.model_id))
-                continue
-            tops = [TopK(ids, values) for ids, values in forced]
-            original = tops.pop(0) if request.include_original else None
-            hidden = None
-            if request.hidden is not None:
-                layers = {layer: states[tensor_name(layer)] for layer in request.hidden.layers}
-                hidden = reduce_hidden(request.hidden, layers, len(answer))
-            results.append(Forced(variants=tops, original=original, hidden=hidden))
-        return results
+            shared = shared_prefix(rows, self.reuse_prefix)
+            jobs[number] = Job(rows, answer, shared, self._names(request.hidden))
+        with self._lock:
+            try:
+                tops, states = self._force(list(jobs.values()), partial(topk_rows, k=top_k))
+            finally:
+                self._engine.clear()
+        done = dict(zip(jobs, zip(tops, states, strict=True), strict=True))
+        return [
+            failed[number] if number in failed else self._forced(request, *done[number])
+            for number, request in enumerate(requests)
+        ]
 
     def _force(
-        self, rows: list[list[int]], answer: list[int], names: Sequence[str] = ()
-    ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """Logits at each answer position after each row (one decode per row).
-
-        ``names``: those tensors are read in the first row's decode and returned with the
-        logits (empty without names).
-        """
-        shared = shared_prefix(rows, self.reuse_prefix)
+        self, jobs: list[Job], reduce: Callable[[np.ndarray], TopRows]
+    ) -> tuple[list[list[TopRows]], list[dict[str, np.ndarray]]]:
+        """Each job's rows' reduced logits and its first row's states (see :mod:`._pack`)."""
         engine = self._engine
-        if shared:
-            engine.decode([], [Row(0, rows[0][:shared], 0, [])])
-        out: list[np.ndarray] = []
-        states: dict[str, np.ndarray] = {}
-        for number, row in enumerate(rows):
-            if shared:
-                engine.copy_prefix(0, 1, shared)
-            tail = row[shared:] + answer[:-1]
-            first = len(row) - 1 - shared
-            outputs = list(range(first, first + len(answer)))
-            read = names if number == 0 else ()
-            out.append(engine.decode([], [Row(1, tail, shared, outputs)], read))
-            if read:
-                states = engine.states
-            engine.drop(1)
-        return out, states
+        if not self.pack_rows:
+            return run_alone(engine, jobs, reduce)
+        return run(engine, jobs, plan(jobs, n_ctx=engine.n_ctx, n_seq_max=engine.n_seq_max), reduce)
+
+    def _forced(
+        self, request: ForcingRequest, rows: list[TopRows], states: dict[str, np.ndarray]
+    ) -> Forced | BackendError:
+        """A request's result from its rows' top-k (the original first when asked for)."""
+        if not all(np.isfinite(values).all() for _, values in rows):
+            return non_finite(self.model_id)
+        tops = [TopK(ids, values) for ids, values in rows]
+        original = tops.pop(0) if request.include_original else None
+        hidden = None
+        if request.hidden is not None:
+            layers = {layer: states[tensor_name(layer)] for layer in request.hidden.layers}
+            hidden = reduce_hidden(request.hidden, layers, len(request.answer_ids))
+        return Forced(variants=tops, original=original, hidden=hidden)
 
     def sample(
         self,

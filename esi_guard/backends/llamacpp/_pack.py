@@ -1,0 +1,175 @@
+"""Teacher forcing with a request's rows packed into few ``llama_decode`` calls.
+
+A request's rows (the original prompt when asked for, then each variant) share a prompt
+prefix and are each followed by the same answer. :func:`plan` (pure) puts a request's
+rows into as few decodes as the context allows: at most ``n_seq_max`` rows (one
+sequence each) and ``n_ctx`` tokens per decode, the prefix counted once. :func:`run`
+decodes a plan on an :class:`~._engine.Engine`:
+
+* the shared prefix is computed once, in the decode that holds the first rows, its
+  tokens tagged with each of those rows' sequence ids (one KV cell for them all);
+* rows that do not fit go on in the next decode: the prefix stays in the KV cache under
+  sequence 0 and is shared with them (:meth:`~._engine.Engine.copy_prefix`), never
+  computed again;
+* each row's logits are reduced (to their top-k) as soon as its decode returns, so a
+  batch never holds more than one decode's full-vocabulary rows;
+* the hidden states asked for are read on the first row: the decode's tapped tensors
+  hold its outputs in order, the first row's first.
+
+A decode never holds two requests' rows, and the KV cache is emptied between requests:
+a request gets the same bits whatever it is batched with (a threshold file's numbers are
+reproduced at run time). Rows of several requests in one decode would save one decode
+per request and were no faster on a CPU (measured: the larger decode's attention spans
+every request's KV cells), and would make a request's numbers depend on its neighbours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from esi_guard.backends.llamacpp._engine import Engine, Row
+from esi_guard.exceptions import BackendError
+
+__all__ = ["Job", "Part", "plan", "run", "run_alone"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request's forcing: the same answer after each of its rows.
+
+    ``rows``: the rendered prompts (the original first when it is asked for);
+    ``shared``: how many leading tokens all rows share, computed once (0: none);
+    ``names``: graph tensors to read on the first row.
+    """
+
+    rows: Sequence[Sequence[int]]
+    answer: Sequence[int]
+    shared: int = 0
+    names: Sequence[str] = ()
+
+    def tail(self, row: int) -> list[int]:
+        """The tokens row ``row`` decodes after the prefix: its own, then the answer's."""
+        return [*self.rows[row][self.shared :], *self.answer[:-1]]
+
+    def outputs(self, row: int) -> list[int]:
+        """Offsets into :meth:`tail` whose logits predict the answer's tokens."""
+        first = len(self.rows[row]) - 1 - self.shared
+        return list(range(first, first + len(self.answer)))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One decode: rows ``rows`` of job ``job``.
+
+    ``prefix``: the job's prefix is computed in this decode, its tokens tagged with each
+    row's sequence id; False: it is held in the KV cache under sequence 0 since the
+    decode before.
+    """
+
+    job: int
+    rows: range
+    prefix: bool = True
+
+
+def plan(jobs: Sequence[Job], *, n_ctx: int, n_seq_max: int) -> list[Part]:
+    """The decodes that force ``jobs``, in order; every row in exactly one.
+
+    A job's rows go in order, as many to a decode as fit: at most ``n_seq_max`` rows and
+    ``n_ctx`` tokens, the prefix counted once. A decode holds one job's rows only, so a
+    request's numbers do not depend on the requests batched with it.
+
+    Raises:
+        BackendError: A row that does not fit a decode alone (callers check lengths).
+    """
+    decodes: list[Part] = []
+    for number, job in enumerate(jobs):
+        start = 0
+        cells = job.shared
+        for row in range(len(job.rows)):
+            size = len(job.tail(row))
+            if job.shared + size > n_ctx:
+                msg = f"a row of {job.shared + size} tokens does not fit {n_ctx} cells"
+                raise BackendError(msg)
+            if row - start + 1 > n_seq_max or cells + size > n_ctx:
+                decodes.append(Part(number, range(start, row), prefix=start == 0))
+                start, cells = row, job.shared
+            cells += size
+        if job.rows:
+            decodes.append(Part(number, range(start, len(job.rows)), prefix=start == 0))
+    return decodes
+
+
+def run(
+    engine: Engine,
+    jobs: Sequence[Job],
+    decodes: Sequence[Part],
+    reduce: Callable[[np.ndarray], T],
+) -> tuple[list[list[T]], list[dict[str, np.ndarray]]]:
+    """Decode a :func:`plan`: each job's rows' logits through ``reduce``, and its states.
+
+    Returns, per job, ``reduce`` of each row's ``(len(answer), n_vocab)`` logits in row
+    order, and the tensors ``names`` read on its first row (``{}`` without names). The
+    KV cache is left empty.
+    """
+    out: list[list[T]] = [[] for _ in jobs]
+    states: list[dict[str, np.ndarray]] = [{} for _ in jobs]
+    for number, part in enumerate(decodes):
+        job = jobs[part.job]
+        seqs = list(range(len(part.rows)))
+        shared = []
+        if job.shared and part.prefix:
+            shared.append((list(job.rows[0][: job.shared]), seqs))
+        elif job.shared:  # held under sequence 0 since the decode before
+            for seq in seqs[1:]:
+                engine.copy_prefix(0, seq, job.shared)
+        rows = [
+            Row(seq, job.tail(row), job.shared, job.outputs(row))
+            for seq, row in zip(seqs, part.rows, strict=True)
+        ]
+        names = job.names if part.rows.start == 0 else ()
+        logits = engine.decode(shared, rows, names)
+        size = len(job.answer)
+        if names:  # the first row's outputs come first
+            states[part.job] = {name: engine.states[name][:size] for name in names}
+        out[part.job] += [reduce(logits[i * size : (i + 1) * size]) for i in seqs]
+        goes_on = number + 1 < len(decodes) and not decodes[number + 1].prefix
+        if goes_on and job.shared:
+            for seq in seqs[1:]:
+                engine.drop(seq)
+            engine.keep(0, job.shared)
+        else:
+            engine.clear()
+    return out, states
+
+
+def run_alone(
+    engine: Engine, jobs: Sequence[Job], reduce: Callable[[np.ndarray], T]
+) -> tuple[list[list[T]], list[dict[str, np.ndarray]]]:
+    """As :func:`run`, each row in a decode of its own (after one for the prefix).
+
+    Every row's numbers are then those it gets alone, bit for bit.
+    """
+    out: list[list[T]] = []
+    states: list[dict[str, np.ndarray]] = []
+    for job in jobs:
+        if job.shared:
+            engine.decode([], [Row(0, job.rows[0][: job.shared], 0, [])])
+        rows: list[T] = []
+        read: dict[str, np.ndarray] = {}
+        for number in range(len(job.rows)):
+            if job.shared:
+                engine.copy_prefix(0, 1, job.shared)
+            row = Row(1, job.tail(number), job.shared, job.outputs(number))
+            rows.append(reduce(engine.decode([], [row], job.names if number == 0 else ())))
+            read = engine.states if number == 0 else read
+            engine.drop(1)
+        engine.clear()
+        out.append(rows)
+        states.append(read)
+    return out, states
