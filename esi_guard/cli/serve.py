@@ -20,7 +20,7 @@ import typer
 
 from esi_guard.cli._options import ChatTemplateOption, Device, DType, LocalBackend, Model, Runner
 from esi_guard.cli._run import fail
-from esi_guard.cli.commands import _backend, app
+from esi_guard.cli.commands import _backend, _template_text, app
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 
 if TYPE_CHECKING:
@@ -83,6 +83,21 @@ def _fallback(url: str, model: str) -> Any:
         raise ImportError(msg) from exc
     key = os.environ.get("OPENAI_API_KEY", "EMPTY")
     return ChatOpenAI(base_url=url, model=model, api_key=key, temperature=0)
+
+
+def _engine(
+    model: str, backend: LocalBackend, device: str | None, dtype: str | None,
+    chat_template: str | None, upstream: str | None, upstream_model: str | None,
+    upstream_mode: str,
+) -> Backend:  # fmt: skip
+    """The model in process, or the upstream server through the API backend."""
+    if upstream is None or upstream_model is None:
+        return _backend(model, None, "auto", device, backend, chat_template, dtype)
+    from esi_guard.backends.openai import OpenAIBackend
+
+    template = _template_text(chat_template)
+    return OpenAIBackend(upstream_model, base_url=upstream, mode=upstream_mode,  # type: ignore[arg-type]
+                         chat_template=template, max_concurrency=64)  # fmt: skip
 
 
 @app.command()
@@ -163,8 +178,8 @@ def serve(
         fail("--action route needs --fallback-upstream URL")
     key = api_key or os.environ.get(KEY_VARIABLE) or None
     try:
-        engine = _backend(upstream_model or model, upstream, upstream_mode, device, backend,
-                          chat_template, dtype)  # fmt: skip
+        engine = _engine(model, backend, device, dtype, chat_template, upstream,
+                         upstream_model, upstream_mode)  # fmt: skip
         fallback = None
         if fallback_upstream:
             fallback = _fallback(fallback_upstream, fallback_model or upstream_model or model)

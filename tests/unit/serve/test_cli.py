@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import esi_guard.serve
-from esi_guard import FakeBackend
+from esi_guard import FakeBackend, OpenAIBackend
 from esi_guard.cli import app
 from esi_guard.cli import serve as serve_module
 
@@ -58,6 +58,25 @@ def test_a_threshold_file_goes_through_from_calibration(
     threshold_file(threshold=0.42, model="another-model").write(other)
     refused = CliRunner().invoke(app, ["serve", "--threshold", str(other)])
     assert refused.exit_code == 2 and "another-model" in refused.output
+
+
+def test_upstream_mode_guards_the_server_through_the_api_backend(
+    launched: list[dict[str, Any]],
+) -> None:
+    result = CliRunner().invoke(app, [
+        "serve", "--upstream", "http://127.0.0.1:9/v1", "--upstream-model", "served-name",
+        "--upstream-mode", "chat", "--threshold", "0.3",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    service = launched[0]["app"].state.service
+    backend = service.guard.backend.inner
+    assert isinstance(backend, OpenAIBackend)
+    assert (backend.model, backend.base_url, backend.mode) == (
+        "served-name",
+        "http://127.0.0.1:9/v1",
+        "chat",
+    )
+    assert service.name == "served-name" and service.settings.slots == 4
 
 
 @pytest.mark.parametrize(("args", "said"), [

@@ -15,6 +15,8 @@ import pytest
 
 from integrations.llamacpp.server import free_port
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 QUESTION = "What is the capital of France?"
 
