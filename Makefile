@@ -21,7 +21,7 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,serve,dev,docs]"
+	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,serve,litellm,dev,docs]"
 	touch $@
 
 install-demo: $(VENV)/.demo-installed

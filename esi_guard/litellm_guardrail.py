@@ -1,0 +1,181 @@
+"""``ESIGuardrail``: ESI as a LiteLLM proxy guardrail (the ``litellm`` extra).
+
+A LiteLLM proxy route answers from an upstream model; this guardrail scores each answer
+after the call (``post_call``) with :meth:`ESIGuard.score` through the API backend against
+the same upstream (the answer is teacher-forced after the question's variants there), then:
+
+* ``action="flag"``: passes the answer on with its ``esi`` object (score, decision,
+  threshold, reason when unscored, variants used) on the response and ``x-esi-score`` /
+  ``x-esi-decision`` among the headers LiteLLM returns;
+* ``action="block"``: refuses an answer that is not accepted, unscored ones included, with
+  LiteLLM's guardrail convention, an HTTP 400 whose detail says why and carries ``esi``.
+
+In the proxy's ``config.yaml``::
+
+    guardrails:
+      - guardrail_name: esi
+        litellm_params:
+          guardrail: esi_guard.litellm_guardrail.ESIGuardrail
+          mode: post_call
+          default_on: true
+          api_base: http://vllm-host:8000/v1     # the upstream the route answers from
+          upstream_model: meta-llama/Llama-3.1-8B-Instruct
+          threshold: /etc/esi/threshold.json     # a calibration file, or a number
+          action: block
+
+Streaming responses are not scored (LiteLLM's post-call hook sees whole responses only);
+score them with ``esi-guard serve`` instead. Scoring runs in a worker thread, one answer at
+a time per request, beside the proxy's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from litellm.integrations.custom_guardrail import CustomGuardrail
+from litellm.types.guardrails import GuardrailEventHooks
+
+from esi_guard.backends.base import Backend
+from esi_guard.exceptions import ConfigurationError
+from esi_guard.guard import ESIGuard
+
+if TYPE_CHECKING:
+    from esi_guard.result import ESIResult
+
+__all__ = ["ESIGuardrail", "esi_summary"]
+
+
+def esi_summary(result: ESIResult) -> dict[str, Any]:
+    """What a response says about its answer (the same object ``esi-guard serve`` sends)."""
+    info: dict[str, Any] = {
+        "score": result.score, "decision": result.decision, "threshold": result.threshold,
+        "scored": result.scored, "reason": result.reason,
+        "variants_used": result.variants_used, "model": result.model,
+    }  # fmt: skip
+    if result.p_wrong is not None:
+        info["p_wrong"] = result.p_wrong
+    return info
+
+
+class ESIGuardrail(CustomGuardrail):
+    """Score each answer of a LiteLLM route with ESI; flag it, or block it with a 400.
+
+    Args:
+        api_base: The upstream's ``/v1`` URL (the server the route answers from).
+        upstream_model: The model name the upstream serves.
+        threshold: A calibration file (``esi-guard calibrate``) or a number.
+        action: ``flag`` (pass with ``esi``) or ``block`` (a 400 unless accepted).
+        api_key: The upstream's key (default ``OPENAI_API_KEY``, else none).
+        api_mode: The API backend's mode: ``echo`` (exact), ``chat`` or ``auto`` (LiteLLM's
+            own ``mode`` is the hook, ``post_call``).
+        chat_template: A Jinja chat template file, for echo mode.
+        n_variants: L, variants per question (a calibration file's own by default).
+        top_k: k, tokens per distribution (the file's by default).
+        backend: A ready backend instead of the upstream's (tests, a model in process).
+        **kwargs: LiteLLM's guardrail settings (``guardrail_name``, ``event_hook``,
+            ``default_on``...).
+    """
+
+    def __init__(
+        self,
+        *,
+        api_base: str | None = None,
+        upstream_model: str | None = None,
+        threshold: str | float | None = None,
+        action: Literal["flag", "block"] = "flag",
+        api_key: str | None = None,
+        api_mode: Literal["echo", "chat", "auto"] = "auto",
+        chat_template: str | None = None,
+        n_variants: int | None = None,
+        top_k: int | None = None,
+        backend: Backend | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("supported_event_hooks", [GuardrailEventHooks.post_call])
+        kwargs.setdefault("event_hook", GuardrailEventHooks.post_call)
+        super().__init__(**kwargs)
+        if action not in ("flag", "block"):
+            msg = f"action must be 'flag' or 'block', got {action!r}"
+            raise ConfigurationError(msg)
+        if threshold is None:
+            msg = "ESIGuardrail needs threshold: a calibration file or a number"
+            raise ConfigurationError(msg)
+        if backend is None:
+            backend = _upstream(api_base, upstream_model, api_key, api_mode, chat_template)
+        settings: dict[str, Any] = {
+            k: v for k, v in (("n_variants", n_variants), ("top_k", top_k)) if v
+        }
+        if isinstance(threshold, str) and Path(threshold).is_file():
+            self.guard = ESIGuard.from_calibration(threshold, backend=backend, on_error="flag",
+                                                   **settings)  # fmt: skip
+        else:
+            self.guard = ESIGuard(backend=backend, threshold=float(threshold), on_error="flag",
+                                  **settings)  # fmt: skip
+        self.action = action
+
+    async def async_post_call_success_hook(
+        self, data: dict[str, Any], user_api_key_dict: Any, response: Any
+    ) -> Any:
+        """Score the response's answer; flag it, or raise LiteLLM's 400 to block it."""
+        if not self.should_run_guardrail(data=data, event_type=GuardrailEventHooks.post_call):
+            return response
+        answer = _answer(response)
+        messages = data.get("messages")
+        if answer is None or not messages:
+            return response
+        prompt = [{"role": m["role"], "content": _text(m.get("content"))} for m in messages]
+        result = await asyncio.to_thread(self.guard.score, prompt, answer)
+        info = esi_summary(result)
+        if self.action == "block" and result.decision != "accept":
+            from fastapi import HTTPException
+
+            why = "untrusted answer" if result.scored else "answer could not be scored"
+            detail = {"error": f"Violated guardrail policy: ESI {why}", "esi": info}
+            raise HTTPException(status_code=400, detail=detail)
+        _mark(response, info)
+        return response
+
+
+def _upstream(
+    api_base: str | None, model: str | None, api_key: str | None, mode: str,
+    chat_template: str | None,
+) -> Backend:  # fmt: skip
+    if not api_base or not model:
+        msg = "ESIGuardrail needs api_base and upstream_model (the route's upstream), or backend"
+        raise ConfigurationError(msg)
+    from esi_guard.backends.openai import OpenAIBackend
+
+    template = Path(chat_template).read_text(encoding="utf-8") if chat_template else None
+    return OpenAIBackend(model, base_url=api_base, api_key=api_key, mode=mode,  # type: ignore[arg-type]
+                         chat_template=template)  # fmt: skip
+
+
+def _answer(response: Any) -> str | None:
+    """The first choice's text, when the response is a chat completion with one."""
+    choices = getattr(response, "choices", None)
+    if not choices:
+        return None
+    message = getattr(choices[0], "message", None)
+    content = getattr(message, "content", None)
+    return content if isinstance(content, str) and content.strip() else None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def _mark(response: Any, info: dict[str, Any]) -> None:
+    """``esi`` on the response, and the two headers LiteLLM adds to the HTTP reply."""
+    score = info["score"]
+    shown = "none" if score is None or not math.isfinite(score) else f"{score:.6f}"
+    hidden = getattr(response, "_hidden_params", None)
+    if isinstance(hidden, dict):
+        headers = hidden.setdefault("additional_headers", {}) or {}
+        headers.update({"x-esi-score": shown, "x-esi-decision": str(info["decision"])})
+        hidden["additional_headers"] = headers
+    response.esi = info
