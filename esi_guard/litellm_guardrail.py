@@ -4,10 +4,10 @@ A LiteLLM proxy route answers from an upstream model; this guardrail scores each
 after the call (``post_call``) with :meth:`ESIGuard.score` through the API backend against
 the same upstream (the answer is teacher-forced after the question's variants there), then:
 
-* ``action="flag"``: passes the answer on with its ``esi`` object (score, decision,
-  threshold, reason when unscored, variants used) on the response and ``x-esi-score`` /
-  ``x-esi-decision`` among the headers LiteLLM returns;
-* ``action="block"``: refuses an answer that is not accepted, unscored ones included, with
+* ``esi_action="flag"`` (the default): passes the answer on with its ``esi`` object (score,
+  decision, threshold, reason when unscored, variants used) on the response and
+  ``x-esi-score`` / ``x-esi-decision`` among the headers LiteLLM returns;
+* ``esi_action="block"``: refuses an answer that is not accepted, unscored ones included, with
   LiteLLM's guardrail convention, an HTTP 400 whose detail says why and carries ``esi``.
 
 In the proxy's ``config.yaml``::
@@ -21,7 +21,7 @@ In the proxy's ``config.yaml``::
           api_base: http://vllm-host:8000/v1     # the upstream the route answers from
           upstream_model: meta-llama/Llama-3.1-8B-Instruct
           threshold: /etc/esi/threshold.json     # a calibration file, or a number
-          action: block
+          esi_action: block                      # or flag
 
 Streaming responses are not scored (LiteLLM's post-call hook sees whole responses only);
 score them with ``esi-guard serve`` instead. Scoring runs in a worker thread, one answer at
@@ -67,7 +67,9 @@ class ESIGuardrail(CustomGuardrail):
         api_base: The upstream's ``/v1`` URL (the server the route answers from).
         upstream_model: The model name the upstream serves.
         threshold: A calibration file (``esi-guard calibrate``) or a number.
-        action: ``flag`` (pass with ``esi``) or ``block`` (a 400 unless accepted).
+        esi_action: ``flag`` (pass with ``esi``) or ``block`` (a 400 unless accepted). Not
+            ``action``: LiteLLM hands every custom guardrail its own ``action`` default
+            (``block``, with other providers' settings), whatever the config says.
         api_key: The upstream's key (default ``OPENAI_API_KEY``, else none).
         api_mode: The API backend's mode: ``echo`` (exact), ``chat`` or ``auto`` (LiteLLM's
             own ``mode`` is the hook, ``post_call``).
@@ -85,7 +87,7 @@ class ESIGuardrail(CustomGuardrail):
         api_base: str | None = None,
         upstream_model: str | None = None,
         threshold: str | float | None = None,
-        action: Literal["flag", "block"] = "flag",
+        esi_action: Literal["flag", "block"] = "flag",
         api_key: str | None = None,
         api_mode: Literal["echo", "chat", "auto"] = "auto",
         chat_template: str | None = None,
@@ -97,8 +99,8 @@ class ESIGuardrail(CustomGuardrail):
         kwargs.setdefault("supported_event_hooks", [GuardrailEventHooks.post_call])
         kwargs.setdefault("event_hook", GuardrailEventHooks.post_call)
         super().__init__(**kwargs)
-        if action not in ("flag", "block"):
-            msg = f"action must be 'flag' or 'block', got {action!r}"
+        if esi_action not in ("flag", "block"):
+            msg = f"esi_action must be 'flag' or 'block', got {esi_action!r}"
             raise ConfigurationError(msg)
         if threshold is None:
             msg = "ESIGuardrail needs threshold: a calibration file or a number"
@@ -114,7 +116,7 @@ class ESIGuardrail(CustomGuardrail):
         else:
             self.guard = ESIGuard(backend=backend, threshold=float(threshold), on_error="flag",
                                   **settings)  # fmt: skip
-        self.action = action
+        self.esi_action: Literal["flag", "block"] = esi_action
 
     async def async_post_call_success_hook(
         self, data: dict[str, Any], user_api_key_dict: Any, response: Any
@@ -129,7 +131,7 @@ class ESIGuardrail(CustomGuardrail):
         prompt = [{"role": m["role"], "content": _text(m.get("content"))} for m in messages]
         result = await asyncio.to_thread(self.guard.score, prompt, answer)
         info = esi_summary(result)
-        if self.action == "block" and result.decision != "accept":
+        if self.esi_action == "block" and result.decision != "accept":
             from fastapi import HTTPException
 
             why = "untrusted answer" if result.scored else "answer could not be scored"

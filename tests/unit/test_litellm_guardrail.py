@@ -23,9 +23,9 @@ SHAKY = "Which river flows through the town of Tübingen?"
 ANSWERS = {QUESTION: "Paris", SHAKY: "the Danube river"}
 
 
-def guardrail(action: str = "flag", **backend: Any) -> ESIGuardrail:
+def guardrail(esi_action: str = "flag", **backend: Any) -> ESIGuardrail:
     fake = FakeBackend(ANSWERS, sensitivity={SHAKY: 1.5}, **backend)
-    return ESIGuardrail(backend=fake, threshold=0.3, action=action, n_variants=4,  # type: ignore[arg-type]
+    return ESIGuardrail(backend=fake, threshold=0.3, esi_action=esi_action, n_variants=4,  # type: ignore[arg-type]
                         guardrail_name="esi", default_on=True)  # fmt: skip
 
 
@@ -73,4 +73,13 @@ def test_settings_that_cannot_work_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="api_base and upstream_model"):
         ESIGuardrail(threshold=0.3)
     with pytest.raises(ConfigurationError, match="'flag' or 'block'"):
-        ESIGuardrail(backend=FakeBackend(), threshold=0.3, action="route")  # type: ignore[arg-type]
+        ESIGuardrail(backend=FakeBackend(), threshold=0.3, esi_action="route")  # type: ignore[arg-type]
+
+
+async def test_litellms_own_action_default_does_not_turn_flagging_into_blocking() -> None:
+    # The proxy passes every custom guardrail action='block' among other providers' defaults.
+    fake = FakeBackend(ANSWERS, sensitivity={SHAKY: 1.5})
+    rail = ESIGuardrail(backend=fake, threshold=0.3, n_variants=4, action="block",
+                        guardrail_name="esi", default_on=True)  # fmt: skip
+    data, response = call(SHAKY)
+    assert (await rail.async_post_call_success_hook(data, None, response)).esi["decision"] == "flag"
