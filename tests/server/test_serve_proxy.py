@@ -29,7 +29,7 @@ def test_proxy_mode_scores_upstream_answers_and_maps_its_failures(
     proxy: FaultProxy, llama_server: LlamaServer
 ) -> None:
     backend = OpenAIBackend(llama_server.model, base_url=proxy.base_url, mode="chat",
-                            chat_template=CHATML, timeout=20, max_retries=1, retry_wait=0.05,
+                            chat_template=CHATML, timeout=60, max_retries=1, retry_wait=0.05,
                             retry_max_wait=0.2)  # fmt: skip
     guard = ESIGuard(backend=backend, threshold=0.5, n_variants=2, top_k=5, max_new_tokens=8)
     with served(guard, slots=4) as base_url:

@@ -45,7 +45,7 @@ async def client(guard: ESIGuard, **settings: Any) -> AsyncIterator[httpx.AsyncC
 
 @contextmanager
 def served(guard: ESIGuard, **settings: Any) -> Iterator[str]:
-    """A real server on a free loopback port in a thread; yields its ``/v1`` base URL."""
+    """A real server on a free loopback port in a thread, ready; yields its ``/v1`` base URL."""
     import uvicorn
 
     app = create_app(guard, ServeSettings(**settings))
@@ -59,6 +59,10 @@ def served(guard: ESIGuard, **settings: Any) -> Iterator[str]:
             raise RuntimeError("the server did not start")
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
+    while app.state.service.settings.warm_up and not app.state.service.ready:
+        if time.monotonic() > deadline + 90:  # the warm-up's answer, before the test's requests
+            raise RuntimeError("the server did not become ready")
+        time.sleep(0.05)
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
