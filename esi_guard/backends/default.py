@@ -11,8 +11,9 @@ project's 2-core CPU, one thread, 30 SciQ questions (``benchmarks/llamacpp_backe
 llama.cpp loads the file in 0.5 s against 33 s, and answers a plain question 4.3x faster;
 transformers forces the variants faster (guarded 4.0 vs 4.8 s per question one at a time,
 2.5 vs 4.8 s batched; packing a question's rows into one llama.cpp decode, the
-default, saves only the per-decode overhead, ~4%: llama.cpp's forcing is compute-bound). Someone trying the guard on a handful of questions is done with
-llama.cpp before transformers has loaded; the CLI, which calibrates on hundreds of
+default, saves only the per-decode overhead, ~4%: llama.cpp's forcing is compute-bound).
+Someone trying the guard on a handful of questions is done with llama.cpp before
+transformers has loaded; the CLI, which calibrates on hundreds of
 questions in batches, keeps transformers by default (``--backend``). The two give the same
 scores to within 0.005 on average where their greedy answers match (Spearman 0.99).
 """
