@@ -70,11 +70,11 @@ class Rounds:
             )
             for text, topk, seen in zip(texts, out.variants, observed, strict=False):
                 done[text] = (topk, seen)
-            if request.include_original:
-                self.original[key] = out.original
-                if out.hidden is not None:
-                    item.hidden = out.hidden
-            self.rows[key] += len(request.variants) + int(request.include_original)
+            if out.original is not None:  # asked for, or a backend that always forces it
+                self.original.setdefault(key, out.original)
+            if request.include_original and out.hidden is not None:
+                item.hidden = out.hidden
+            self.rows[key] += len(request.variants) + int(out.original is not None)
         return main
 
     def merged(self, item: Item) -> Forced:

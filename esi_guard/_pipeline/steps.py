@@ -433,6 +433,8 @@ class Pipeline:
         self, item: Item, forced: Forced, context: Forced | BackendError | None
     ) -> ESIResult:
         base = item.original if item.original is not None else forced.original
+        if self.backend.forces_original and forced.original is not None:
+            base = forced.original  # the variants' numbers: not the generation's
         changed = item.changed
         question = item.prompt.question
         try:

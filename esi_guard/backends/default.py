@@ -76,6 +76,11 @@ class EmbeddedBackend(Backend):
         return file_sha256(embedded_gguf())
 
     @property
+    def forces_original(self) -> bool:
+        """The loaded backend's."""
+        return self.loaded.forces_original
+
+    @property
     def hidden_layers(self) -> tuple[int, ...] | None:
         """See :attr:`Backend.hidden_layers` (loads the model)."""
         return self.loaded.hidden_layers

@@ -56,6 +56,7 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
+from esi_guard.backends.llamacpp._f32 import f32_copy
 from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
@@ -112,6 +113,8 @@ class LlamaCppBackend(Backend):
         reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
             every row runs in full (the same scores up to llama.cpp's rounding, more work).
         pack_rows: Force a request's rows in one decode (see :attr:`pack_rows`).
+        forcing_precision: ``"model"`` (default) forces on the file's own weights;
+            ``"f32"`` on a float32 copy of them (:attr:`forcing_precision`).
     """
 
     provider = "llamacpp"
@@ -129,6 +132,7 @@ class LlamaCppBackend(Backend):
         n_seq_max: int = 16,
         reuse_prefix: bool = True,
         pack_rows: bool = True,
+        forcing_precision: str = "model",
     ) -> None:
         llama_cpp = _import_llama_cpp()
         if not isinstance(llama, llama_cpp.Llama):
@@ -136,6 +140,9 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         if n_seq_max < 1:
             msg = f"n_seq_max must be >= 1, got {n_seq_max}"
+            raise ConfigurationError(msg)
+        if forcing_precision not in ("model", "f32"):
+            msg = f"forcing_precision must be 'model' or 'f32', got {forcing_precision!r}"
             raise ConfigurationError(msg)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
@@ -155,6 +162,25 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self._lock = threading.Lock()
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
+        self.forcing_precision = forcing_precision
+        """What teacher forcing runs on: ``"model"``, the file's own weights (generation and
+        forcing of a short prompt agree to the bit with ``pack_rows=False``), or ``"f32"``, a
+        float32 copy of them written once to the cache folder (:mod:`._f32`; ``$ESI_GUARD_CACHE``
+        or ``~/.cache/esi_guard``) and loaded beside the model. On a quantized model on a CPU
+        the forcing pass is then faster (llama.cpp's float32 matrix kernels against its
+        quantized ones, which are built for one token at a time) at the cost of the copy's
+        memory (4 bytes a weight: 0.5 GB for the embedded model); generation stays on the
+        file's weights. The original row is then forced too (:attr:`forces_original`), so
+        the answer's distributions before and after intervention come from the same
+        numbers. ``benchmarks/forcing_precision.py`` measures its speed and its scores'
+        difference from ``"model"``."""
+        self._forcing_llama: Any = None
+        self._forcer = self._engine
+        if forcing_precision == "f32" and int(llama.metadata.get("general.file_type", -1)) != 0:
+            self._forcing_llama = self._load_f32(llama_cpp, llama, n_threads)
+            self._forcer = Engine(
+                self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
+            )
         _OPEN.add(self)
         self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
         self._is_eog = llama_cpp.llama_vocab_is_eog
@@ -172,6 +198,7 @@ class LlamaCppBackend(Backend):
         model_id: str | None = None,
         chat_template: str | ChatTemplate | None = None,
         pack_rows: bool = True,
+        forcing_precision: str = "model",
         **llama_kwargs: Any,
     ) -> LlamaCppBackend:
         """Load a GGUF file.
@@ -184,6 +211,7 @@ class LlamaCppBackend(Backend):
             model_id: See the class.
             chat_template: See the class.
             pack_rows: See the class.
+            forcing_precision: See the class.
             **llama_kwargs: Passed to ``llama_cpp.Llama``.
         """
         llama_cpp = _import_llama_cpp()
@@ -211,13 +239,15 @@ class LlamaCppBackend(Backend):
             n_ctx=n_ctx,
             n_threads=n_threads,
             pack_rows=pack_rows,
+            forcing_precision=forcing_precision,
         )
 
     @classmethod
     def default(cls, **kwargs: Any) -> LlamaCppBackend:
         """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF).
 
-        ``kwargs`` go to :meth:`from_path` (``n_threads``, ``pack_rows``, ...).
+        ``kwargs`` go to :meth:`from_path` (``n_threads``, ``pack_rows``,
+        ``forcing_precision``, ...).
         """
         kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
         return cls.from_path(embedded_gguf(), **kwargs)
@@ -252,6 +282,36 @@ class LlamaCppBackend(Backend):
     def model_sha256(self) -> str | None:
         """The GGUF file's sha256, hashed on first use and cached for the process."""
         return file_sha256(self.llama.model_path)
+
+    @property
+    def forces_original(self) -> bool:
+        """Whether forcing runs on other weights than generation (``forcing_precision="f32"``).
+
+        Then every forcing request's original row is forced too and returned as
+        ``Forced.original``: ESI compares it, not the generation's distributions, with the
+        variants'.
+        """
+        return self._forcer is not self._engine
+
+    def _load_f32(self, llama_cpp: Any, llama: Any, n_threads: int | None) -> Any:
+        digest = self.model_sha256
+        if digest is None:
+            msg = f"cannot read {llama.model_path!r} to make its float32 copy"
+            raise ModelLoadError(msg)
+        copy = f32_copy(llama_cpp, llama.model_path, digest)
+        try:
+            twin = llama_cpp.Llama(
+                model_path=str(copy), n_ctx=256, n_threads=n_threads, verbose=False,
+                n_gpu_layers=int(llama.model_params.n_gpu_layers),
+            )  # fmt: skip
+        except (ValueError, RuntimeError) as exc:
+            msg = f"llama.cpp could not load the float32 copy {str(copy)!r}: {exc} (delete it)"
+            raise ModelLoadError(msg) from exc
+        if twin.n_vocab() != llama.n_vocab():
+            twin.close()
+            msg = f"the float32 copy {str(copy)!r} has another vocabulary than its model"
+            raise ModelLoadError(msg)
+        return twin
 
     @property
     def context_length(self) -> int:
@@ -310,6 +370,10 @@ class LlamaCppBackend(Backend):
         """Free the backend's context (the ``Llama`` and its weights stay)."""
         with self._lock:
             self._engine.close()
+            if self._forcing_llama is not None:
+                self._forcer.close()
+                self._forcing_llama.close()
+                self._forcing_llama = None
 
     def render(self, prompt: Messages) -> list[int]:
         """Token ids of a prompt through the chat template, generation prompt added.
@@ -456,7 +520,7 @@ class LlamaCppBackend(Backend):
             if request.hidden is not None and not request.include_original:
                 msg = "hidden states are read on the original row: set include_original"
                 raise ConfigurationError(msg)
-            extra = [request.prompt] if request.include_original else []
+            extra = [request.prompt] if self._with_original(request) else []
             rows = [self.render(messages) for messages in [*extra, *request.variants]]
             answer = list(request.answer_ids)
             longest = max(len(row) for row in rows) + len(answer)
@@ -467,21 +531,26 @@ class LlamaCppBackend(Backend):
             shared = shared_prefix(rows, self.reuse_prefix)
             jobs[number] = Job(rows, answer, shared, self._names(request.hidden))
         with self._lock:
+            if self.forces_original and any(job.names for job in jobs.values()):
+                self._forcer.enable_taps(self.hidden_size)
             try:
                 tops, states = self._force(list(jobs.values()), partial(topk_rows, k=top_k))
             finally:
-                self._engine.clear()
+                self._forcer.clear()
         done = dict(zip(jobs, zip(tops, states, strict=True), strict=True))
         return [
             failed[number] if number in failed else self._forced(request, *done[number])
             for number, request in enumerate(requests)
         ]
 
+    def _with_original(self, request: ForcingRequest) -> bool:
+        return request.include_original or self.forces_original
+
     def _force(
         self, jobs: list[Job], reduce: Callable[[np.ndarray], TopRows]
     ) -> tuple[list[list[TopRows]], list[dict[str, np.ndarray]]]:
         """Each job's rows' reduced logits and its first row's states (see :mod:`._pack`)."""
-        engine = self._engine
+        engine = self._forcer
         if not self.pack_rows:
             return run_alone(engine, jobs, reduce)
         return run(engine, jobs, plan(jobs, n_ctx=engine.n_ctx, n_seq_max=engine.n_seq_max), reduce)
@@ -493,7 +562,7 @@ class LlamaCppBackend(Backend):
         if not all(np.isfinite(values).all() for _, values in rows):
             return non_finite(self.model_id)
         tops = [TopK(ids, values) for ids, values in rows]
-        original = tops.pop(0) if request.include_original else None
+        original = tops.pop(0) if self._with_original(request) else None
         hidden = None
         if request.hidden is not None:
             layers = {layer: states[tensor_name(layer)] for layer in request.hidden.layers}

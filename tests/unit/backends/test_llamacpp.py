@@ -204,6 +204,38 @@ def test_the_langchain_llama_objects_share_their_model(backend: LlamaCppBackend)
         ESIGuard(llm=community.ChatLlamaCpp.model_construct(client=None, model_path="x"))
 
 
+def test_forcing_on_a_float32_copy_forces_the_original_too_and_scores_alike(
+    backend: LlamaCppBackend, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy is written once to the cache folder; its forcing returns the original row
+    unasked, near the file's own forcing (the same weights, float32 arithmetic)."""
+    monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path))
+    f32 = LlamaCppBackend(backend.llama, forcing_precision="f32")
+    (copy,) = (tmp_path / "forcing").iterdir()
+    assert copy.name.endswith("-f32.gguf") and f32.forces_original and not backend.forces_original
+    written = copy.stat().st_mtime_ns
+    again = LlamaCppBackend(backend.llama, forcing_precision="f32")
+    assert copy.stat().st_mtime_ns == written and list((tmp_path / "forcing").iterdir()) == [copy]
+    again.close()
+    prompt = ask("Which planet is known as the red planet?")
+    gen = generation(backend, prompt)
+    variant = ask("Which planet is known as the rd planet?")
+    request = ForcingRequest(prompt, [variant], gen.token_ids)
+    own, other = forced(backend, request), forced(f32, request)
+    assert own.original is None and other.original is not None and len(other.variants) == 1
+    assert np.array_equal(other.original.ids[:, 0], gen.topk.ids[:, 0])  # the same argmax
+    assert np.abs(other.original.values[:, 0] - gen.topk.values[:, 0]).max() < PACKED_LOGITS
+    questions = ["What is the boiling point of water at sea level?", "Who wrote Hamlet?"]
+    guards = [ESIGuard(backend=b, threshold=1.0, max_new_tokens=12, n_variants=4, seed=0)
+              for b in (backend, f32)]  # fmt: skip
+    metas = [[g.invoke(q).response_metadata["esi"] for q in questions] for g in guards]
+    f32.close()
+    assert [m["answer"] for m in metas[0]] == [m["answer"] for m in metas[1]]
+    for a, b in zip(*metas, strict=True):
+        assert abs(a["score"] - b["score"]) < 0.02
+        assert b["work"]["forced_variants"] == a["work"]["forced_variants"] + 1
+
+
 def test_bad_construction_says_what_was_wrong(backend: LlamaCppBackend, tmp_path: Any) -> None:
     with pytest.raises(ConfigurationError, match=r"takes a llama_cpp\.Llama, got str"):
         LlamaCppBackend("model.gguf")
@@ -211,6 +243,8 @@ def test_bad_construction_says_what_was_wrong(backend: LlamaCppBackend, tmp_path
         LlamaCppBackend.from_path(tmp_path / "missing.gguf")
     with pytest.raises(ModelLoadError, match=r"a folder; llama\.cpp loads a \.gguf file"):
         LlamaCppBackend.from_path(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"must be 'model' or 'f32', got 'f16'"):
+        LlamaCppBackend(backend.llama, forcing_precision="f16")
     custom = LlamaCppBackend(backend.llama, chat_template="{% for m in messages %}{{ m.content }}\n"
                              "{% endfor %}A:", n_ctx=256)  # fmt: skip
     assert custom.template.render(ask("Q?")).endswith("Q?\nA:")
@@ -354,3 +388,18 @@ def test_packed_rows_follow_rows_run_alone_split_or_not(backend: LlamaCppBackend
         assert a.shape == b.shape == (2, 2, backend.hidden_size)
         cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
         assert cosine.min() > 0.99
+
+
+def test_the_cache_folder_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from esi_guard.backends.llamacpp._f32 import cache_dir
+
+    monkeypatch.delenv("ESI_GUARD_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "esi_guard"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / ".cache" / "esi_guard"
+    monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path / "own"))
+    assert cache_dir() == tmp_path / "own"

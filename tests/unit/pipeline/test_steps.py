@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import esi_guard
-from esi_guard import BackendError, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
+from esi_guard import BackendError, ESIGuard, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
 from esi_guard._pipeline import GuardedPrompt, Item, Pipeline, raised
 from esi_guard.backends import ChatMessage
 from esi_guard.exceptions import InterventionError, ScoringError
+from esi_guard.scoring import TopK
 
 SURE = "What is the capital city of France?"
 UNSURE = "Which river flows through the ancient city of Timbuktu?"
@@ -140,3 +143,42 @@ def test_the_decision_follows_the_threshold(threshold: float) -> None:
     (result,) = run(pipeline(backend, threshold=threshold, action="abstain"), [item(UNSURE)])
     assert isinstance(result, ESIResult)
     assert result.decision == ("abstain" if threshold == 0.0 else "accept")
+
+
+class ForcingElsewhere(FakeBackend):
+    """Generation's numbers differ from forcing's (as llama.cpp's float32 forcing copy).
+
+    With sensitivity 0 a variant's distributions equal the forced original exactly, so
+    ESI is 0 against the forced original and above 0 against the generation's.
+    """
+
+    def __init__(self, *, forces: bool) -> None:
+        super().__init__(default_answer="Paris is the capital")
+        self.forces = forces
+
+    @property
+    def forces_original(self) -> bool:
+        return self.forces
+
+    def generate(self, prompts: Any, **kwargs: Any) -> list[Any]:
+        out = super().generate(prompts, **kwargs)
+        return [replace(g, topk=TopK(g.topk.ids, g.topk.values * 0.5)) for g in out]
+
+    def teacher_force(self, requests: Any, *, top_k: int) -> list[Any]:
+        always = [replace(r, include_original=r.include_original or self.forces) for r in requests]
+        return super().teacher_force(always, top_k=top_k)
+
+
+@pytest.mark.parametrize("min_variants", [None, 2])
+def test_a_backend_forcing_the_original_is_scored_against_its_forced_original(
+    min_variants: int | None,
+) -> None:
+    scores = {}
+    for forces in (True, False):
+        guard = ESIGuard(backend=ForcingElsewhere(forces=forces), threshold=0.5, n_variants=4,
+                         min_variants=min_variants, stop_constant=0.0 if min_variants else None,
+                         seed=0)  # fmt: skip
+        esi = guard.invoke(SURE).response_metadata["esi"]
+        assert esi["scored"]
+        scores[forces] = esi["score"]
+    assert scores[True] == 0.0 and scores[False] > 0.05
