@@ -148,6 +148,15 @@ class Forced:
 _ENGINES = {"huggingface": "transformers"}
 
 
+def states_engine(engine: str) -> str:
+    """The engine whose hidden states a backend on ``engine`` reads.
+
+    ``llamacpp-f32`` forces on a float32 copy of the weights but generates, and reads
+    the answer's states, on the file's own: its states are ``llamacpp``'s.
+    """
+    return engine.removesuffix("-f32")
+
+
 class Backend(ABC):
     """Base class of all backends."""
 

@@ -6,16 +6,13 @@ questions. Guards built without a model share one loaded copy; it loads the firs
 one of them answers, under a lock, so threads that ask at once wait for the same load.
 
 It runs through llama.cpp in process (:class:`LlamaCppBackend`) when llama-cpp-python is
-installed (the ``demo`` extra installs it), else through transformers. Measured on this
-project's 2-core CPU, one thread, 30 SciQ questions (``benchmarks/llamacpp_backend.py``):
-llama.cpp loads the file in 0.5 s against 33 s, and answers a plain question 4.3x faster;
-transformers forces the variants faster (guarded 4.0 vs 4.8 s per question one at a time,
-2.5 vs 4.8 s batched; packing a question's rows into one llama.cpp decode, the
-default, saves only the per-decode overhead, ~4%: llama.cpp's forcing is compute-bound).
-Someone trying the guard on a handful of questions is done with llama.cpp before
-transformers has loaded; the CLI, which calibrates on hundreds of
-questions in batches, keeps transformers by default (``--backend``). The two give the same
-scores to within 0.005 on average where their greedy answers match (Spearman 0.99).
+installed (the ``demo`` extra installs it), else through transformers. llama.cpp loads
+the file in 0.5 s against 33 s and answers a plain question ~4x faster; it forces the
+variants on a float32 copy of the weights (``forcing_precision="auto"``, engine
+``llamacpp-f32``), which makes a guarded answer as quick as on transformers one at a time
+and leaves transformers ahead in large batches only (``benchmarks/forcing_precision.py``;
+docs/backends.md has the table). The two engines give the same scores to within 0.005 on
+average where their greedy answers match (Spearman 0.99).
 """
 
 from __future__ import annotations
@@ -74,6 +71,14 @@ class EmbeddedBackend(Backend):
     def model_sha256(self) -> str | None:
         """The embedded GGUF's sha256 (hashed on first use, without loading the model)."""
         return file_sha256(embedded_gguf())
+
+    @property
+    def engine(self) -> str:
+        """``llamacpp-f32`` (the embedded model forces on its float32 copy) or ``transformers``.
+
+        Known without loading the model.
+        """
+        return self.loaded.engine if _LOADED else ("llamacpp-f32" if _LLAMA_CPP else "transformers")
 
     @property
     def forces_original(self) -> bool:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from esi_guard._keywords import unknown_keyword
 from esi_guard.backends.adapters import backend_for
+from esi_guard.backends.base import states_engine
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
@@ -191,8 +192,8 @@ def engine_difference(calibrated: ThresholdFile, backend: Backend, where: str) -
         return None
     engine = backend.engine
     again = (
-        f"`esi-guard calibrate --backend {engine}`"
-        if engine in ("transformers", "llamacpp")
+        f"`esi-guard calibrate --backend {states_engine(engine)}`"
+        if states_engine(engine) in ("transformers", "llamacpp")
         else "`esi-guard calibrate` on this backend"
     )
     return (

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from esi_guard._pipeline.steps import merged
+from esi_guard.backends.base import states_engine
 from esi_guard.cascade import Band, Cascade, ESIProbe, label_free_band
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard._config import model_difference
@@ -42,7 +43,11 @@ def cascade_for(
     problems = []
     if (other := model_difference(probe, backend)) is not None:
         problems.append(other)
-    if probe.engine is not None and probe.hidden is not None and probe.engine != backend.engine:
+    if (
+        probe.engine is not None
+        and probe.hidden is not None
+        and states_engine(probe.engine) != states_engine(backend.engine)
+    ):
         problems.append(
             f"engine: the probe reads the {probe.engine} engine's hidden states and this "
             f"guard runs {backend.engine}, whose states of the same weights differ: distill "

