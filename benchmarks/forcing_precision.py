@@ -62,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "threshold": args.threshold, "action": "flag"}  # fmt: skip
     plain = LlamaCppBackend.default(n_threads=1)
     guards = {
-        "model": ESIGuard(backend=LlamaCppBackend.default(n_threads=1), **settings),
+        "model": ESIGuard(
+            backend=LlamaCppBackend.default(n_threads=1, forcing_precision="model"), **settings
+        ),
         "f32": ESIGuard(
             backend=LlamaCppBackend.default(n_threads=1, forcing_precision="f32"), **settings
         ),
