@@ -3,10 +3,16 @@
     python benchmarks/serve.py throughput --backend embedded --requests 256 --clients 32
     python benchmarks/serve.py soak --backend fake --requests 10000 --clients 32
     python benchmarks/serve.py soak --backend embedded --requests 500 --clients 32
+    python benchmarks/serve.py soak --backend proxy --requests 300 --clients 16 --n-variants 4
 
 Each run starts the server in a subprocess of its own (``server`` below: the app
 ``esi-guard serve`` runs, on the fake backend or the embedded model through llama.cpp) on a
 free loopback port, and sends guarded requests from ``--clients`` concurrent HTTP clients.
+``--backend proxy`` is proxy mode: the guard on an ``OpenAIBackend`` whose upstream is the
+real llama.cpp server (llama-cpp-python, the embedded GGUF) behind the fault-injecting
+proxy of the load test (``tests/server/faultproxy.py``), which answers ``--fault-rate``
+of the upstream HTTP requests with a 500, a 429, a 400, a malformed body, a hang past the
+timeout or a dropped connection (seeded).
 
 * **throughput**: the same requests to a server with micro-batching on
   (``--max-batch``) and off (``--max-batch 1``), one after the other: requests per second,
@@ -15,7 +21,9 @@ free loopback port, and sends guarded requests from ``--clients`` concurrent HTT
   lost (no answer), duplicated or crossed (an answer that is not its question's), unmarked
   (no ``esi``, or no ``X-ESI-*`` headers), errors, and the server's resident memory at the
   2,000th request (or a fifth of the run, if shorter) and at the last; growth must stay
-  within 5%.
+  within 5%. In proxy mode, also: every answer that is not a 200 must be an OpenAI-shaped
+  error (``{"error": {"message", "type", ...}}``; ``unshaped`` counts the others), and
+  every 200 carries ``esi``, scored or failed closed (``scored: false`` with a reason).
 
 Ends with one ``serve:`` line of figures; exits 1 when a soak loses, crosses or leaves
 unmarked any request, or grows by more than 5%.
@@ -37,11 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: in
 
 import httpx
 
-from esi_guard import ESIGuard, FakeBackend, LlamaCppBackend
+from esi_guard import ESIGuard, FakeBackend, LlamaCppBackend, OpenAIBackend
 from esi_guard.serve import ServeSettings, create_app, run
 from integrations.llamacpp.server import free_port
 
 SYSTEM = "Answer in a few words."
+PROXY_TIMEOUT = 20.0
+"""Seconds per upstream HTTP attempt in proxy mode (a ``hang`` fault outlasts it)."""
 TOPICS = ["France", "Japan", "Brazil", "Kenya", "Canada", "Norway", "Egypt", "Peru"]
 
 
@@ -58,11 +68,20 @@ def fake_answer(i: int) -> str:
 # -- the server ------------------------------------------------------------------------------
 
 
-def serve(backend: str, port: int, max_batch: int, n_variants: int, requests: int) -> None:
+def serve(
+    backend: str, port: int, max_batch: int, n_variants: int, requests: int, upstream: str = ""
+) -> None:
     """Run the server in this process until SIGTERM."""
     if backend == "fake":
         answers = {question(i): fake_answer(i) for i in range(requests)}
         engine: Any = FakeBackend(answers, default_sensitivity=0.5)
+    elif backend == "proxy":
+        from tests.server.load import CHATML
+
+        base_url, model = upstream.split(" ", 1)
+        engine = OpenAIBackend(model, base_url=base_url, mode="chat", chat_template=CHATML,
+                               timeout=PROXY_TIMEOUT, max_retries=4, retry_wait=0.2,
+                               retry_max_wait=2.0, max_concurrency=4)  # fmt: skip
     else:
         engine = LlamaCppBackend.default()
     guard = ESIGuard(backend=engine, threshold=0.3, n_variants=n_variants, max_new_tokens=16)
@@ -73,11 +92,14 @@ def serve(backend: str, port: int, max_batch: int, n_variants: int, requests: in
 class Server:
     """The server subprocess."""
 
-    def __init__(self, backend: str, max_batch: int, n_variants: int, requests: int) -> None:
+    def __init__(
+        self, backend: str, max_batch: int, n_variants: int, requests: int, upstream: str = ""
+    ) -> None:
         self.port = free_port()
         command = [sys.executable, __file__, "server", "--backend", backend,
                    "--port", str(self.port), "--max-batch", str(max_batch),
-                   "--n-variants", str(n_variants), "--requests", str(requests)]  # fmt: skip
+                   "--n-variants", str(n_variants), "--requests", str(requests),
+                   "--upstream", upstream]  # fmt: skip
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -181,8 +203,16 @@ def throughput(args: argparse.Namespace) -> int:
 def soak(args: argparse.Namespace) -> int:
     """Every request answered once, with its own answer and marked; memory growth."""
     indices = list(range(args.requests))
-    with Server(args.backend, args.max_batch, args.n_variants, args.requests) as server:
-        done = asyncio.run(load(server.url, indices, args.clients, rss=server.rss_kib))
+    upstream = None
+    if args.backend == "proxy":
+        upstream = Upstream(args.fault_rate, args.seed)
+    try:
+        with Server(args.backend, args.max_batch, args.n_variants, args.requests,
+                    upstream.address if upstream else "") as server:  # fmt: skip
+            done = asyncio.run(load(server.url, indices, args.clients, rss=server.rss_kib))
+    finally:
+        if upstream is not None:
+            upstream.stop()
     results = done["results"]
     lost = [i for i in indices if i not in results or results[i]["status"] is None]
     duplicated = [i for i, r in results.items() if r["count"] != 1]
@@ -201,32 +231,73 @@ def soak(args: argparse.Namespace) -> int:
             and (content != fake_answer(i))
         ):
             crossed.append(i)
+    unshaped = [i for i in errors if not _openai_error(results[i]["body"])]
+    answered = [r["body"] for r in results.values() if r["status"] == 200]
+    failed_closed = [b for b in answered if not b.get("esi", {}).get("scored", True)]
+    statuses = sorted({str(results[i]["status"]) for i in errors})
     memory = done["memory"]
     growth = memory["at_end"] / max(memory.get("at_mark", 1), 1) - 1
     print(f"serve: soak backend={args.backend} requests={args.requests} clients={args.clients} "
           f"lost={len(lost)} duplicated={len(duplicated)} crossed={len(crossed)} "
-          f"unmarked={len(unmarked)} errors={len(errors)} rps={done['rps']:.1f} "
+          f"unmarked={len(unmarked)} errors={len(errors)} ({','.join(statuses) or '-'}) "
+          f"unshaped={len(unshaped)} failed_closed={len(failed_closed)} "
+          f"faults={upstream.faults() if upstream else 0} rps={done['rps']:.1f} "
           f"p99_ms={done['p99'] * 1000:.0f} rss_mark_kib={memory.get('at_mark')} "
           f"rss_end_kib={memory['at_end']} rss_growth={growth:+.1%} "
           f"(from request {done['mark']})")  # fmt: skip
-    bad = lost or duplicated or crossed or unmarked or growth > 0.05
+    bad = lost or duplicated or crossed or unmarked or unshaped or growth > 0.05
     return 1 if bad else 0
+
+
+def _openai_error(body: Any) -> bool:
+    """An OpenAI-shaped error body: ``{"error": {"message": str, "type": str, ...}}``."""
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and isinstance(error.get("message"), str) and "type" in error
+
+
+class Upstream:
+    """Proxy mode's upstream: the real llama.cpp server behind the fault-injecting proxy."""
+
+    def __init__(self, fault_rate: float, seed: int) -> None:
+        import random
+
+        from integrations.llamacpp.server import LlamaServer
+        from tests.server.faultproxy import FAULTS, FaultProxy
+
+        self.server = LlamaServer.start(n_threads=1)
+        self.proxy = FaultProxy(self.server.base_url, hang_seconds=PROXY_TIMEOUT + 1).start()
+        rng = random.Random(seed)
+        self.proxy.choose = lambda _: rng.choice(FAULTS) if rng.random() < fault_rate else None
+        self.address = f"{self.proxy.base_url} {self.server.model}"
+
+    def faults(self) -> int:
+        """Upstream requests answered with a fault so far."""
+        return sum(fault is not None for _, fault in self.proxy.log)
+
+    def stop(self) -> None:
+        """Stop the proxy and the server."""
+        self.proxy.stop()
+        self.server.stop()
 
 
 def main() -> None:
     """The command line (see the module)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["throughput", "soak", "server"])
-    parser.add_argument("--backend", choices=["fake", "embedded"], default="fake")
+    parser.add_argument("--backend", choices=["fake", "embedded", "proxy"], default="fake")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--n-variants", type=int, default=10)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--fault-rate", type=float, default=0.08, help="proxy: of upstream calls")
+    parser.add_argument("--seed", type=int, default=0, help="proxy: the faults' seed")
+    parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="Write the throughput figures here.")
     args = parser.parse_args()
     if args.what == "server":
-        serve(args.backend, args.port, args.max_batch, args.n_variants, args.requests)
+        serve(args.backend, args.port, args.max_batch, args.n_variants, args.requests,
+              args.upstream)  # fmt: skip
         return
     sys.exit(throughput(args) if args.what == "throughput" else soak(args))
 
