@@ -78,7 +78,7 @@ class EmbeddedBackend(Backend):
 
         Known without loading the model.
         """
-        return self.loaded.engine if _LOADED else ("llamacpp-f32" if _LLAMA_CPP else "transformers")
+        return _LOADED[0].engine if _LOADED else ("llamacpp-f32" if _LLAMA_CPP else "transformers")
 
     @property
     def forces_original(self) -> bool:
