@@ -16,6 +16,7 @@ from tests.shared_data import shared_data as find_shared_data
 
 if TYPE_CHECKING:
     from esi_guard import HFBackend
+    from esi_guard.backends import Backend
     from esi_guard.calibration.file import ThresholdFile
 
 
@@ -40,6 +41,18 @@ def sciq_questions(shared_data: Path) -> list[str]:
 def hf_backend() -> HFBackend:
     """The embedded default model, SmolLM2-135M-Instruct, loaded once per session on CPU."""
     return embedded_backend()
+
+
+@pytest.fixture(scope="module", params=["llamacpp", "transformers"])
+def white_box(request: pytest.FixtureRequest) -> Backend:
+    """The embedded model on each white-box engine (transformers: the session's shared copy)."""
+    if request.param == "llamacpp":
+        pytest.importorskip("llama_cpp")
+        from esi_guard import LlamaCppBackend
+
+        return LlamaCppBackend.default(n_threads=1)
+    backend: Backend = request.getfixturevalue("hf_backend")
+    return backend
 
 
 @pytest.fixture

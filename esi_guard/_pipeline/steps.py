@@ -432,9 +432,9 @@ class Pipeline:
     def _scored(
         self, item: Item, forced: Forced, context: Forced | BackendError | None
     ) -> ESIResult:
-        base = item.original if item.original is not None else forced.original
-        if self.backend.forces_original and forced.original is not None:
-            base = forced.original  # the variants' numbers: not the generation's
+        # A forced original is on the variants' own numbers (a backend that forces on
+        # other weights than it generates with returns one unasked): it wins.
+        base = forced.original if forced.original is not None else item.original
         changed = item.changed
         question = item.prompt.question
         try:

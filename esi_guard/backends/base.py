@@ -171,15 +171,6 @@ class Backend(ABC):
         return False
 
     @property
-    def forces_original(self) -> bool:
-        """True when teacher forcing runs on other numbers than generation.
-
-        Such a backend forces every request's original row too (``Forced.original``),
-        and ESI compares that, not the generation's distributions, with the variants'.
-        """
-        return False
-
-    @property
     def engine(self) -> str:
         """What computes the distributions: ``transformers``, ``llamacpp``, ``openai``, ``fake``.
 

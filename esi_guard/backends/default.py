@@ -81,11 +81,6 @@ class EmbeddedBackend(Backend):
         return _LOADED[0].engine if _LOADED else ("llamacpp-f32" if _LLAMA_CPP else "transformers")
 
     @property
-    def forces_original(self) -> bool:
-        """The loaded backend's."""
-        return self.loaded.forces_original
-
-    @property
     def hidden_layers(self) -> tuple[int, ...] | None:
         """See :attr:`Backend.hidden_layers` (loads the model)."""
         return self.loaded.hidden_layers

@@ -58,11 +58,6 @@ class TimedBackend(Backend):
         return self.inner.model_sha256
 
     @property
-    def forces_original(self) -> bool:
-        """The wrapped backend's."""
-        return self.inner.forces_original
-
-    @property
     def hidden_layers(self) -> tuple[int, ...] | None:
         """The wrapped backend's."""
         return self.inner.hidden_layers

@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from esi_guard import ESIGuard
 from esi_guard.backends.base import Backend, Generation
-from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.file import ThresholdFile
@@ -33,18 +32,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 
 
-@pytest.fixture(scope="module", params=["llamacpp", "transformers"])
-def engine(request: pytest.FixtureRequest) -> Backend:
-    """The embedded model on each engine (transformers: the session's shared copy)."""
-    if request.param == "llamacpp":
-        return LlamaCppBackend.default(n_threads=1)
-    backend: Backend = request.getfixturevalue("hf_backend")
-    return backend
-
-
 @pytest.fixture(scope="module")
 def files(
-    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, engine: Backend
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, white_box: Backend
 ) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("cascade")
     examples = load_examples(shared_data / "sciq" / "test.jsonl", limit=72, seed=1)
@@ -56,7 +46,7 @@ def files(
                                 + "\n" for e in examples[32:]))  # fmt: skip
     probe, threshold = folder / "probe.json", folder / "threshold.json"
     patch = pytest.MonkeyPatch()
-    patch.setattr(cli_module, "_backend", lambda *args: engine)
+    patch.setattr(cli_module, "_backend", lambda *args: white_box)
     try:
         distilled = CliRunner().invoke(app, [
             "distill", "--data", str(questions), "--out", str(probe), *SCORING,
@@ -78,11 +68,11 @@ def files(
 
 
 def test_the_files_name_the_model_and_carry_the_probe_and_its_band(
-    files: tuple[Path, Path], engine: Backend
+    files: tuple[Path, Path], white_box: Backend
 ) -> None:
     probe_file, threshold_file = files
     probe = ESIProbe.read(probe_file)
-    assert probe.model == engine.model_id and probe.engine == engine.engine
+    assert probe.model == white_box.model_id and probe.engine == white_box.engine
     assert probe.hidden is not None and probe.hidden.hidden_size == 576
     assert probe.quality["n"] >= 24 and len(probe.held_out_esi) == probe.quality["n"]
     written = ThresholdFile.read(threshold_file)
@@ -94,11 +84,11 @@ def test_the_files_name_the_model_and_carry_the_probe_and_its_band(
 
 
 def test_the_guard_takes_the_probes_path_outside_the_band_and_esi_inside(
-    files: tuple[Path, Path], engine: Backend, shared_data: Path
+    files: tuple[Path, Path], white_box: Backend, shared_data: Path
 ) -> None:
     _, threshold_file = files
     written = ThresholdFile.read(threshold_file)
-    guard = ESIGuard.from_calibration(threshold_file, backend=engine)
+    guard = ESIGuard.from_calibration(threshold_file, backend=white_box)
     probe = written.esi_probe
     assert probe is not None and probe.hidden is not None
     question = load_examples(shared_data / "sciq" / "test.jsonl", limit=1, seed=5)[0].question
@@ -106,9 +96,9 @@ def test_the_guard_takes_the_probes_path_outside_the_band_and_esi_inside(
     assert system
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     esi = guard.invoke(messages).response_metadata["esi"]
-    (gen,) = engine.generate([messages], max_new_tokens=16, top_k=20, hidden=probe.hidden.spec)
+    (gen,) = white_box.generate([messages], max_new_tokens=16, top_k=20, hidden=probe.hidden.spec)
     assert isinstance(gen, Generation) and gen.hidden is not None
-    signals = free_signals(gen.topk, gen.token_ids, engine.values_kind)
+    signals = free_signals(gen.topk, gen.token_ids, white_box.values_kind)
     expected = probe.estimate(signals, gen.hidden)
     assert esi["probe_score"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
     # The same answer with a band around its own estimate: ESI runs; a band elsewhere: not.
@@ -116,7 +106,7 @@ def test_the_guard_takes_the_probes_path_outside_the_band_and_esi_inside(
                   high=max(expected, written.threshold) + 1e-3)  # fmt: skip
     outside = Band(low=written.threshold, high=written.threshold)
     for band, path in ((inside, "esi"), (outside, "probe")):
-        forced = ESIGuard.from_calibration(threshold_file, backend=engine, probe_band=band)
+        forced = ESIGuard.from_calibration(threshold_file, backend=white_box, probe_band=band)
         meta = forced.invoke(messages).response_metadata["esi"]
         assert meta["decided_by"] == path
         assert (meta["variants_used"] == 0) == (path == "probe")
@@ -124,13 +114,13 @@ def test_the_guard_takes_the_probes_path_outside_the_band_and_esi_inside(
 
 
 def test_another_model_and_an_api_backend_are_refused(
-    files: tuple[Path, Path], engine: Backend
+    files: tuple[Path, Path], white_box: Backend
 ) -> None:
     probe = ESIProbe.read(files[0])
     with pytest.raises(ConfigurationError, match="model"):
-        ESIGuard(backend=engine, threshold=0.3,
+        ESIGuard(backend=white_box, threshold=0.3,
                  esi_probe=probe.model_copy(update={"model": "someone/else",
                                                     "model_sha256": "0" * 64}))  # fmt: skip
-    api = OpenAIBackend("smollm2", base_url="http://127.0.0.1:9/v1", model_id=engine.model_id)
+    api = OpenAIBackend("smollm2", base_url="http://127.0.0.1:9/v1", model_id=white_box.model_id)
     with pytest.raises(ConfigurationError, match="hidden states"):
         ESIGuard(backend=api, threshold=0.3, esi_probe=probe)

@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 
 from esi_guard import ESIGuard
 from esi_guard.backends.base import Backend
-from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.combining import decode_states
 from esi_guard.calibration.file import ThresholdFile
@@ -29,23 +28,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 
 
-@pytest.fixture(scope="module", params=["llamacpp", "transformers"])
-def llama(request: pytest.FixtureRequest) -> Backend:
-    """The embedded model on each engine (transformers: the session's shared copy)."""
-    if request.param == "llamacpp":
-        return LlamaCppBackend.default(n_threads=1)
-    backend: Backend = request.getfixturevalue("hf_backend")
-    return backend
-
-
 @pytest.fixture(scope="module")
 def calibrated(
-    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, llama: Backend
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, white_box: Backend
 ) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("probe")
     out, cache = folder / "threshold.json", folder / "run.jsonl"
     patch = pytest.MonkeyPatch()
-    patch.setattr(cli_module, "_backend", lambda *args: llama)
+    patch.setattr(cli_module, "_backend", lambda *args: white_box)
     try:
         result = CliRunner().invoke(cli_module.app, [
             "calibrate", "--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "64",
@@ -62,18 +52,18 @@ def calibrated(
 
 
 def test_the_file_carries_the_probe_and_the_guard_reproduces_p_wrong_exactly(
-    calibrated: tuple[Path, Path], llama: Backend
+    calibrated: tuple[Path, Path], white_box: Backend
 ) -> None:
     out, cache = calibrated
     written = ThresholdFile.read(out)
-    assert written.engine == llama.engine
+    assert written.engine == white_box.engine
     combined = written.combined
     assert combined is not None and combined.hidden is not None
     probe = combined.hidden
-    assert probe.hidden_size == llama.hidden_size == 576
+    assert probe.hidden_size == white_box.hidden_size == 576
     assert len(probe.weights) == len(probe.layers) * len(probe.positions) * 576
     assert set(probe.selection)  # the candidates' cross-validated losses are reported
-    guard = ESIGuard.from_calibration(out, backend=llama)
+    guard = ESIGuard.from_calibration(out, backend=white_box)
     records = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
     scored = [r for r in records if r["scored"]][:4]
     system = written.scoring.system_prompt  # the CLI asked with its QA instruction
@@ -84,7 +74,7 @@ def test_the_file_carries_the_probe_and_the_guard_reproduces_p_wrong_exactly(
         assert esi["answer"] == record["prediction"]
         signals = {"esi": record["score"], **record["signals"]}
         expected = combined.p_wrong(signals, decode_states(record["hidden"]))
-        if llama.engine.startswith("llamacpp"):  # one sequence per decode: the same bits every time
+        if white_box.engine.startswith("llamacpp"):  # one sequence per decode: the same bits
             assert esi["p_wrong"] == expected
         else:  # transformers' numbers move a little with the batch an answer is padded into
             assert esi["p_wrong"] == pytest.approx(expected, rel=1e-7)
@@ -94,24 +84,24 @@ def test_the_file_carries_the_probe_and_the_guard_reproduces_p_wrong_exactly(
 
 
 def test_another_model_engine_or_an_api_backend_is_refused(
-    calibrated: tuple[Path, Path], llama: Backend, tmp_path: Path
+    calibrated: tuple[Path, Path], white_box: Backend, tmp_path: Path
 ) -> None:
     out, _ = calibrated
     raw = json.loads(out.read_text())
     other = tmp_path / "other-model.json"
     other.write_text(json.dumps({**raw, "model": "someone/else", "model_sha256": "0" * 64}))
     with pytest.raises(ConfigurationError, match="model"):
-        ESIGuard.from_calibration(other, backend=llama)
+        ESIGuard.from_calibration(other, backend=white_box)
     narrower = tmp_path / "other-width.json"
     probe = {**raw["combined"]["hidden"], "hidden_size": 960}
     narrower.write_text(json.dumps({**raw, "combined": {**raw["combined"], "hidden": probe}}))
     with pytest.raises(ConfigurationError, match="width 960"):
-        ESIGuard.from_calibration(narrower, backend=llama)
+        ESIGuard.from_calibration(narrower, backend=white_box)
     engine = tmp_path / "other-engine.json"
-    elsewhere = "transformers" if llama.engine.startswith("llamacpp") else "llamacpp"
+    elsewhere = "transformers" if white_box.engine.startswith("llamacpp") else "llamacpp"
     engine.write_text(json.dumps({**raw, "engine": elsewhere}))
     with pytest.raises(ConfigurationError, match=f"hidden-state probe fitted on the {elsewhere}"):
-        ESIGuard.from_calibration(engine, backend=llama)
+        ESIGuard.from_calibration(engine, backend=white_box)
     api = OpenAIBackend(raw["model"], base_url="http://127.0.0.1:9/v1", mode="chat")
     with pytest.raises(ConfigurationError, match="gives no hidden states"):
         ESIGuard.from_calibration(out, backend=api)

@@ -18,7 +18,38 @@ from typing import Any
 
 from esi_guard.exceptions import ModelLoadError
 
-__all__ = ["cache_dir", "f32_copy"]
+__all__ = ["F32_LIMIT", "cache_dir", "f32_copy", "load_f32_copy", "resolve_precision"]
+
+F32_LIMIT = 2 << 30
+"""``forcing_precision="auto"`` makes a float32 copy up to this many bytes (2 GiB)."""
+
+
+def resolve_precision(asked: str, llama: Any, llama_cpp: Any) -> str:
+    """``asked``, with ``"auto"`` resolved: ``"f32"`` for a small quantized model on the CPU."""
+    if asked != "auto":
+        return asked
+    quantized = int(llama.metadata.get("general.file_type", 0)) != 0  # 0: all float32
+    on_cpu = int(llama.model_params.n_gpu_layers) == 0
+    size = 4 * int(llama_cpp.llama_model_n_params(llama._model.model))
+    return "f32" if quantized and on_cpu and size <= F32_LIMIT else "model"
+
+
+def load_f32_copy(llama_cpp: Any, llama: Any, digest: str, n_threads: int | None) -> Any:
+    """A ``llama_cpp.Llama`` on the float32 copy of ``llama``'s file (sha256 ``digest``)."""
+    copy = f32_copy(llama_cpp, llama.model_path, digest)
+    try:
+        twin = llama_cpp.Llama(
+            model_path=str(copy), n_ctx=256, n_threads=n_threads, verbose=False,
+            n_gpu_layers=int(llama.model_params.n_gpu_layers),
+        )  # fmt: skip
+    except (ValueError, RuntimeError) as exc:
+        msg = f"llama.cpp could not load the float32 copy {str(copy)!r}: {exc} (delete it)"
+        raise ModelLoadError(msg) from exc
+    if twin.n_vocab() != llama.n_vocab():
+        twin.close()
+        msg = f"the float32 copy {str(copy)!r} has another vocabulary than its model"
+        raise ModelLoadError(msg)
+    return twin
 
 
 def cache_dir() -> Path:

@@ -61,7 +61,7 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
-from esi_guard.backends.llamacpp._f32 import f32_copy
+from esi_guard.backends.llamacpp._f32 import load_f32_copy, resolve_precision
 from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
@@ -83,20 +83,6 @@ COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n
 
 Each message's text, a blank line after each, then ``Answer:`` for the model to go on.
 """
-
-
-F32_LIMIT = 2 << 30
-"""``forcing_precision="auto"`` makes a float32 copy up to this many bytes (2 GiB)."""
-
-
-def _precision(asked: str, llama: Any, llama_cpp: Any) -> str:
-    """``asked``, with ``"auto"`` resolved: ``"f32"`` for a small quantized model on the CPU."""
-    if asked != "auto":
-        return asked
-    quantized = int(llama.metadata.get("general.file_type", 0)) != 0  # 0: all float32
-    on_cpu = int(llama.model_params.n_gpu_layers) == 0
-    size = 4 * int(llama_cpp.llama_model_n_params(llama._model.model))
-    return "f32" if quantized and on_cpu and size <= F32_LIMIT else "model"
 
 
 def _import_llama_cpp() -> Any:
@@ -183,12 +169,12 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self._lock = threading.Lock()
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
-        self.forcing_precision = _precision(forcing_precision, llama, llama_cpp)
+        self.forcing_precision = resolve_precision(forcing_precision, llama, llama_cpp)
         """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
-        weights (generation and
-        forcing of a short prompt agree to the bit with ``pack_rows=False``), or ``"f32"``, a
-        float32 copy of them written once to the cache folder (:mod:`._f32`; ``$ESI_GUARD_CACHE``
-        or ``~/.cache/esi_guard``) and loaded beside the model. On a quantized model on a CPU
+        weights (generation and forcing of a short prompt agree to the bit with
+        ``pack_rows=False``), or ``"f32"``, a float32 copy of them written once to the cache
+        folder (:mod:`._f32`; ``$ESI_GUARD_CACHE`` or ``~/.cache/esi_guard``) and loaded
+        beside the model. On a quantized model on a CPU
         the forcing pass is then faster (llama.cpp's float32 matrix kernels against its
         quantized ones, which are built for one token at a time) at the cost of the copy's
         memory (4 bytes a weight: 0.5 GB for the embedded model); generation stays on the
@@ -199,7 +185,11 @@ class LlamaCppBackend(Backend):
         self._forcing_llama: Any = None
         self._forcer = self._engine
         if self.forcing_precision == "f32" and int(llama.metadata.get("general.file_type", -1)):
-            self._forcing_llama = self._load_f32(llama_cpp, llama, n_threads)
+            digest = self.model_sha256
+            if digest is None:
+                msg = f"cannot read {llama.model_path!r} to make its float32 copy"
+                raise ModelLoadError(msg)
+            self._forcing_llama = load_f32_copy(llama_cpp, llama, digest, n_threads)
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
@@ -321,30 +311,10 @@ class LlamaCppBackend(Backend):
         """Whether forcing runs on other weights than generation (``forcing_precision="f32"``).
 
         Then every forcing request's original row is forced too and returned as
-        ``Forced.original``: ESI compares it, not the generation's distributions, with the
-        variants'.
+        ``Forced.original``, which the pipeline prefers to the generation's distributions:
+        ESI compares numbers from the same kernels.
         """
         return self._forcer is not self._engine
-
-    def _load_f32(self, llama_cpp: Any, llama: Any, n_threads: int | None) -> Any:
-        digest = self.model_sha256
-        if digest is None:
-            msg = f"cannot read {llama.model_path!r} to make its float32 copy"
-            raise ModelLoadError(msg)
-        copy = f32_copy(llama_cpp, llama.model_path, digest)
-        try:
-            twin = llama_cpp.Llama(
-                model_path=str(copy), n_ctx=256, n_threads=n_threads, verbose=False,
-                n_gpu_layers=int(llama.model_params.n_gpu_layers),
-            )  # fmt: skip
-        except (ValueError, RuntimeError) as exc:
-            msg = f"llama.cpp could not load the float32 copy {str(copy)!r}: {exc} (delete it)"
-            raise ModelLoadError(msg) from exc
-        if twin.n_vocab() != llama.n_vocab():
-            twin.close()
-            msg = f"the float32 copy {str(copy)!r} has another vocabulary than its model"
-            raise ModelLoadError(msg)
-        return twin
 
     @property
     def context_length(self) -> int:

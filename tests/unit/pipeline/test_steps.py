@@ -149,16 +149,13 @@ class ForcingElsewhere(FakeBackend):
     """Generation's numbers differ from forcing's (as llama.cpp's float32 forcing copy).
 
     With sensitivity 0 a variant's distributions equal the forced original exactly, so
-    ESI is 0 against the forced original and above 0 against the generation's.
+    ESI is 0 against the forced original and above 0 against the generation's. ``forces``:
+    the backend returns the forced original unasked, as ``LlamaCppBackend`` then does.
     """
 
     def __init__(self, *, forces: bool) -> None:
         super().__init__(default_answer="Paris is the capital")
         self.forces = forces
-
-    @property
-    def forces_original(self) -> bool:
-        return self.forces
 
     def generate(self, prompts: Any, **kwargs: Any) -> list[Any]:
         out = super().generate(prompts, **kwargs)
