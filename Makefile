@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-fast fuzz load lint docs install-demo install-test clean
+.PHONY: demo test test-fast fuzz load lint docs install-demo install-test install-litellm-proxy clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,15 +24,28 @@ $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
 	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,serve,litellm,dev,docs]"
 	touch $@
 
+# LiteLLM's proxy, for the test that runs ESIGuardrail inside it (tests/server/test_litellm_proxy.py):
+# a virtual environment of its own, as the proxy is a process of its own. litellm[proxy] pins
+# its dependencies, and the newest (1.110) extra needs a `litellm-proxy` distribution the
+# package registry lacks, hence 1.108.
+LITELLM_VENV ?= .venv-litellm
+LITELLM_SPEC ?= litellm[proxy]==1.108.*
+
+$(LITELLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "$(LITELLM_SPEC)" -e ".[litellm]"
+	touch $@
+
 install-demo: $(VENV)/.demo-installed
 install-test: $(VENV)/.test-installed
+install-litellm-proxy: $(LITELLM_VENV)/.installed
 
 ## Run the guard over the embedded default model on a handful of questions.
 demo: install-demo
 	$(BIN)/python examples/quickstart.py
 
 ## The whole test suite: unit tests and integration tests on the embedded model.
-test: install-test
+test: install-test install-litellm-proxy
 	$(BIN)/python -m pytest
 
 ## Unit tests only (no model).
@@ -62,4 +75,4 @@ docs: install-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache site

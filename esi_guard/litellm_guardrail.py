@@ -71,8 +71,10 @@ class ESIGuardrail(CustomGuardrail):
             ``action``: LiteLLM hands every custom guardrail its own ``action`` default
             (``block``, with other providers' settings), whatever the config says.
         api_key: The upstream's key (default ``OPENAI_API_KEY``, else none).
-        api_mode: The API backend's mode: ``echo`` (exact), ``chat`` or ``auto`` (LiteLLM's
-            own ``mode`` is the hook, ``post_call``).
+        api_mode: The API backend's mode: ``echo`` or ``auto`` (echo when the server offers
+            it). Scoring an answer the guardrail did not generate is teacher forcing, which
+            only echo mode can do, so ``chat`` is refused. (LiteLLM's own ``mode`` is the
+            hook, ``post_call``.)
         chat_template: A Jinja chat template file, for echo mode.
         n_variants: L, variants per question (a calibration file's own by default).
         top_k: k, tokens per distribution (the file's by default).
@@ -89,7 +91,7 @@ class ESIGuardrail(CustomGuardrail):
         threshold: str | float | None = None,
         esi_action: Literal["flag", "block"] = "flag",
         api_key: str | None = None,
-        api_mode: Literal["echo", "chat", "auto"] = "auto",
+        api_mode: Literal["echo", "auto"] = "auto",
         chat_template: str | None = None,
         n_variants: int | None = None,
         top_k: int | None = None,
@@ -147,6 +149,12 @@ def _upstream(
 ) -> Backend:  # fmt: skip
     if not api_base or not model:
         msg = "ESIGuardrail needs api_base and upstream_model (the route's upstream), or backend"
+        raise ConfigurationError(msg)
+    if mode not in ("echo", "auto"):
+        msg = (
+            f"ESIGuardrail api_mode must be 'echo' or 'auto', got {mode!r}: it scores answers "
+            "the route generated, which needs the upstream's echo logprobs (teacher forcing)"
+        )
         raise ConfigurationError(msg)
     from esi_guard.backends.openai import OpenAIBackend
 

@@ -72,6 +72,8 @@ def test_settings_that_cannot_work_are_refused() -> None:
         ESIGuardrail(backend=FakeBackend())
     with pytest.raises(ConfigurationError, match="api_base and upstream_model"):
         ESIGuardrail(threshold=0.3)
+    with pytest.raises(ConfigurationError, match="'echo' or 'auto'"):
+        ESIGuardrail(threshold=0.3, api_base="http://h/v1", upstream_model="m", api_mode="chat")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="'flag' or 'block'"):
         ESIGuardrail(backend=FakeBackend(), threshold=0.3, esi_action="route")  # type: ignore[arg-type]
 
