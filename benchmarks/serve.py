@@ -1,12 +1,14 @@
 """``esi-guard serve`` under load: micro-batching's throughput ratio, p99, and a soak run.
 
     python benchmarks/serve.py throughput --backend embedded --requests 256 --clients 32
+    python benchmarks/serve.py throughput --backend transformers --requests 256 --clients 32
     python benchmarks/serve.py soak --backend fake --requests 10000 --clients 32
     python benchmarks/serve.py soak --backend embedded --requests 500 --clients 32
     python benchmarks/serve.py soak --backend proxy --requests 300 --clients 16 --n-variants 4
 
 Each run starts the server in a subprocess of its own (``server`` below: the app
-``esi-guard serve`` runs, on the fake backend or the embedded model through llama.cpp) on a
+``esi-guard serve`` runs, on the fake backend, or the embedded model through llama.cpp or,
+``--backend transformers``, through transformers, which generates a batch's answers together) on a
 free loopback port, and sends guarded requests from ``--clients`` concurrent HTTP clients.
 ``--backend proxy`` is proxy mode: the guard on an ``OpenAIBackend`` whose upstream is the
 real llama.cpp server (llama-cpp-python, the embedded GGUF) behind the fault-injecting
@@ -45,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: in
 
 import httpx
 
-from esi_guard import ESIGuard, FakeBackend, LlamaCppBackend, OpenAIBackend
+from esi_guard import ESIGuard, FakeBackend, HFBackend, LlamaCppBackend, OpenAIBackend
 from esi_guard.serve import ServeSettings, create_app, run
 from integrations.llamacpp.server import free_port
 
@@ -82,6 +84,8 @@ def serve(
         engine = OpenAIBackend(model, base_url=base_url, mode="chat", chat_template=CHATML,
                                timeout=PROXY_TIMEOUT, max_retries=4, retry_wait=0.2,
                                retry_max_wait=2.0, max_concurrency=4)  # fmt: skip
+    elif backend == "transformers":
+        engine = HFBackend.default()
     else:
         engine = LlamaCppBackend.default()
     guard = ESIGuard(backend=engine, threshold=0.3, n_variants=n_variants, max_new_tokens=16)
@@ -284,7 +288,8 @@ def main() -> None:
     """The command line (see the module)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["throughput", "soak", "server"])
-    parser.add_argument("--backend", choices=["fake", "embedded", "proxy"], default="fake")
+    parser.add_argument("--backend", choices=["fake", "embedded", "transformers", "proxy"],
+                        default="fake")  # fmt: skip
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=32)

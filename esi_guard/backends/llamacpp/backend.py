@@ -27,10 +27,7 @@ kernels, while generation stays on the file's weights; the engine is then
 
 from __future__ import annotations
 
-import atexit
-import sys
 import threading
-import weakref
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -60,9 +57,11 @@ from esi_guard.backends.base import (
     shared_prefix,
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends.llamacpp._decoding import greedy, sample_group
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
 from esi_guard.backends.llamacpp._f32 import load_f32_copy, resolve_precision
 from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
+from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
     BackendError,
@@ -77,21 +76,11 @@ __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
 TopRows = tuple[np.ndarray, np.ndarray]
 """A row's top-k ids and values at each answer position (:func:`topk_rows`)."""
 
-_EXTRA_HINT = "install the 'llamacpp' extra: pip install 'esi-guard[llamacpp]'"
 COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}Answer:"
 """``chat_template="completion"``: for base models, whose GGUF holds no chat template.
 
 Each message's text, a blank line after each, then ``Answer:`` for the model to go on.
 """
-
-
-def _import_llama_cpp() -> Any:
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        msg = f"LlamaCppBackend needs llama-cpp-python; {_EXTRA_HINT}"
-        raise ImportError(msg) from exc
-    return llama_cpp
 
 
 class LlamaCppBackend(Backend):
@@ -141,7 +130,7 @@ class LlamaCppBackend(Backend):
         pack_rows: bool = True,
         forcing_precision: str = "auto",
     ) -> None:
-        llama_cpp = _import_llama_cpp()
+        llama_cpp = import_llama_cpp()
         if not isinstance(llama, llama_cpp.Llama):
             msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
             raise ConfigurationError(msg)
@@ -193,7 +182,7 @@ class LlamaCppBackend(Backend):
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
-        _OPEN.add(self)
+        close_at_exit(self)
         self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
         self._is_eog = llama_cpp.llama_vocab_is_eog
         self._n_layers = int(llama_cpp.llama_model_n_layer(llama._model.model))
@@ -226,7 +215,7 @@ class LlamaCppBackend(Backend):
             forcing_precision: See the class.
             **llama_kwargs: Passed to ``llama_cpp.Llama``.
         """
-        llama_cpp = _import_llama_cpp()
+        llama_cpp = import_llama_cpp()
         check_model_path(str(path))
         where = Path(path).expanduser()
         if not where.is_file():
@@ -470,37 +459,22 @@ class LlamaCppBackend(Backend):
     ) -> Generator[list[int] | Generation | BackendError, None, None]:
         """Each new token (as a one-item list) as it comes, then the Generation."""
         names = self._names(hidden)
-        states: dict[str, list[np.ndarray]] = {name: [] for name in names}
         row = self.render(prompt)
         too_long = self._too_long(len(row) + 1, "the prompt (plus one answer token)")
         if too_long is not None:
             yield too_long
             return
         room = min(max_new_tokens, self.context_length - len(row))
-        tokens: list[int] = []
-        ids, values = [], []
         with self._lock:
             try:
-                logits = self._engine.decode([], [Row(0, row, 0, [len(row) - 1])], names)
-                while True:
-                    for name in names:
-                        states[name].append(self._engine.states[name][0])
-                    top_ids, top_values = topk_rows(logits, top_k)
-                    ids.append(top_ids[0])
-                    values.append(top_values[0])
-                    token = int(top_ids[0, 0])
-                    tokens.append(token)
-                    if self._is_end(token) or len(tokens) >= room:
-                        break
-                    yield [token]
-                    logits = self._engine.decode(
-                        [], [Row(0, [token], len(row) + len(tokens) - 1, [0])], names
-                    )
+                tokens, ids, values, states = yield from greedy(
+                    self._engine, row, room, top_k, names, self._is_end
+                )
             finally:
                 self._engine.clear()
         gen = finish_greedy(
             tokens,
-            TopK(np.stack(ids), np.stack(values)),
+            TopK(ids, values),
             is_end=self._is_end,
             decode=self._decode,
             stop=stop,
@@ -604,11 +578,13 @@ class LlamaCppBackend(Backend):
                 results.append(too_long)
                 continue
             samples: list[Sample] = []
+            room = min(max_new_tokens, self.context_length - len(row) - 1)
             with self._lock:
                 for start in range(0, n, self._engine.n_seq_max):
                     count = min(self._engine.n_seq_max, n - start)
                     try:
-                        group = self._sample_group(row, count, temperature, max_new_tokens, rng)
+                        group = sample_group(self._engine, row, count, temperature, room, rng,
+                                             self._is_end)  # fmt: skip
                         samples += [make_sample(t, lp, decode=self._decode, stop=stop)
                                     for t, lp in group]  # fmt: skip
                     finally:
@@ -616,61 +592,5 @@ class LlamaCppBackend(Backend):
             results.append(samples)
         return results
 
-    def _sample_group(
-        self, row: list[int], n: int, temperature: float, max_new_tokens: int, rng: Any
-    ) -> list[tuple[list[int], list[float]]]:
-        seqs = list(range(n))
-        engine = self._engine
-        shared = [(row[:-1], seqs)] if len(row) > 1 else []
-        logits = engine.decode(shared, [Row(s, [row[-1]], len(row) - 1, [0]) for s in seqs])
-        tokens: list[list[int]] = [[] for _ in seqs]
-        logprobs: list[list[float]] = [[] for _ in seqs]
-        live = seqs
-        room = min(max_new_tokens, self.context_length - len(row) - 1)
-        for step in range(room):
-            scaled = logits.astype(np.float64)
-            logp = scaled - scaled.max(axis=1, keepdims=True)
-            logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
-            hot = np.exp((scaled - scaled.max(axis=1, keepdims=True)) / temperature)
-            hot /= hot.sum(axis=1, keepdims=True)
-            nxt = []
-            for i, seq in enumerate(live):
-                token = int(rng.choice(hot.shape[1], p=hot[i]))
-                if self._is_end(token):
-                    continue
-                tokens[seq].append(token)
-                logprobs[seq].append(float(logp[i, token]))
-                nxt.append(seq)
-            live = nxt
-            if not live or step == room - 1:
-                break
-            position = len(row) + step
-            logits = engine.decode([], [Row(seq, [tokens[seq][-1]], position, [0]) for seq in live])
-        return list(zip(tokens, logprobs, strict=True))
-
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.model_id!r}, n_ctx={self.context_length})"
-
-
-_OPEN: weakref.WeakSet[LlamaCppBackend] = weakref.WeakSet()
-"""Backends alive, whose llama.cpp objects :func:`_close_all` frees at interpreter exit."""
-
-
-def _close_all() -> None:
-    """Free the live backends' llama.cpp objects at exit, while llama_cpp is whole.
-
-    Left to the garbage collector, they are freed after llama_cpp's module globals are
-    gone (a ``TypeError`` traceback from ``free_model`` at exit), and llama_cpp's two
-    ``/dev/null`` files are never closed (a ``ResourceWarning``).
-    """
-    for backend in list(_OPEN):
-        backend.close()
-        backend.llama.close()
-    utils = sys.modules.get("llama_cpp._utils")
-    for name in ("outnull_file", "errnull_file"):
-        handle = getattr(utils, name, None)
-        if handle is not None:
-            handle.close()
-
-
-atexit.register(_close_all)

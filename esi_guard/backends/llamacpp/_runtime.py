@@ -1,0 +1,57 @@
+"""llama-cpp-python itself: importing it with a clear error, and freeing its objects at exit."""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import weakref
+from typing import Any, Protocol
+
+__all__ = ["close_at_exit", "import_llama_cpp"]
+
+_EXTRA_HINT = "install the 'llamacpp' extra: pip install 'esi-guard[llamacpp]'"
+
+
+def import_llama_cpp() -> Any:
+    """The ``llama_cpp`` module, or an ``ImportError`` naming the extra to install."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        msg = f"LlamaCppBackend needs llama-cpp-python; {_EXTRA_HINT}"
+        raise ImportError(msg) from exc
+    return llama_cpp
+
+
+class _Closable(Protocol):
+    llama: Any
+
+    def close(self) -> None: ...
+
+
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Backends alive, whose llama.cpp objects :func:`_close_all` frees at interpreter exit."""
+
+
+def close_at_exit(backend: _Closable) -> None:
+    """Free ``backend``'s llama.cpp objects at interpreter exit if it is still alive then."""
+    _OPEN.add(backend)
+
+
+def _close_all() -> None:
+    """Free the live backends' llama.cpp objects at exit, while llama_cpp is whole.
+
+    Left to the garbage collector, they are freed after llama_cpp's module globals are
+    gone (a ``TypeError`` traceback from ``free_model`` at exit), and llama_cpp's two
+    ``/dev/null`` files are never closed (a ``ResourceWarning``).
+    """
+    for backend in list(_OPEN):
+        backend.close()
+        backend.llama.close()
+    utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        handle = getattr(utils, name, None)
+        if handle is not None:
+            handle.close()
+
+
+atexit.register(_close_all)
