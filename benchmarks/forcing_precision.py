@@ -3,7 +3,9 @@ r"""llama.cpp's forcing on the file's weights or on a float32 copy: speed and sc
     OMP_NUM_THREADS=1 python benchmarks/forcing_precision.py --data sciq/test.jsonl \\
         --limit 40 --json forcing.json
 
-The embedded model (Q4_1) on llama.cpp, one thread, three backends side by side in one
+The embedded model (Q4_1) on llama.cpp, one thread (``--threads``; 0: each engine's own
+defaults, llama.cpp's half the cores for generation and every core for forcing, torch's
+every core), three backends side by side in one
 run: ``plain`` (the greedy answer and its top-k, no guard), ``model`` (``ESIGuard``,
 L=10, k=100, SOC, forcing on the Q4_1 weights, the default) and ``f32``
 (``forcing_precision="f32"``: the same generation, forcing on a float32 copy). Both
@@ -52,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=0, help="questions to leave out first")
     parser.add_argument("--threshold", type=float, default=0.345)
     parser.add_argument("--transformers", action="store_true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per engine; 0: each engine's own defaults")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     path = Path(args.data) if Path(args.data).is_file() else shared_data() / args.data
@@ -60,13 +64,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompts = [answering.messages(e.question) for e in examples]
     settings = {"n_variants": 10, "top_k": 100, "max_new_tokens": answering.max_new_tokens,
                 "threshold": args.threshold, "action": "flag"}  # fmt: skip
-    plain = LlamaCppBackend.default(n_threads=1)
+    threads = args.threads or None
+    plain = LlamaCppBackend.default(n_threads=threads)
     guards = {
         "model": ESIGuard(
-            backend=LlamaCppBackend.default(n_threads=1, forcing_precision="model"), **settings
+            backend=LlamaCppBackend.default(n_threads=threads, forcing_precision="model"),
+            **settings,
         ),
         "f32": ESIGuard(
-            backend=LlamaCppBackend.default(n_threads=1, forcing_precision="f32"), **settings
+            backend=LlamaCppBackend.default(n_threads=threads, forcing_precision="f32"),
+            **settings,
         ),
     }
     if args.transformers:
@@ -74,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         from esi_guard.backends.hf import HFBackend
 
-        torch.set_num_threads(1)
+        if threads:
+            torch.set_num_threads(threads)
         guards["transformers"] = ESIGuard(backend=HFBackend.default(), **settings)
     args_plain = {"max_new_tokens": answering.max_new_tokens, "top_k": 100}
     plain.generate(prompts[:1], **args_plain)

@@ -69,7 +69,8 @@ class Engine:
         llama: The loaded ``llama_cpp.Llama`` (its model is used, its context is not).
         n_ctx: KV cells of the context: all rows of one decode together.
         n_seq_max: Most sequences (rows) in one decode.
-        n_threads: CPU threads; the ``Llama``'s own setting when None.
+        n_threads: CPU threads for every decode; when None, the ``Llama``'s own settings:
+            ``n_threads`` for one-token decodes, ``n_threads_batch`` for larger ones.
     """
 
     def __init__(self, llama: Any, *, n_ctx: int, n_seq_max: int, n_threads: int | None) -> None:
@@ -78,6 +79,7 @@ class Engine:
         self._lib = llama_cpp
         self._llama = llama
         threads = n_threads or int(llama.context_params.n_threads)
+        threads_batch = n_threads or int(llama.context_params.n_threads_batch) or threads
         params = llama_cpp.llama_context_default_params()
         n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to 256 cells
         params.n_ctx = n_ctx
@@ -86,7 +88,7 @@ class Engine:
         params.n_seq_max = n_seq_max
         params.kv_unified = True
         params.n_threads = threads
-        params.n_threads_batch = threads
+        params.n_threads_batch = threads_batch
         params.no_perf = True
         self.n_seq_max = n_seq_max
         self._params = params

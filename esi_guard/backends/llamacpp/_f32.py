@@ -39,7 +39,9 @@ def load_f32_copy(llama_cpp: Any, llama: Any, digest: str, n_threads: int | None
     copy = f32_copy(llama_cpp, llama.model_path, digest)
     try:
         twin = llama_cpp.Llama(
-            model_path=str(copy), n_ctx=256, n_threads=n_threads, verbose=False,
+            model_path=str(copy), n_ctx=256, verbose=False,
+            n_threads=n_threads or int(llama.context_params.n_threads),
+            n_threads_batch=n_threads or int(llama.context_params.n_threads_batch),
             n_gpu_layers=int(llama.model_params.n_gpu_layers),
         )  # fmt: skip
     except (ValueError, RuntimeError) as exc:

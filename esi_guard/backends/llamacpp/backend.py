@@ -102,7 +102,10 @@ class LlamaCppBackend(Backend):
         n_ctx: KV cells of the backend's own context: the longest prompt plus answer it
             takes (a request's rows share their common prefix's cells). Default: the
             model's training context, at most 8192.
-        n_threads: CPU threads; the ``Llama``'s setting by default.
+        n_threads: CPU threads for every decode. Default: the ``Llama``'s own settings,
+            its ``n_threads`` for one-token decodes (generation; half the cores by
+            llama-cpp-python's default) and its ``n_threads_batch`` for the many-token
+            decodes of teacher forcing (every core by default).
         n_seq_max: Most rows forced in one decode, and most answers sampled together.
         reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
             every row runs in full (the same scores up to llama.cpp's rounding, more work).
