@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,8 +87,9 @@ def serve(
                                retry_max_wait=2.0, max_concurrency=4)  # fmt: skip
     elif backend == "transformers":
         engine = HFBackend.default()
-    else:
-        engine = LlamaCppBackend.default()
+    else:  # llama.cpp ignores OMP_NUM_THREADS: one thread when it says one, as torch does
+        threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or None
+        engine = LlamaCppBackend.default(n_threads=threads)
     guard = ESIGuard(backend=engine, threshold=0.3, n_variants=n_variants, max_new_tokens=16)
     settings = ServeSettings(model_name="guarded", max_batch=max_batch, max_queue=4096)
     run(create_app(guard, settings), port=port, drain_seconds=5)
