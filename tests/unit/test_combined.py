@@ -140,3 +140,34 @@ def test_calibrate_with_a_combined_score_then_evaluate(
         "--out", str(out),
     ])  # fmt: skip
     assert both.exit_code == 2 and "choose one" in both.output
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fit_reaches_the_constrained_optimum(seed: int) -> None:
+    # Badly scaled features (as a probe's PCA components are) and weights that want to be
+    # negative where they must not: the projected Newton fit meets the optimality
+    # conditions and is no worse than scipy's L-BFGS-B on the same problem.
+    from scipy.optimize import minimize
+
+    from esi_guard.combined import _fit
+
+    rng = np.random.default_rng(seed)
+    n, d, bounded, strength = 300, 20, 3, [0.01, 0.1, 1.0][seed % 3]
+    x = rng.normal(size=(n, d)) * rng.uniform(0.5, 20, size=d)
+    logit = -2.0 - 0.5 * x[:, 0] / x[:, 0].std() + 0.8 * x[:, 5] / x[:, 5].std()
+    y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(float)
+    w, b = _fit(x, y, strength, bounded)
+
+    def objective(theta: np.ndarray) -> float:
+        z = x @ theta[:-1] + theta[-1]
+        return float(np.mean(np.logaddexp(0, z) - y * z) + 0.5 * strength * theta[:-1] @ theta[:-1])
+
+    assert (w[:bounded] >= 0).all()
+    p = 1 / (1 + np.exp(-(x @ w + b)))
+    grad = np.append(x.T @ (p - y) / n + strength * w, np.mean(p - y))
+    at_bound = np.append(w[:bounded] == 0, np.zeros(d - bounded + 1, dtype=bool))
+    assert np.abs(grad[~at_bound]).max() < 1e-6
+    assert (grad[at_bound] >= -1e-9).all()
+    bounds = [(0, None)] * bounded + [(None, None)] * (d - bounded + 1)
+    reference = minimize(objective, np.zeros(d + 1), method="L-BFGS-B", bounds=bounds)
+    assert objective(np.append(w, b)) <= reference.fun + 1e-9
