@@ -370,12 +370,30 @@ class _Reduced:
         self.mean, self.scale = _standard(states)
         z = (states - self.mean) / self.scale
         self.center = z.mean(axis=0)
-        _, _, vt = np.linalg.svd(z - self.center, full_matrices=False)
-        self.basis = vt[:components]
+        self.basis = _principal_axes(z - self.center, components)
 
     def __call__(self, states: np.ndarray, components: int) -> np.ndarray:
         z = (states - self.mean) / self.scale - self.center
         return np.asarray(z @ self.basis[:components].T)
+
+
+def _principal_axes(centred: np.ndarray, components: int) -> np.ndarray:
+    """The ``components`` leading principal axes (rows) of centred data.
+
+    From the eigenvectors of the smaller of its two Gram matrices, not a full SVD: a
+    probe's fit has a few hundred answers and a few thousand state columns, and needs
+    only the leading 8-32 axes, thousands of times over.
+    """
+    n, d = centred.shape
+    if n >= d:
+        values, vectors = np.linalg.eigh(centred.T @ centred)
+        order = np.argsort(values)[::-1][:components]
+        return np.asarray(vectors[:, order].T)
+    values, vectors = np.linalg.eigh(centred @ centred.T)
+    order = np.argsort(values)[::-1][:components]
+    singular = np.sqrt(np.maximum(values[order], 0.0))
+    axes = (centred.T @ vectors[:, order]) / np.where(singular > 1e-12, singular, 1.0)
+    return np.asarray(axes.T)
 
 
 def _fit_probe(
