@@ -9,7 +9,6 @@ calls the guard's tracing hook around each step, so each shows as a tagged child
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -44,10 +43,11 @@ from esi_guard.guard import _batching, _config, _live, _tracing
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
 from esi_guard.guard._probes import cascade_of, check_hidden
+from esi_guard.guard._rules import check_settings
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, ESIResult, OnError, ScoringConfig
-from esi_guard.scoring import DISTANCE_BOUNDS, Distance, Support
+from esi_guard.scoring import Distance, Support
 
 __all__ = ["ESIGuard", "GuardInput"]
 
@@ -204,64 +204,10 @@ class ESIGuard(BaseChatModel):
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
         """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
-        if not math.isfinite(self.threshold):
-            msg = f"threshold must be a finite number, got {self.threshold!r}"
-            raise ConfigurationError(msg)
-        low, high, what = self._score_range()
-        if not low <= self.threshold <= high:
-            effect = "every answer would be untrusted" if self.threshold < low else "none would"
-            msg = (
-                f"threshold={self.threshold!r} is outside the range of {what}, [{low:g}, "
-                f"{high:.4g}]: {effect}"
-            )
-            raise ConfigurationError(msg)
-        if self.action == "route" and self.fallback is None:
-            msg = "action='route' needs a fallback runnable"
-            raise ConfigurationError(msg)
-        if self.stream_mode == "live" and (self.action != "flag" or self.on_error == "abstain"):
-            msg = (
-                "stream_mode='live' shows the answer before it is scored, so it needs "
-                f"action='flag' and on_error='flag' or 'raise' (got action={self.action!r}, "
-                f"on_error={self.on_error!r}): an answer already shown cannot be withheld"
-            )
-            raise ConfigurationError(msg)
-        if self.temperature not in (None, 0):
-            msg = f"ESI scores the greedy answer: temperature must be 0, got {self.temperature}"
-            raise ConfigurationError(msg)
-        if self.min_variants is not None:
-            if self.stop_constant is None:
-                msg = (
-                    "min_variants needs stop_constant, the stopping rule's calibrated constant: "
-                    "run esi-guard calibrate --min-variants N and build the guard with "
-                    "ESIGuard.from_calibration(path)"
-                )
-                raise ConfigurationError(msg)
-            if self.decide_on != "esi" or self.combined is not None:
-                msg = (
-                    "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
-                    "and no combined score"
-                )
-                raise ConfigurationError(msg)
-        if self.combined is not None and self.decide_on != "esi":
-            msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
-            raise ConfigurationError(msg)
+        check_settings(self)  # type: ignore[arg-type]
         check_hidden(self.backend, self.combined, self.hidden_states)
         self._cascade = cascade_of(self)
         return self
-
-    def _score_range(self) -> tuple[float, float, str]:
-        """The values the guard's decision signal can take, and its name, for error messages.
-
-        ESI is a mean of ``alpha_t * D`` with ``alpha_t`` the entropy (nats) of a top-k
-        distribution, at most ``ln k``, so a bounded distance bounds the score by
-        ``ln(k) * max D``; ``p_wrong`` is a probability.
-        """
-        if self.combined is not None:
-            return 0.0, 1.0, "a combined score's p_wrong"
-        bound = DISTANCE_BOUNDS.get(self.distance, math.inf)
-        name = "context reliance" if self.decide_on == "context_reliance" else "ESI scores"
-        what = f"{name} with {self.distance}, k={self.top_k}"
-        return 0.0, bound * math.log(max(self.top_k, 2)), what
 
     @classmethod
     def from_calibration(

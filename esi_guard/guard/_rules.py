@@ -1,0 +1,92 @@
+"""The rules a guard's settings must keep together; a :class:`ConfigurationError` says why.
+
+:meth:`ESIGuard._check <esi_guard.guard.chat_model.ESIGuard>` runs them after pydantic has
+validated each field alone; they read the settings only (:class:`Settings`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from esi_guard.exceptions import ConfigurationError
+from esi_guard.scoring import DISTANCE_BOUNDS
+
+__all__ = ["Settings", "check_settings", "score_range"]
+
+
+class Settings(Protocol):
+    """The guard's fields the rules read."""
+
+    threshold: float
+    distance: str
+    top_k: int
+    decide_on: str
+    combined: Any
+    action: str
+    fallback: Any
+    stream_mode: str
+    on_error: str
+    temperature: float | None
+    min_variants: int | None
+    stop_constant: float | None
+
+
+def score_range(guard: Settings) -> tuple[float, float, str]:
+    """The values the guard's decision signal can take, and its name, for error messages.
+
+    ESI is a mean of ``alpha_t * D`` with ``alpha_t`` the entropy (nats) of a top-k
+    distribution, at most ``ln k``, so a bounded distance bounds the score by
+    ``ln(k) * max D``; ``p_wrong`` is a probability.
+    """
+    if guard.combined is not None:
+        return 0.0, 1.0, "a combined score's p_wrong"
+    bound = DISTANCE_BOUNDS.get(guard.distance, math.inf)
+    name = "context reliance" if guard.decide_on == "context_reliance" else "ESI scores"
+    what = f"{name} with {guard.distance}, k={guard.top_k}"
+    return 0.0, bound * math.log(max(guard.top_k, 2)), what
+
+
+def check_settings(guard: Settings) -> None:
+    """Refuse settings that cannot work together."""
+    if not math.isfinite(guard.threshold):
+        msg = f"threshold must be a finite number, got {guard.threshold!r}"
+        raise ConfigurationError(msg)
+    low, high, what = score_range(guard)
+    if not low <= guard.threshold <= high:
+        effect = "every answer would be untrusted" if guard.threshold < low else "none would"
+        msg = (
+            f"threshold={guard.threshold!r} is outside the range of {what}, [{low:g}, "
+            f"{high:.4g}]: {effect}"
+        )
+        raise ConfigurationError(msg)
+    if guard.action == "route" and guard.fallback is None:
+        msg = "action='route' needs a fallback runnable"
+        raise ConfigurationError(msg)
+    if guard.stream_mode == "live" and (guard.action != "flag" or guard.on_error == "abstain"):
+        msg = (
+            "stream_mode='live' shows the answer before it is scored, so it needs "
+            f"action='flag' and on_error='flag' or 'raise' (got action={guard.action!r}, "
+            f"on_error={guard.on_error!r}): an answer already shown cannot be withheld"
+        )
+        raise ConfigurationError(msg)
+    if guard.temperature not in (None, 0):
+        msg = f"ESI scores the greedy answer: temperature must be 0, got {guard.temperature}"
+        raise ConfigurationError(msg)
+    if guard.min_variants is not None:
+        if guard.stop_constant is None:
+            msg = (
+                "min_variants needs stop_constant, the stopping rule's calibrated constant: "
+                "run esi-guard calibrate --min-variants N and build the guard with "
+                "ESIGuard.from_calibration(path)"
+            )
+            raise ConfigurationError(msg)
+        if guard.decide_on != "esi" or guard.combined is not None:
+            msg = (
+                "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
+                "and no combined score"
+            )
+            raise ConfigurationError(msg)
+    if guard.combined is not None and guard.decide_on != "esi":
+        msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
+        raise ConfigurationError(msg)
