@@ -234,61 +234,58 @@ def _fit(
     """
     n, d = x.shape
     bounded = d if bounded is None else bounded
-    xb = np.hstack([x, np.ones((n, 1))])
-    ridge = np.append(np.full(d, strength), 0.0)
+    problem = _Problem(np.hstack([x, np.ones((n, 1))]), y, np.append(np.full(d, strength), 0.0))
     lower = np.append(np.zeros(bounded), np.full(d - bounded + 1, -np.inf))
-
-    def value(theta: np.ndarray) -> float:
-        z = xb @ theta
-        return float(np.mean(np.logaddexp(0.0, z) - y * z) + 0.5 * float(ridge @ theta**2))
-
     theta = np.append(np.zeros(d), math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
-    current = value(theta)
+    current, grad = problem(theta)
     for _ in range(_NEWTON_STEPS):
-        p = _sigmoid(xb @ theta)
-        grad = xb.T @ (p - y) / n + ridge * theta
         held = (theta <= lower) & (grad > 0)  # at a bound and pushed against it
         if np.max(np.abs(np.where(held, 0.0, grad))) < _TOLERANCE:
             return theta[:-1], float(theta[-1])
         free = ~held
-        hessian = (xb[:, free] * (p * (1 - p) / n)[:, None]).T @ xb[:, free]
-        hessian[np.diag_indices_from(hessian)] += ridge[free] + 1e-12
         step = np.zeros_like(theta)
-        step[free] = -np.linalg.solve(hessian, grad[free])
+        step[free] = -np.linalg.solve(problem.hessian(theta, free), grad[free])
         for _ in range(30):  # backtracking along the projected path
             trial = np.maximum(theta + step, lower)
-            after = value(trial)
+            after, after_grad = problem(trial)
             if after <= current + 1e-4 * float(grad @ (trial - theta)):
                 break
             step *= 0.5
         else:
             break
-        theta, current = trial, after
-    return _fit_lbfgs(x, y, strength, bounded, theta)
+        theta, current, grad = trial, after, after_grad
+    from scipy.optimize import minimize
+
+    bounds = [(0.0, None)] * bounded + [(None, None)] * (d - bounded + 1)
+    out = minimize(problem, theta, jac=True, method="L-BFGS-B", bounds=bounds)
+    return out.x[:-1], float(out.x[-1])
 
 
 _NEWTON_STEPS = 50
+"""Most projected Newton steps :func:`_fit` takes before L-BFGS-B finishes the fit."""
 _TOLERANCE = 1e-9
 """Largest projected-gradient entry at which :func:`_fit` stops."""
 
 
-def _fit_lbfgs(
-    x: np.ndarray, y: np.ndarray, strength: float, bounded: int, start: np.ndarray
-) -> tuple[np.ndarray, float]:
-    """:func:`_fit`'s problem by L-BFGS-B from ``start``."""
-    from scipy.optimize import minimize
+class _Problem:
+    """:func:`_fit`'s objective on ``theta = (w, b)``: its value and gradient, its Hessian."""
 
-    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        w, b = theta[:-1], theta[-1]
-        z = x @ w + b
-        p = _sigmoid(z)
-        value = np.mean(np.logaddexp(0.0, z) - y * z) + 0.5 * strength * float(w @ w)
-        grad_z = (p - y) / len(y)
-        return float(value), np.append(x.T @ grad_z + strength * w, grad_z.sum())
+    def __init__(self, xb: np.ndarray, y: np.ndarray, ridge: np.ndarray) -> None:
+        self.xb, self.y, self.ridge = xb, y, ridge
 
-    bounds = [(0.0, None)] * bounded + [(None, None)] * (x.shape[1] - bounded + 1)
-    out = minimize(loss, start, jac=True, method="L-BFGS-B", bounds=bounds)
-    return out.x[:-1], float(out.x[-1])
+    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        z = self.xb @ theta
+        value = np.mean(np.logaddexp(0.0, z) - self.y * z) + 0.5 * float(self.ridge @ theta**2)
+        grad = self.xb.T @ (_sigmoid(z) - self.y) / len(self.y) + self.ridge * theta
+        return float(value), grad
+
+    def hessian(self, theta: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """The Hessian's rows and columns ``free``."""
+        p = _sigmoid(self.xb @ theta)
+        cols = self.xb[:, free]
+        h = (cols * (p * (1 - p) / len(self.y))[:, None]).T @ cols
+        h[np.diag_indices_from(h)] += self.ridge[free] + 1e-12
+        return np.asarray(h)
 
 
 def fit_combined(

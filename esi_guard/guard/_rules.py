@@ -7,7 +7,7 @@ validated each field alone; they read the settings only (:class:`Settings`).
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.scoring import DISTANCE_BOUNDS
@@ -16,20 +16,32 @@ __all__ = ["Settings", "check_settings", "score_range"]
 
 
 class Settings(Protocol):
-    """The guard's fields the rules read."""
+    """The guard's fields the rules read (read-only: a guard's narrower types fit)."""
 
-    threshold: float
-    distance: str
-    top_k: int
-    decide_on: str
-    combined: Any
-    action: str
-    fallback: Any
-    stream_mode: str
-    on_error: str
-    temperature: float | None
-    min_variants: int | None
-    stop_constant: float | None
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def distance(self) -> str: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def decide_on(self) -> str: ...
+    @property
+    def combined(self) -> object: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def fallback(self) -> object: ...
+    @property
+    def stream_mode(self) -> str: ...
+    @property
+    def on_error(self) -> str: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def min_variants(self) -> int | None: ...
+    @property
+    def stop_constant(self) -> float | None: ...
 
 
 def score_range(guard: Settings) -> tuple[float, float, str]:

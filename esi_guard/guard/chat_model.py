@@ -204,7 +204,7 @@ class ESIGuard(BaseChatModel):
     @model_validator(mode="after")
     def _check(self) -> ESIGuard:
         """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
-        check_settings(self)  # type: ignore[arg-type]
+        check_settings(self)
         check_hidden(self.backend, self.combined, self.hidden_states)
         self._cascade = cascade_of(self)
         return self

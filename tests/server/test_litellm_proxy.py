@@ -18,10 +18,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import openai
 import pytest
 from conftest import CHATML, LlamaServer
+from openai.types.chat import ChatCompletionMessageParam
 
 from integrations.llamacpp.server import free_port
 
@@ -106,7 +108,7 @@ def proxy(llama_server: LlamaServer, tmp_path: Path) -> Iterator[tuple[str, str]
                 process.wait()
 
 
-def wait_until_ready(process: subprocess.Popen[bytes], port: int, log: object) -> None:
+def wait_until_ready(process: subprocess.Popen[bytes], port: int, log: IO[bytes]) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -119,19 +121,19 @@ def wait_until_ready(process: subprocess.Popen[bytes], port: int, log: object) -
                     return
         except OSError:
             time.sleep(0.5)
-    log.seek(0)  # type: ignore[attr-defined]
-    tail = log.read().decode(errors="replace").strip().splitlines()[-15:]  # type: ignore[attr-defined]
+    log.seek(0)
+    tail = log.read().decode(errors="replace").strip().splitlines()[-15:]
     pytest.fail("the LiteLLM proxy did not start:\n" + "\n".join(tail))
 
 
 def test_litellm_proxy_flags_with_esi_and_blocks_with_its_400(proxy: tuple[str, str]) -> None:
     base_url, key = proxy
     client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
-    messages = [{"role": "user", "content": QUESTION}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
     raw = client.chat.completions.with_raw_response.create(
         model="smol",
         messages=messages,
-        max_tokens=8,  # type: ignore[arg-type]
+        max_tokens=8,
     )
     completion = raw.parse()
     esi = completion.model_extra["esi"]  # type: ignore[index]
@@ -142,7 +144,7 @@ def test_litellm_proxy_flags_with_esi_and_blocks_with_its_400(proxy: tuple[str, 
     assert float(raw.headers["x-esi-score"]) == pytest.approx(esi["score"], abs=1e-6)
     with pytest.raises(openai.BadRequestError) as blocked:
         client.chat.completions.create(
-            model="smol", messages=messages, max_tokens=8,  # type: ignore[arg-type]
+            model="smol", messages=messages, max_tokens=8,
             extra_body={"guardrails": ["esi-block"]},
         )  # fmt: skip
     assert blocked.value.status_code == 400

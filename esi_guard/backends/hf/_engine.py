@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from esi_guard._imports import import_extra
 from esi_guard.backends.base import Generation, HiddenSpec, Messages, finish_greedy
 from esi_guard.backends.hf._hidden import capture, with_states
 from esi_guard.exceptions import (
@@ -36,17 +37,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "import_torch", "split_on_oom"]
 
-_EXTRA_HINT = "install the 'hf' extra: pip install 'esi-guard[hf]'"
-
 
 def import_torch() -> Any:
     """The ``torch`` module, or an ImportError naming the extra to install."""
-    try:
-        import torch
-    except ImportError as exc:
-        msg = f"HFBackend needs PyTorch and transformers; {_EXTRA_HINT}"
-        raise ImportError(msg) from exc
-    return torch
+    return import_extra("torch", needed_by="HFBackend", what="PyTorch and transformers", extra="hf")
 
 
 Part = TypeVar("Part")

@@ -7,19 +7,16 @@ import sys
 import weakref
 from typing import Any, Protocol
 
-__all__ = ["close_at_exit", "import_llama_cpp"]
+from esi_guard._imports import import_extra
 
-_EXTRA_HINT = "install the 'llamacpp' extra: pip install 'esi-guard[llamacpp]'"
+__all__ = ["close_at_exit", "import_llama_cpp"]
 
 
 def import_llama_cpp() -> Any:
     """The ``llama_cpp`` module, or an ``ImportError`` naming the extra to install."""
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        msg = f"LlamaCppBackend needs llama-cpp-python; {_EXTRA_HINT}"
-        raise ImportError(msg) from exc
-    return llama_cpp
+    return import_extra(
+        "llama_cpp", needed_by="LlamaCppBackend", what="llama-cpp-python", extra="llamacpp"
+    )
 
 
 class _Closable(Protocol):
