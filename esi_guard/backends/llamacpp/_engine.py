@@ -160,6 +160,21 @@ class Engine:
         """Remove sequence ``seq``'s tokens from position ``length`` on (its prefix stays)."""
         self._context.kv_cache_seq_rm(seq, length, -1)
 
+    def save(self, seq: int) -> ctypes.Array[ctypes.c_uint8]:
+        """Sequence ``seq``'s KV cells, copied out (for :meth:`restore`)."""
+        size = int(self._lib.llama_state_seq_get_size(self._context.ctx, seq))
+        data = (ctypes.c_uint8 * size)()
+        if int(self._lib.llama_state_seq_get_data(self._context.ctx, data, size, seq)) != size:
+            msg = f"llama.cpp could not copy out sequence {seq}'s KV cells"
+            raise BackendError(msg)
+        return data
+
+    def restore(self, data: ctypes.Array[ctypes.c_uint8], seq: int) -> None:
+        """Put cells :meth:`save` copied out back, as sequence ``seq`` (same values)."""
+        if not int(self._lib.llama_state_seq_set_data(self._context.ctx, data, len(data), seq)):
+            msg = f"llama.cpp could not restore sequence {seq}'s KV cells (context full?)"
+            raise BackendError(msg)
+
     def decode(
         self,
         shared: Sequence[tuple[Sequence[int], Sequence[int]]],

@@ -24,6 +24,7 @@ from esi_guard.backends.base import (
     HiddenSpec,
 )
 from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.backends.llamacpp._decoding import groups
 from esi_guard.backends.llamacpp._engine import Row
 from esi_guard.backends.llamacpp._pack import Job, Part, plan, run
 
@@ -283,6 +284,14 @@ def job(lengths: list[int], answer: int = 3, shared: int = 0, names: tuple[str, 
     """A job whose rows have these lengths (their first ``shared`` tokens the same)."""
     rows = [[7] * shared + [100 + i] * (n - shared) for i, n in enumerate(lengths)]
     return Job(rows, list(range(answer)), shared, names)
+
+
+def test_prompts_are_stepped_together_in_order_within_the_sequence_and_cell_limits() -> None:
+    assert groups([10, 20, 30], most=16, cells=100) == [[0, 1, 2]]
+    assert groups([10, 20, 30], most=2, cells=100) == [[0, 1], [2]]
+    assert groups([60, 30, 20, 50], most=16, cells=100) == [[0, 1], [2, 3]]
+    assert groups([150, 10, 10], most=16, cells=100) == [[0], [1, 2]]  # too big: alone
+    assert groups([], most=4, cells=100) == []
 
 
 def test_a_plan_packs_a_requests_rows_and_splits_them_where_they_do_not_fit() -> None:
