@@ -434,7 +434,7 @@ class LlamaCppBackend(Backend):
         greedy choice is often that close; 18 of 40 SciQ answers changed.)
         """
         names = self._names(hidden)
-        results: list[Generation | BackendError | None] = [None] * len(prompts)
+        results: dict[int, Generation | BackendError] = {}
         todo: list[tuple[int, list[int], int]] = []
         for index, prompt in enumerate(prompts):
             row = self.render(prompt)
@@ -461,7 +461,7 @@ class LlamaCppBackend(Backend):
                     self._engine.clear()
             for (index, row, _), answer in zip(jobs, answers, strict=True):
                 results[index] = self._finish(answer, len(row), stop, hidden)
-        return [result for result in results if result is not None]
+        return [results[index] for index in range(len(prompts))]
 
     def stream_generate(
         self,
