@@ -145,8 +145,15 @@ class Engine:
         self._context.close()
 
     def clear(self) -> None:
-        """Empty the KV cache."""
-        self._context.kv_cache_clear()
+        """Empty the KV cache: its cells marked free, their old values left in place.
+
+        Zeroing the buffers too (llama-cpp-python's ``kv_cache_clear``) takes ~16 ms on
+        an 8192-cell context, 4% of a guarded batch on the embedded model, and changes
+        nothing: a free cell is masked out of every attention (its old values, finite,
+        weigh exactly 0) until a decode writes it.
+        """
+        if self._context.memory is not None:
+            self._lib.llama_memory_clear(self._context.memory, False)
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Let sequence ``target`` share the KV cells of ``source``'s first ``length`` tokens."""
