@@ -1,8 +1,10 @@
 """llama.cpp in process: :class:`LlamaCppBackend` and the llama.cpp context it runs on.
 
-``backend.py`` is the backend (templates, greedy answers, teacher forcing, sampling);
-``_engine.py`` is the context of its own, the batch it decodes and the top-k of logits;
-``_pack.py`` puts a request's forced rows into few decodes.
+``backend.py`` is the backend (greedy answers, teacher forcing, sampling); ``_chat.py``
+picks its chat template; ``_decoding.py`` runs the token-by-token loops; ``_engine.py``
+is the context of its own, the batch it decodes and the top-k of logits; ``_pack.py``
+puts a request's forced rows into few decodes; ``_f32.py`` makes the float32 copy
+forcing runs on; ``_tap.py`` reads hidden states.
 Importing this package does not import llama-cpp-python.
 """
 

@@ -14,7 +14,15 @@ import numpy as np
 
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
 
-__all__ = ["GROUP_CELLS", "Greedy", "greedy", "greedy_group", "groups", "sample_group"]
+__all__ = [
+    "GROUP_CELLS",
+    "Greedy",
+    "greedy",
+    "greedy_group",
+    "groups",
+    "sample_group",
+    "sample_prompt",
+]
 
 GROUP_CELLS = 2048
 """Most KV cells (prompts plus answer room) of the answers :func:`groups` steps together.
@@ -168,3 +176,26 @@ def sample_group(
         position = len(row) + step
         logits = engine.decode([], [Row(seq, [tokens[seq][-1]], position, [0]) for seq in live])
     return list(zip(tokens, logprobs, strict=True))
+
+
+def sample_prompt(
+    engine: Engine,
+    row: Sequence[int],
+    n: int,
+    temperature: float,
+    room: int,
+    rng: Any,
+    is_end: Callable[[int], bool],
+) -> list[tuple[list[int], list[float]]]:
+    """``n`` answers after ``row``: :func:`sample_group` over groups of ``n_seq_max``.
+
+    The KV cache is emptied after each group (the caller holds the engine's lock).
+    """
+    drawn: list[tuple[list[int], list[float]]] = []
+    for start in range(0, n, engine.n_seq_max):
+        try:
+            count = min(engine.n_seq_max, n - start)
+            drawn += sample_group(engine, row, count, temperature, room, rng, is_end)
+        finally:
+            engine.clear()
+    return drawn

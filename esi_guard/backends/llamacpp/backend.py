@@ -57,13 +57,14 @@ from esi_guard.backends.base import (
     shared_prefix,
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, gguf_template
 from esi_guard.backends.llamacpp._decoding import (
     GROUP_CELLS,
     Greedy,
     greedy,
     greedy_group,
     groups,
-    sample_group,
+    sample_prompt,
 )
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
 from esi_guard.backends.llamacpp._f32 import load_f32_copy, resolve_precision
@@ -82,12 +83,6 @@ __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
 
 TopRows = tuple[np.ndarray, np.ndarray]
 """A row's top-k ids and values at each answer position (:func:`topk_rows`)."""
-
-COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}Answer:"
-"""``chat_template="completion"``: for base models, whose GGUF holds no chat template.
-
-Each message's text, a blank line after each, then ``Answer:`` for the model to go on.
-"""
 
 
 class LlamaCppBackend(Backend):
@@ -160,7 +155,7 @@ class LlamaCppBackend(Backend):
         bound; packing saves per-decode work only); packed ESI scores differ from theirs by
         0.0043 at most on 20 SciQ questions (``tests/integration/test_llamacpp_packing.py``)."""
         self._model_id = model_id or gguf_model_id(llama.model_path, str(llama.model_path))
-        self.template = self._template(chat_template)
+        self.template = gguf_template(llama, chat_template, self._model_id)
         trained = int(llama._model.n_ctx_train()) or 8192
         window = n_ctx if n_ctx is not None else min(trained, 8192)
         if window < 2:
@@ -263,27 +258,6 @@ class LlamaCppBackend(Backend):
         """
         kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
         return cls.from_path(embedded_gguf(), **kwargs)
-
-    def _template(self, chat_template: str | ChatTemplate | None) -> ChatTemplate:
-        if isinstance(chat_template, ChatTemplate):
-            return chat_template
-        model = self.llama._model
-        bos, eos = model.token_bos(), model.token_eos()
-        bos_text = str(model.token_get_text(bos)) if bos >= 0 else ""
-        eos_text = str(model.token_get_text(eos)) if eos >= 0 else ""
-        if chat_template == "completion":
-            chat_template = COMPLETION_TEMPLATE
-        source = chat_template or self.llama.metadata.get("tokenizer.chat_template")
-        if not source:
-            msg = (
-                f"{self._model_id} holds no chat template (a base model?); pass "
-                "chat_template='...' (a Jinja template), or chat_template='completion' for "
-                "plain text ending in 'Answer:'"
-            )
-            raise ConfigurationError(msg)
-        return ChatTemplate(
-            str(source), bos_token=bos_text, eos_token=eos_text, origin=self._model_id
-        )
 
     @property
     def model_id(self) -> str:
@@ -621,19 +595,10 @@ class LlamaCppBackend(Backend):
             if too_long is not None:
                 results.append(too_long)
                 continue
-            samples: list[Sample] = []
             room = min(max_new_tokens, self.context_length - len(row) - 1)
             with self._lock:
-                for start in range(0, n, self._engine.n_seq_max):
-                    count = min(self._engine.n_seq_max, n - start)
-                    try:
-                        group = sample_group(self._engine, row, count, temperature, room, rng,
-                                             self._is_end)  # fmt: skip
-                        samples += [make_sample(t, lp, decode=self._decode, stop=stop)
-                                    for t, lp in group]  # fmt: skip
-                    finally:
-                        self._engine.clear()
-            results.append(samples)
+                drawn = sample_prompt(self._engine, row, n, temperature, room, rng, self._is_end)
+            results.append([make_sample(t, lp, decode=self._decode, stop=stop) for t, lp in drawn])
         return results
 
     def __repr__(self) -> str:
