@@ -13,7 +13,11 @@ The questions timed are others from the same set (``--data``, not among the coll
 One at a time, each question goes through the three in turn; then each runs ``batch``
 over all of them (batches of 8). Reported: mean seconds per question, guarded/plain
 ratios, the share of answers the cascade sent to ESI and its decision agreement with the
-full guard on these questions.
+full guard on these questions. ``--min-variants K`` adds a fourth guard, ``cascade_seq``:
+the cascade with sequential ESI inside its band (from K variants on, stopping by a rule
+fitted label-free on the collected run's per-variant scores, as ``esi-guard calibrate
+--min-variants`` fits it: early decisions differ from full-L ones on at most 2% with
+probability 0.9).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from esi_guard import ESIGuard
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.data import load_examples
+from esi_guard.calibration.thresholds import fit_stop_constant
 from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
 
 if not __package__:  # run as a script: make the repository root importable
@@ -72,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--name", default="sciq-smollm2")
     parser.add_argument("--data", default="sciq/test.jsonl")
     parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--min-variants", type=int, help="add the cascade with sequential ESI")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     probe, threshold, seen = distilled(args.cache, args.name)
@@ -84,36 +90,55 @@ def main(argv: Sequence[str] | None = None) -> None:
     plain = LlamaCppBackend.default(n_threads=1)
     full = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), **settings)
     cascade = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), esi_probe=probe, **settings)
+    guards = {"esi": full, "cascade": cascade}
+    rule = None
+    if args.min_variants is not None:
+        rows = [r["variants"] for r in _records(args.cache, args.name) if r.get("variants")]
+        rule = fit_stop_constant(rows, threshold, min_variants=args.min_variants,
+                                 max_disagreement=0.02, delta=0.1)  # fmt: skip
+        if rule is None:
+            sys.exit(f"no stop constant keeps early decisions within 2% from {args.min_variants}")
+        guards["cascade_seq"] = ESIGuard(backend=LlamaCppBackend.default(n_threads=1),
+                                         esi_probe=probe, min_variants=rule.min_variants,
+                                         stop_constant=rule.constant, **settings)  # fmt: skip
     args_plain = {"max_new_tokens": answering.max_new_tokens, "top_k": 100}
-    for warm in (lambda: plain.generate(prompts[:1], **args_plain),
-                 lambda: full.invoke(prompts[0]), lambda: cascade.invoke(prompts[0])):  # fmt: skip
-        warm()
-    seconds: dict[str, list[float]] = {"plain": [], "esi": [], "cascade": []}
-    metas: dict[str, list[dict[str, Any]]] = {"esi": [], "cascade": []}
+    plain.generate(prompts[:1], **args_plain)
+    for guard in guards.values():
+        guard.invoke(prompts[0])
+    seconds: dict[str, list[float]] = {"plain": []} | {key: [] for key in guards}
+    metas: dict[str, list[dict[str, Any]]] = {key: [] for key in guards}
     for prompt in prompts:
         start = time.perf_counter()
         plain.generate([prompt], **args_plain)
         seconds["plain"].append(time.perf_counter() - start)
-        for key, guard in (("esi", full), ("cascade", cascade)):
+        for key, guard in guards.items():
             start = time.perf_counter()
             message = guard.invoke(prompt)
             seconds[key].append(time.perf_counter() - start)
             metas[key].append(message.response_metadata["esi"])
     batched = {}
-    for key, call in (("plain", lambda chunk: plain.generate(chunk, **args_plain)),
-                      ("esi", full.batch), ("cascade", cascade.batch)):  # fmt: skip
+    calls = {"plain": lambda chunk: plain.generate(chunk, **args_plain)}
+    calls |= {key: guard.batch for key, guard in guards.items()}
+    for key, call in calls.items():
         start = time.perf_counter()
         for i in range(0, len(prompts), BATCH):
             call(prompts[i : i + BATCH])
         batched[key] = (time.perf_counter() - start) / len(prompts)
     one = {key: float(np.mean(values)) for key, values in seconds.items()}
-    ran = [m["decided_by"] == "esi" for m in metas["cascade"]]
-    agree = [a["decision"] == b["decision"] for a, b in zip(metas["esi"], metas["cascade"],
-                                                           strict=True)]  # fmt: skip
+    cascades = [key for key in guards if key != "esi"]
+    ran = {k: float(np.mean([m["decided_by"] == "esi" for m in metas[k]])) for k in cascades}
+    agree = {k: float(np.mean([a["decision"] == b["decision"]
+                               for a, b in zip(metas["esi"], metas[k], strict=True)]))
+             for k in cascades}  # fmt: skip
+    used = [m["variants_used"] for m in metas.get("cascade_seq", []) if m["decided_by"] == "esi"]
     out = {"n": len(prompts), "threshold": threshold, "one_at_a_time": one, "batched": batched,
-           "ratio_one": {k: one[k] / one["plain"] for k in ("esi", "cascade")},
-           "ratio_batched": {k: batched[k] / batched["plain"] for k in ("esi", "cascade")},
-           "esi_share": float(np.mean(ran)), "agreement": float(np.mean(agree)),
+           "ratio_one": {k: one[k] / one["plain"] for k in guards},
+           "ratio_batched": {k: batched[k] / batched["plain"] for k in guards},
+           "esi_share": ran, "agreement": agree,
+           "stop_rule": None if rule is None else {"constant": rule.constant,
+                                                   "min_variants": rule.min_variants,
+                                                   "disagreement": rule.disagreement},
+           "variants_used_in_band": float(np.mean(used)) if used else None,
            "probe": {"layer": probe.hidden.layers if probe.hidden else None,
                      "n_fit": probe.n_fit}}  # fmt: skip
     print(json.dumps(out, indent=1))
