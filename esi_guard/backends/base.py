@@ -151,10 +151,11 @@ _ENGINES = {"huggingface": "transformers"}
 def states_engine(engine: str) -> str:
     """The engine whose hidden states a backend on ``engine`` reads.
 
-    ``llamacpp-f32`` forces on a float32 copy of the weights but generates, and reads
-    the answer's states, on the file's own: its states are ``llamacpp``'s.
+    ``llamacpp-f16`` and ``llamacpp-f32`` force on a float copy of the weights but
+    generate, and read the answer's states, on the file's own: their states are
+    ``llamacpp``'s.
     """
-    return engine.removesuffix("-f32")
+    return engine.removesuffix("-f16").removesuffix("-f32")
 
 
 class Backend(ABC):

@@ -133,9 +133,9 @@ Runner = Annotated[
         "--backend",
         help="What runs a local model: auto (what the guard uses: llamacpp for 'default' "
         "or a .gguf file when llama-cpp-python is installed and no --dtype or GPU --device "
-        "is asked for, else transformers), transformers (faster on many questions in "
-        "batches) or llamacpp (loads in a second, answers faster, forces variants slower "
-        "on CPUs). Calibrate on the engine you serve with: the file records it.",
+        "is asked for, else transformers), transformers (any HF model, GPUs, bfloat16) or "
+        "llamacpp (loads in a second; a small quantized model forces its variants on a "
+        "float16 copy). Calibrate on the engine you serve with: the file records it.",
     ),
 ]
 Cache = Annotated[

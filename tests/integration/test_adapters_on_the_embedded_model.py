@@ -80,7 +80,7 @@ def test_the_embedded_weights_have_one_identity_however_loaded(hf_backend: HFBac
     assert isinstance(backends[2], LlamaCppBackend)
     assert {b.model_id for b in backends} == {EMBEDDED_MODEL_ID}
     assert len({b.model_sha256 for b in backends}) == 1 and backends[0].model_sha256
-    assert [b.engine for b in backends[1:]] == ["llamacpp-f32", "llamacpp-f32", "transformers"]
+    assert [b.engine for b in backends[1:]] == ["llamacpp-f16", "llamacpp-f16", "transformers"]
 
 
 def test_a_file_calibrated_on_transformers_serves_a_llama_with_one_warning(

@@ -102,7 +102,7 @@ def test_the_default_engine_runs_the_embedded_gguf_and_a_rerun_needs_no_model(
     result = runner.invoke(cli_module.app, ["calibrate", *common, "--out", str(out)])
     assert result.exit_code == 0, result.output
     written = ThresholdFile.read(out)
-    assert (written.model, written.engine) == (EMBEDDED_MODEL_ID, "llamacpp-f32")  # auto
+    assert (written.model, written.engine) == (EMBEDDED_MODEL_ID, "llamacpp-f16")  # auto
     assert written.model_sha256 is not None and len(written.model_sha256) == 64
 
     def no_model(*args: object) -> None:

@@ -3,8 +3,8 @@
 ``backend.py`` is the backend (greedy answers, teacher forcing, sampling); ``_chat.py``
 picks its chat template; ``_decoding.py`` runs the token-by-token loops; ``_engine.py``
 is the context of its own, the batch it decodes and the top-k of logits; ``_pack.py``
-puts a request's forced rows into few decodes; ``_f32.py`` makes the float32 copy
-forcing runs on; ``_tap.py`` reads hidden states.
+puts a request's forced rows into few decodes; ``_copy.py`` makes the float16 (or
+float32) copy forcing runs on; ``_tap.py`` reads hidden states.
 Importing this package does not import llama-cpp-python.
 """
 

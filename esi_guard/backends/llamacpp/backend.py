@@ -20,9 +20,9 @@ prompt then agree to the bit. Either way the ESI scores follow transformers'
 Sampling (for the baselines only) decodes its ``n`` answers together.
 
 Forcing precision (``forcing_precision``): a small quantized model on the CPU forces on a
-float32 copy of its weights (:mod:`._f32`), twice as fast there as llama.cpp's quantized
+float16 copy of its weights (:mod:`._copy`), twice as fast there as llama.cpp's quantized
 kernels, while generation stays on the file's weights; the engine is then
-``llamacpp-f32``.
+``llamacpp-f16`` (``llamacpp-f32`` on a float32 copy).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, gguf_template
+from esi_guard.backends.llamacpp._copy import PRECISIONS, load_forcing_copy, resolve_precision
 from esi_guard.backends.llamacpp._decoding import (
     GROUP_CELLS,
     Greedy,
@@ -67,7 +68,6 @@ from esi_guard.backends.llamacpp._decoding import (
     sample_prompt,
 )
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
-from esi_guard.backends.llamacpp._f32 import load_f32_copy, resolve_precision
 from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
 from esi_guard.backends.llamacpp._tap import tensor_name
@@ -112,10 +112,10 @@ class LlamaCppBackend(Backend):
         reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
             every row runs in full (the same scores up to llama.cpp's rounding, more work).
         pack_rows: Force a request's rows in one decode (see :attr:`pack_rows`).
-        forcing_precision: ``"model"`` forces on the file's own weights, ``"f32"`` on a
-            float32 copy of them; ``"auto"`` (default): ``"f32"`` for a quantized model
-            on the CPU whose copy takes at most 2 GiB (up to ~500M parameters), else
-            ``"model"`` (:attr:`forcing_precision`).
+        forcing_precision: ``"model"`` forces on the file's own weights, ``"f16"`` or
+            ``"f32"`` on a float16 or float32 copy of them; ``"auto"`` (default):
+            ``"f16"`` for a quantized model on the CPU whose copy takes at most 2 GiB (up
+            to ~1B parameters), else ``"model"`` (:attr:`forcing_precision`).
     """
 
     provider = "llamacpp"
@@ -142,8 +142,11 @@ class LlamaCppBackend(Backend):
         if n_seq_max < 1:
             msg = f"n_seq_max must be >= 1, got {n_seq_max}"
             raise ConfigurationError(msg)
-        if forcing_precision not in ("auto", "model", "f32"):
-            msg = f"forcing_precision must be 'auto', 'model' or 'f32', got {forcing_precision!r}"
+        if forcing_precision not in PRECISIONS:
+            msg = (
+                f"forcing_precision must be 'auto', 'model', 'f16' or 'f32', "
+                f"got {forcing_precision!r}"
+            )
             raise ConfigurationError(msg)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
@@ -166,24 +169,27 @@ class LlamaCppBackend(Backend):
         self.forcing_precision = resolve_precision(forcing_precision, llama, llama_cpp)
         """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
         weights (generation and forcing of a short prompt agree to the bit with
-        ``pack_rows=False``), or ``"f32"``, a float32 copy of them written once to the cache
-        folder (:mod:`._f32`; ``$ESI_GUARD_CACHE`` or ``~/.cache/esi_guard``) and loaded
-        beside the model. On a quantized model on a CPU
-        the forcing pass is then faster (llama.cpp's float32 matrix kernels against its
+        ``pack_rows=False``), or ``"f16"`` / ``"f32"``, a float16 / float32 copy of them
+        written once to the cache folder (:mod:`._copy`; ``$ESI_GUARD_CACHE`` or
+        ``~/.cache/esi_guard``) and loaded beside the model. On a quantized model on a CPU
+        the forcing pass is then faster (llama.cpp's float matrix kernels against its
         quantized ones, which are built for one token at a time) at the cost of the copy's
-        memory (4 bytes a weight: 0.5 GB for the embedded model); generation stays on the
-        file's weights. The original row is then forced too (:attr:`forces_original`), so
-        the answer's distributions before and after intervention come from the same
-        numbers. ``benchmarks/forcing_precision.py`` measures its speed and its scores'
-        difference from ``"model"``."""
+        memory (2 or 4 bytes a weight: 0.27 or 0.54 GB for the embedded model); generation
+        stays on the file's weights. The original row is then forced too
+        (:attr:`forces_original`), so the answer's distributions before and after
+        intervention come from the same numbers. ``benchmarks/forcing_precision.py``
+        measures the speed of each and their scores' differences."""
         self._forcing_llama: Any = None
         self._forcer = self._engine
-        if self.forcing_precision == "f32" and int(llama.metadata.get("general.file_type", -1)):
+        own = {0: "f32", 1: "f16"}.get(int(llama.metadata.get("general.file_type", -1)))
+        if self.forcing_precision in ("f16", "f32") and self.forcing_precision != own:
             digest = self.model_sha256
             if digest is None:
-                msg = f"cannot read {llama.model_path!r} to make its float32 copy"
+                msg = f"cannot read {llama.model_path!r} to make its {self.forcing_precision} copy"
                 raise ModelLoadError(msg)
-            self._forcing_llama = load_f32_copy(llama_cpp, llama, digest, n_threads)
+            self._forcing_llama = load_forcing_copy(
+                llama_cpp, llama, digest, self.forcing_precision, n_threads
+            )
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
@@ -252,8 +258,8 @@ class LlamaCppBackend(Backend):
     def default(cls, **kwargs: Any) -> LlamaCppBackend:
         """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF).
 
-        Small and quantized, it forces on a float32 copy of its weights
-        (``forcing_precision="auto"``: 0.5 GB written once to the cache folder). ``kwargs``
+        Small and quantized, it forces on a float16 copy of its weights
+        (``forcing_precision="auto"``: 0.27 GB written once to the cache folder). ``kwargs``
         go to :meth:`from_path` (``n_threads``, ``pack_rows``, ``forcing_precision``, ...).
         """
         kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
@@ -271,17 +277,17 @@ class LlamaCppBackend(Backend):
 
     @property
     def engine(self) -> str:
-        """``llamacpp``, or ``llamacpp-f32`` when forcing on the float32 copy.
+        """``llamacpp``, or ``llamacpp-f16`` / ``llamacpp-f32`` when forcing on a copy.
 
         Their ESI scores differ a little (see :attr:`forcing_precision`), so threshold files
         and the CLI's caches tell them apart; their hidden states are the same (both read
         them from generation on the file's weights: :func:`~esi_guard.backends.base.states_engine`).
         """
-        return "llamacpp-f32" if self.forces_original else "llamacpp"
+        return f"llamacpp-{self.forcing_precision}" if self.forces_original else "llamacpp"
 
     @property
     def forces_original(self) -> bool:
-        """Whether forcing runs on other weights than generation (``forcing_precision="f32"``).
+        """Whether forcing runs on other weights than generation (a float16 or float32 copy).
 
         Then every forcing request's original row is forced too and returned as
         ``Forced.original``, which the pipeline prefers to the generation's distributions:

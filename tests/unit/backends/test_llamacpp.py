@@ -205,37 +205,47 @@ def test_the_langchain_llama_objects_share_their_model(backend: LlamaCppBackend)
         ESIGuard(llm=community.ChatLlamaCpp.model_construct(client=None, model_path="x"))
 
 
-def test_forcing_on_a_float32_copy_forces_the_original_too_and_scores_alike(
+def test_forcing_on_a_float_copy_forces_the_original_too_and_scores_alike(
     backend: LlamaCppBackend, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The copy is written once to the cache folder; its forcing returns the original row
-    unasked, near the file's own forcing (the same weights, float32 arithmetic)."""
+    """Each copy is written once to the cache folder; its forcing returns the original row
+    unasked, near the file's own forcing (the same weights, float arithmetic), and the
+    float16 copy (the default) scores as the float32 one does."""
     monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path))
     f32 = LlamaCppBackend(backend.llama, forcing_precision="f32")
-    (copy,) = (tmp_path / "forcing").iterdir()
-    assert copy.name.endswith("-f32.gguf") and f32.forces_original and not backend.forces_original
-    written = copy.stat().st_mtime_ns
+    f16 = LlamaCppBackend(backend.llama, forcing_precision="f16")
+    copies = sorted(path.name[-8:] for path in (tmp_path / "forcing").iterdir())
+    assert copies == ["f16.gguf", "f32.gguf"] and not backend.forces_original
+    assert (f32.engine, f16.engine, backend.engine) == ("llamacpp-f32", "llamacpp-f16", "llamacpp")
+    written = {path: path.stat().st_mtime_ns for path in (tmp_path / "forcing").iterdir()}
     again = LlamaCppBackend.default(n_threads=1)  # the embedded model's default
-    assert again.forcing_precision == "f32" and again.forces_original
-    assert copy.stat().st_mtime_ns == written and list((tmp_path / "forcing").iterdir()) == [copy]
+    assert again.forcing_precision == "f16" and again.forces_original
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / "forcing").iterdir()} == written
     again.close()
     prompt = ask("Which planet is known as the red planet?")
     gen = generation(backend, prompt)
     variant = ask("Which planet is known as the rd planet?")
     request = ForcingRequest(prompt, [variant], gen.token_ids)
-    own, other = forced(backend, request), forced(f32, request)
+    own, other, half = forced(backend, request), forced(f32, request), forced(f16, request)
     assert own.original is None and other.original is not None and len(other.variants) == 1
     assert np.array_equal(other.original.ids[:, 0], gen.topk.ids[:, 0])  # the same argmax
     assert np.abs(other.original.values[:, 0] - gen.topk.values[:, 0]).max() < PACKED_LOGITS
+    assert half.original is not None and np.array_equal(half.original.ids[:, 0], gen.topk.ids[:, 0])
+    # float16 weights and activations: within a tenth of a logit of float32's
+    assert np.abs(half.original.values[:, :5] - other.original.values[:, :5]).max() < 0.1
     questions = ["What is the boiling point of water at sea level?", "Who wrote Hamlet?"]
     guards = [ESIGuard(backend=b, threshold=1.0, max_new_tokens=12, n_variants=4, seed=0)
-              for b in (backend, f32)]  # fmt: skip
+              for b in (backend, f32, f16)]  # fmt: skip
     metas = [[g.invoke(q).response_metadata["esi"] for q in questions] for g in guards]
     f32.close()
+    f16.close()
     assert [m["answer"] for m in metas[0]] == [m["answer"] for m in metas[1]]
-    for a, b in zip(*metas, strict=True):
+    assert [m["answer"] for m in metas[0]] == [m["answer"] for m in metas[2]]
+    for a, b, c in zip(*metas, strict=True):
         assert abs(a["score"] - b["score"]) < 0.02
+        assert abs(c["score"] - b["score"]) < 0.005
         assert b["work"]["forced_variants"] == a["work"]["forced_variants"] + 1
+        assert c["work"]["forced_variants"] == b["work"]["forced_variants"]
 
 
 def test_bad_construction_says_what_was_wrong(backend: LlamaCppBackend, tmp_path: Any) -> None:
@@ -245,8 +255,8 @@ def test_bad_construction_says_what_was_wrong(backend: LlamaCppBackend, tmp_path
         LlamaCppBackend.from_path(tmp_path / "missing.gguf")
     with pytest.raises(ModelLoadError, match=r"a folder; llama\.cpp loads a \.gguf file"):
         LlamaCppBackend.from_path(tmp_path)
-    with pytest.raises(ConfigurationError, match=r"must be 'auto', 'model' or 'f32', got 'f16'"):
-        LlamaCppBackend(backend.llama, forcing_precision="f16")
+    with pytest.raises(ConfigurationError, match=r"'model', 'f16' or 'f32', got 'bf16'"):
+        LlamaCppBackend(backend.llama, forcing_precision="bf16")
     custom = LlamaCppBackend(backend.llama, chat_template="{% for m in messages %}{{ m.content }}\n"
                              "{% endfor %}A:", n_ctx=256)  # fmt: skip
     assert custom.template.render(ask("Q?")).endswith("Q?\nA:")
@@ -269,10 +279,10 @@ def test_the_embedded_file_is_one_model_by_default_path_link_or_llama(
     digest = hashlib.sha256(embedded_gguf().read_bytes()).hexdigest()
     for each in (backend, linked, shared):
         assert (each.model_id, each.model_sha256) == (EMBEDDED_MODEL_ID, digest)
-    # forcing on the file's weights (the fixture's) or on its float32 copy (the default)
+    # forcing on the file's weights (the fixture's) or on its float16 copy (the default)
     assert [each.engine for each in (backend, linked, shared)] == [
         "llamacpp",
-        *["llamacpp-f32"] * 2,
+        *["llamacpp-f16"] * 2,
     ]
     named = LlamaCppBackend(backend.llama, model_id="smol", n_ctx=64)
     assert (named.model_id, named.model_sha256) == ("smol", digest)  # a given id is kept
@@ -404,7 +414,7 @@ def test_packed_rows_follow_rows_run_alone_split_or_not(backend: LlamaCppBackend
 def test_the_cache_folder_follows_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from esi_guard.backends.llamacpp._f32 import cache_dir
+    from esi_guard.backends.llamacpp._copy import cache_dir
 
     monkeypatch.delenv("ESI_GUARD_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

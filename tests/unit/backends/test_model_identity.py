@@ -85,7 +85,7 @@ def test_the_embedded_backend_has_the_files_digest_without_loading_it(
     backend = EmbeddedBackend()
     assert backend.model_sha256 == sha256(embedded_gguf())
     assert backend.model_id == EMBEDDED_MODEL_ID
-    assert backend.engine in ("llamacpp-f32", "transformers")
+    assert backend.engine in ("llamacpp-f16", "transformers")
 
 
 class Weights(FakeBackend):

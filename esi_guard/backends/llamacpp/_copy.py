@@ -1,0 +1,125 @@
+"""A float copy of a quantized GGUF for teacher forcing (``forcing_precision="f16"``/``"f32"``).
+
+llama.cpp's CPU kernels for quantized weights are built for generation, one token at a
+time, where reading the weights is the cost; teacher forcing runs hundreds of tokens in
+one decode, where arithmetic is, and there its float matrix kernels are faster. One
+forcing-sized pass on the embedded Q4_1 model (480 tokens, logits at 80, every core of
+this project's 2-core AVX2 machine; ``benchmarks/forward_kernels.py``): the file's
+weights 2.37 s, a float32 copy 1.49 s, a float16 copy 1.18 s, torch float32 1.37 s.
+
+A quantized block dequantizes exactly to float32; float16 keeps 11 significant bits, and
+the llama.cpp kernels round the activations to float16 too: the float16 copy's logits
+differ from the float32 copy's by 0.06 at most on that pass (the Q4_1 weights' own
+kernels, which round activations to 8 bits, by 1.1). The copy is written once by
+llama.cpp's own ``llama_model_quantize`` (about a second for the embedded model) and kept
+in the cache folder under the source file's digest and its precision.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+from esi_guard.exceptions import ModelLoadError
+
+__all__ = [
+    "COPY_LIMIT",
+    "PRECISIONS",
+    "cache_dir",
+    "forcing_copy",
+    "load_forcing_copy",
+    "resolve_precision",
+]
+
+PRECISIONS = ("auto", "model", "f16", "f32")
+"""What ``forcing_precision`` takes."""
+
+COPY_LIMIT = 2 << 30
+"""``forcing_precision="auto"`` makes a float16 copy up to this many bytes (2 GiB)."""
+
+_BYTES = {"f16": 2, "f32": 4}
+
+
+def resolve_precision(asked: str, llama: Any, llama_cpp: Any) -> str:
+    """``asked``, with ``"auto"`` resolved: ``"f16"`` for a small quantized model on the CPU."""
+    if asked != "auto":
+        return asked
+    file_type = int(llama.metadata.get("general.file_type", 0))
+    quantized = file_type not in (0, 1)  # 0: all float32, 1: mostly float16
+    on_cpu = int(llama.model_params.n_gpu_layers) == 0
+    size = _BYTES["f16"] * int(llama_cpp.llama_model_n_params(llama._model.model))
+    return "f16" if quantized and on_cpu and size <= COPY_LIMIT else "model"
+
+
+def load_forcing_copy(
+    llama_cpp: Any, llama: Any, digest: str, precision: str, n_threads: int | None
+) -> Any:
+    """A ``llama_cpp.Llama`` on the ``precision`` copy of ``llama``'s file (sha256 ``digest``)."""
+    copy = forcing_copy(llama_cpp, llama.model_path, digest, precision)
+    try:
+        twin = llama_cpp.Llama(
+            model_path=str(copy), n_ctx=256, verbose=False,
+            n_threads=n_threads or int(llama.context_params.n_threads),
+            n_threads_batch=n_threads or int(llama.context_params.n_threads_batch),
+            n_gpu_layers=int(llama.model_params.n_gpu_layers),
+        )  # fmt: skip
+    except (ValueError, RuntimeError) as exc:
+        msg = f"llama.cpp could not load the {precision} copy {str(copy)!r}: {exc} (delete it)"
+        raise ModelLoadError(msg) from exc
+    if twin.n_vocab() != llama.n_vocab():
+        twin.close()
+        msg = f"the {precision} copy {str(copy)!r} has another vocabulary than its model"
+        raise ModelLoadError(msg)
+    return twin
+
+
+def cache_dir() -> Path:
+    """``$ESI_GUARD_CACHE``, else ``$XDG_CACHE_HOME/esi_guard``, else ``~/.cache/esi_guard``."""
+    own = os.environ.get("ESI_GUARD_CACHE")
+    if own:
+        return Path(own).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "esi_guard"
+
+
+def forcing_copy(llama_cpp: Any, source: str | Path, digest: str, precision: str) -> Path:
+    """The ``precision`` (``"f16"`` or ``"f32"``) copy of ``source`` (sha256 ``digest``).
+
+    Written on first use, to a temporary name then renamed, so a copy cut short is never
+    taken for a whole one and two processes making it at once both end with a whole file.
+    """
+    ftypes = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "f32": llama_cpp.LLAMA_FTYPE_ALL_F32}
+    if precision not in ftypes:
+        msg = f"no forcing copy in precision {precision!r} (one of {sorted(ftypes)})"
+        raise ValueError(msg)
+    target = cache_dir() / "forcing" / f"{digest[:24]}-{precision}.gguf"
+    if target.is_file():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"cannot make the cache folder {target.parent} for the {precision} copy: {exc}"
+        raise ModelLoadError(msg) from exc
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftypes[precision]
+    params.allow_requantize = True
+    params.nthread = max(1, min(os.cpu_count() or 1, 4))
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    with suppress_stdout_stderr(disable=False):
+        code = llama_cpp.llama_model_quantize(
+            str(source).encode(), str(partial).encode(), ctypes.byref(params)
+        )
+    if code != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        msg = (
+            f"llama.cpp could not write a {precision} copy of {str(source)!r} to "
+            f"{partial.parent} (code {code}); forcing_precision='model' forces on the file's "
+            "own weights"
+        )
+        raise ModelLoadError(msg)
+    os.replace(partial, target)
+    return target
