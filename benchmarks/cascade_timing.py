@@ -17,7 +17,10 @@ full guard on these questions. ``--min-variants K`` adds a fourth guard, ``casca
 the cascade with sequential ESI inside its band (from K variants on, stopping by a rule
 fitted label-free on the collected run's per-variant scores, as ``esi-guard calibrate
 --min-variants`` fits it: early decisions differ from full-L ones on at most 2% with
-probability 0.9).
+probability 0.9). ``--probe FILE`` takes a probe ``esi-guard distill`` wrote instead of a
+collected run (on the guard's own engine; threshold: the 80% quantile of its held-out ESI
+values); the questions timed are then ``--data``'s after the first ``--skip`` (in
+``--seed`` order: pass the distillation's ``--limit`` and ``--seed``).
 """
 
 from __future__ import annotations
@@ -73,16 +76,27 @@ def _records(cache: Path, name: str) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> None:
     """Time the three side by side; print and write the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cache", type=Path, required=True)
+    parser.add_argument("--cache", type=Path, help="a collected run's folder (or --probe)")
+    parser.add_argument("--probe", type=Path, help="a probe file `esi-guard distill` wrote")
+    parser.add_argument("--skip", type=int, default=0, help="with --probe: questions it saw")
+    parser.add_argument("--seed", type=int, default=0, help="with --probe: the distill's seed")
     parser.add_argument("--name", default="sciq-smollm2")
     parser.add_argument("--data", default="sciq/test.jsonl")
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--min-variants", type=int, help="add the cascade with sequential ESI")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    probe, threshold, seen = distilled(args.cache, args.name)
     path = Path(args.data) if Path(args.data).is_file() else shared_data() / args.data
-    examples = [e for e in load_examples(path, seed=7) if e.question not in seen][: args.limit]
+    if args.probe is not None:
+        probe = ESIProbe.read(args.probe)
+        threshold = float(np.quantile(probe.held_out_esi, 0.8))
+        examples = load_examples(path, seed=args.seed)[args.skip : args.skip + args.limit]
+    elif args.cache is not None:
+        probe, threshold, seen = distilled(args.cache, args.name)
+        examples = [e for e in load_examples(path, seed=7) if e.question not in seen]
+        examples = examples[: args.limit]
+    else:
+        sys.exit("give --cache (a collected run) or --probe (a distilled probe file)")
     answering = Answering()
     prompts = [answering.messages(e.question) for e in examples]
     settings = {"n_variants": 10, "top_k": 100, "max_new_tokens": answering.max_new_tokens,
@@ -93,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     guards = {"esi": full, "cascade": cascade}
     rule = None
     if args.min_variants is not None:
+        if args.cache is None:
+            sys.exit("--min-variants fits its rule on a collected run: give --cache")
         rows = [r["variants"] for r in _records(args.cache, args.name) if r.get("variants")]
         rule = fit_stop_constant(rows, threshold, min_variants=args.min_variants,
                                  max_disagreement=0.02, delta=0.1)  # fmt: skip

@@ -5,7 +5,7 @@ time, where reading the weights is the cost; teacher forcing runs hundreds of to
 one decode, where arithmetic is, and there its float matrix kernels are faster. One
 forcing-sized pass on the embedded Q4_1 model (480 tokens, logits at 80, every core of
 this project's 2-core AVX2 machine; ``benchmarks/forward_kernels.py``): the file's
-weights 2.37 s, a float32 copy 1.49 s, a float16 copy 1.18 s, torch float32 1.37 s.
+weights 3.02 s, a float32 copy 1.72 s, a float16 copy 1.30 s, torch float32 1.39 s.
 
 A quantized block dequantizes exactly to float32; float16 keeps 11 significant bits, and
 the llama.cpp kernels round the activations to float16 too: the float16 copy's logits
