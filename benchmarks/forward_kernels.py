@@ -1,16 +1,18 @@
-r"""The same forward on each engine's kernels: what the forcing pass costs on each.
+r"""One guarded question's forcing on each engine's kernels: what the forcing pass costs.
 
-    python benchmarks/forward_kernels.py --tokens 480 --outputs 80 --repeats 6
+    python benchmarks/forward_kernels.py --repeats 6
 
-One teacher-forcing-sized pass on the embedded SmolLM2: ``--tokens`` tokens in one
-sequence, logits at the last ``--outputs`` positions (about one guarded question's rows:
-11 rows of ~40 tokens, ~8 answer positions each). Timed side by side in one run, each
-engine's own threads (every core): llama.cpp's decode on the file's Q4_1 weights
-(``forcing_precision="model"``), on the backend's float32 and float16 copies of them
-(``"f32"``, ``"f16"``: the default guard forces on the float16 one), and torch's forward
-on transformers' float32 dequantization of the same file (what ``HFBackend`` forces on).
-Same weights, same work: the ratios are the kernels'. Rounds alternate between the arms.
-Also reported: each llama.cpp arm's largest logit difference from the float32 copy's.
+The forcing the guard runs for one question on the embedded SmolLM2 (``--question``, the
+QA instruction as system message, L = ``--variants`` Skip-One-Char variants, the original
+row forced too, the same ``--answer`` after each, top-k 100), through each backend's
+``teacher_force``. Timed side by side in one run, each engine's own threads (every core):
+llama.cpp on the file's Q4_1 weights (``forcing_precision="model"``), on the backend's
+float32 and float16 copies of them (``"f32"``, ``"f16"``: the default guard forces on
+the float16 one), and transformers' torch forward on its float32 dequantization of the
+same file (what ``HFBackend`` forces on). Same weights, same rows: the ratios are the
+kernels'. Rounds alternate between the arms; the first is a warm-up. Also reported: each
+llama.cpp arm's largest difference from the float32 copy in the original row's top-k
+logits.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,62 +29,68 @@ import numpy as np
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from esi_guard.backends.llamacpp import LlamaCppBackend
-from esi_guard.backends.llamacpp._engine import Row
+from benchmarks.common import Answering
+from esi_guard import SkipOneChar
+from esi_guard.backends import Backend, ForcingRequest, HFBackend, LlamaCppBackend
 
 __all__ = ["main"]
 
+QUESTION = (
+    "What type of organism is commonly used in preparation of foods such as cheese and "
+    "yogurt, and which process converts the milk sugar lactose into lactic acid?"
+)
+ANSWER = "Bacteria, through lactic acid fermentation of the milk sugar lactose by microbes."
+
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Time both forwards, alternating; print seconds per pass and the ratio."""
+    """Time every arm, alternating; print median seconds a question, ratios and drift."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=480)
-    parser.add_argument("--outputs", type=int, default=80)
+    parser.add_argument("--question", default=QUESTION)
+    parser.add_argument("--answer", default=ANSWER)
+    parser.add_argument("--variants", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     import torch
 
-    from esi_guard.backends.hf import HFBackend
-
-    engines = {
-        f"llama.cpp {precision}": LlamaCppBackend.default(forcing_precision=precision)._forcer
+    backends: dict[str, Backend] = {
+        f"llama.cpp {precision}": LlamaCppBackend.default(forcing_precision=precision)
         for precision in ("model", "f32", "f16")
     }
-    model = HFBackend.default().model
-    tokens = [int(t) for t in np.random.default_rng(0).integers(100, 40000, args.tokens)]
-    row = Row(0, tokens, 0, list(range(args.tokens - args.outputs, args.tokens)))
-    ids = torch.tensor([tokens])
-    logits: dict[str, np.ndarray] = {}
-
-    def on_llama(name: str) -> Callable[[], None]:
-        def call() -> None:
-            values = engines[name].decode([], [row])
-            logits.setdefault(name, values.copy())
-            engines[name].clear()
-
-        return call
-
-    def on_torch() -> None:
-        with torch.inference_mode():
-            states = model.model(ids).last_hidden_state
-            model.lm_head(states[:, -args.outputs :])
-
-    calls = {name: on_llama(name) for name in engines} | {"torch f32": on_torch}
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    backends["torch f32"] = HFBackend.default()
+    answering = Answering()
+    prompt = answering.messages(args.question)
+    variants = [
+        answering.messages(text)
+        for text in SkipOneChar().variants(args.question, args.variants, seed=0)
+    ]
+    requests = {
+        name: ForcingRequest(
+            prompt, variants, backend.encode_answer(prompt, args.answer), include_original=True
+        )
+        for name, backend in backends.items()
+    }
+    top: dict[str, np.ndarray] = {}
+    seconds: dict[str, list[float]] = {name: [] for name in backends}
     for step in range(args.repeats + 1):  # the first round warms up, untimed
-        for name, call in calls.items():
+        for name, backend in backends.items():
             start = time.perf_counter()
-            call()
+            (forced,) = backend.teacher_force([requests[name]], top_k=100)
             if step:
                 seconds[name].append(time.perf_counter() - start)
+            if isinstance(forced, Exception):
+                raise forced
+            if forced.original is not None:
+                top.setdefault(name, np.asarray(forced.original.values))
     median = {name: float(np.median(values)) for name, values in seconds.items()}
-    reference = logits["llama.cpp f32"]
-    out = {"tokens": args.tokens, "outputs": args.outputs, "repeats": args.repeats,
+    reference = top["llama.cpp f32"]
+    tokens = {name: len(request.answer_ids) for name, request in requests.items()}
+    out = {"variants": args.variants, "answer_tokens": tokens, "repeats": args.repeats,
            "torch_threads": torch.get_num_threads(), "seconds": median,
-           "over_torch": {name: median[name] / median["torch f32"] for name in engines},
-           "max_logit_diff_vs_f32": {name: float(np.abs(values - reference).max())
-                                     for name, values in logits.items()}}  # fmt: skip
+           "over_torch": {name: median[name] / median["torch f32"] for name in backends},
+           "max_topk_logit_diff_vs_f32": {
+               name: float(np.abs(values - reference).max())
+               for name, values in top.items() if name.startswith("llama.cpp")}}  # fmt: skip
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

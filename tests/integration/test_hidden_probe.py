@@ -74,12 +74,16 @@ def test_the_file_carries_the_probe_and_the_guard_reproduces_p_wrong_exactly(
         assert esi["answer"] == record["prediction"]
         signals = {"esi": record["score"], **record["signals"]}
         expected = combined.p_wrong(signals, decode_states(record["hidden"]))
+        term = probe.term(decode_states(record["hidden"]))
         if white_box.engine.startswith("llamacpp"):  # one sequence per decode: the same bits
             assert esi["p_wrong"] == expected
-        else:  # transformers' numbers move a little with the batch an answer is padded into
-            assert esi["p_wrong"] == pytest.approx(expected, rel=1e-7)
-        term = probe.term(decode_states(record["hidden"]))
-        assert esi["signals"]["hidden"] == pytest.approx(term, rel=1e-7, abs=1e-9)
+            assert esi["signals"]["hidden"] == pytest.approx(term, rel=1e-7, abs=1e-9)
+        else:
+            # transformers' numbers move a little with the batch an answer is padded into
+            # and the threads its matrix products split over (the probe's term by 2.7e-7
+            # relative on a 2-core AVX2 machine, two threads)
+            assert esi["p_wrong"] == pytest.approx(expected, rel=1e-5)
+            assert esi["signals"]["hidden"] == pytest.approx(term, rel=1e-5, abs=1e-9)
         assert esi["decision"] == ("accept" if expected <= written.threshold else "flag")
 
 

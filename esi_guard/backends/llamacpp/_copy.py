@@ -3,14 +3,15 @@
 llama.cpp's CPU kernels for quantized weights are built for generation, one token at a
 time, where reading the weights is the cost; teacher forcing runs hundreds of tokens in
 one decode, where arithmetic is, and there its float matrix kernels are faster. One
-forcing-sized pass on the embedded Q4_1 model (480 tokens, logits at 80, every core of
-this project's 2-core AVX2 machine; ``benchmarks/forward_kernels.py``): the file's
-weights 3.02 s, a float32 copy 1.72 s, a float16 copy 1.30 s, torch float32 1.39 s.
+guarded question's forcing on the embedded Q4_1 model (11 rows, a 15-token answer, every
+core of this project's 2-core AVX2 machine;
+``benchmarks/forward_kernels.py``): the file's weights 3.10 s, a float32 copy 1.84 s, a
+float16 copy 1.51 s, transformers' torch float32 1.80 s.
 
 A quantized block dequantizes exactly to float32; float16 keeps 11 significant bits, and
-the llama.cpp kernels round the activations to float16 too: the float16 copy's logits
-differ from the float32 copy's by 0.06 at most on that pass (the Q4_1 weights' own
-kernels, which round activations to 8 bits, by 1.1). The copy is written once by
+the llama.cpp kernels round the activations to float16 too: the float16 copy's top-k
+logits differ from the float32 copy's by 0.025 at most there (the Q4_1 weights' own
+kernels, which round activations to 8 bits, by 0.43). The copy is written once by
 llama.cpp's own ``llama_model_quantize`` (about a second for the embedded model) and kept
 in the cache folder under the source file's digest and its precision.
 """
