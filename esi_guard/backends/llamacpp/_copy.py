@@ -48,7 +48,8 @@ def resolve_precision(asked: str, llama: Any, llama_cpp: Any) -> str:
     if asked != "auto":
         return asked
     file_type = int(llama.metadata.get("general.file_type", 0))
-    quantized = file_type not in (0, 1)  # 0: all float32, 1: mostly float16
+    # 0: all float32, 1: mostly float16, 32: mostly bfloat16 (whose range float16 lacks)
+    quantized = file_type not in (0, 1, 32)
     on_cpu = int(llama.model_params.n_gpu_layers) == 0
     size = _BYTES["f16"] * int(llama_cpp.llama_model_n_params(llama._model.model))
     return "f16" if quantized and on_cpu and size <= COPY_LIMIT else "model"
