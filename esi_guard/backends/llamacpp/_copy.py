@@ -27,8 +27,10 @@ from esi_guard.exceptions import ModelLoadError
 
 __all__ = [
     "COPY_LIMIT",
+    "FLOAT_FILES",
     "PRECISIONS",
     "cache_dir",
+    "file_precision",
     "forcing_copy",
     "load_forcing_copy",
     "resolve_precision",
@@ -40,19 +42,24 @@ PRECISIONS = ("auto", "model", "f16", "f32")
 COPY_LIMIT = 2 << 30
 """``forcing_precision="auto"`` makes a float16 copy up to this many bytes (2 GiB)."""
 
-_BYTES = {"f16": 2, "f32": 4}
+FLOAT_FILES = {0: "f32", 1: "f16", 32: "bf16"}
+"""GGUF ``general.file_type`` values of unquantized files, and their precision."""
 
 
 def resolve_precision(asked: str, llama: Any, llama_cpp: Any) -> str:
     """``asked``, with ``"auto"`` resolved: ``"f16"`` for a small quantized model on the CPU."""
     if asked != "auto":
         return asked
-    file_type = int(llama.metadata.get("general.file_type", 0))
-    # 0: all float32, 1: mostly float16, 32: mostly bfloat16 (whose range float16 lacks)
-    quantized = file_type not in (0, 1, 32)
+    # a float file is forced as it is (a float16 copy lacks bfloat16's range)
+    quantized = file_precision(llama) is None
     on_cpu = int(llama.model_params.n_gpu_layers) == 0
-    size = _BYTES["f16"] * int(llama_cpp.llama_model_n_params(llama._model.model))
+    size = 2 * int(llama_cpp.llama_model_n_params(llama._model.model))  # float16: 2 bytes
     return "f16" if quantized and on_cpu and size <= COPY_LIMIT else "model"
+
+
+def file_precision(llama: Any) -> str | None:
+    """``"f32"``, ``"f16"`` or ``"bf16"`` for a float GGUF, None for a quantized one."""
+    return FLOAT_FILES.get(int(llama.metadata.get("general.file_type", 0)))
 
 
 def load_forcing_copy(

@@ -58,7 +58,12 @@ from esi_guard.backends.base import (
 )
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, gguf_template
-from esi_guard.backends.llamacpp._copy import PRECISIONS, load_forcing_copy, resolve_precision
+from esi_guard.backends.llamacpp._copy import (
+    PRECISIONS,
+    file_precision,
+    load_forcing_copy,
+    resolve_precision,
+)
 from esi_guard.backends.llamacpp._decoding import (
     GROUP_CELLS,
     Greedy,
@@ -181,8 +186,8 @@ class LlamaCppBackend(Backend):
         measures the speed of each and their scores' differences."""
         self._forcing_llama: Any = None
         self._forcer = self._engine
-        own = {0: "f32", 1: "f16"}.get(int(llama.metadata.get("general.file_type", -1)))
-        if self.forcing_precision in ("f16", "f32") and self.forcing_precision != own:
+        wanted = self.forcing_precision
+        if wanted in ("f16", "f32") and wanted != file_precision(llama):
             digest = self.model_sha256
             if digest is None:
                 msg = f"cannot read {llama.model_path!r} to make its {self.forcing_precision} copy"
