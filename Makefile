@@ -9,15 +9,39 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-fast fuzz load lint docs install-demo install-test install-litellm-proxy clean
+.PHONY: demo test test-fast fuzz load lint docs install-demo install-test install-litellm-proxy \
+	llamacpp-rebuild clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 
-$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+# llama-cpp-python is compiled here for this CPU's instruction sets named one by one, never
+# AMX (its kernels crash the first decode on some Xeons), and the wheel is kept outside pip's
+# cache under a key naming those sets: pip's cache keys a built wheel by its version alone,
+# so a wheel built on one CPU could be installed on another that lacks its instructions.
+# esi_guard/backends/llamacpp/_cpu.py prints the flags and the key (`esi-guard env` shows them).
+LLAMA_CPP_VERSION ?= 0.3.36
+CPU_SCRIPT := esi_guard/backends/llamacpp/_cpu.py
+CPU_KEY := $(shell $(PYTHON) $(CPU_SCRIPT) key)
+WHEELHOUSE ?= $(HOME)/.cache/esi_guard/wheels
+LLAMA_WHEELS := $(WHEELHOUSE)/llama-cpp-python-$(LLAMA_CPP_VERSION)/$(CPU_KEY)
+LLAMA_STAMP := $(VENV)/.llamacpp-$(LLAMA_CPP_VERSION)-$(CPU_KEY)
+
+$(LLAMA_STAMP): $(CPU_SCRIPT) | $(BIN)/python
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$$($(PYTHON) $(CPU_SCRIPT) cmake-args)" $(BIN)/python -m pip wheel --quiet \
+	  --disable-pip-version-check --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+	  "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP) --force-reinstall --no-deps --find-links $(LLAMA_WHEELS) \
+	  --only-binary llama-cpp-python "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP) --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python \
+	  "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	touch $@
+
+$(VENV)/.demo-installed: pyproject.toml $(LLAMA_STAMP) | $(BIN)/python
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e ".[hf,demo,llamacpp]"
+	$(PIP) -e ".[hf,demo,llamacpp,cli]"
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
@@ -39,6 +63,11 @@ $(LITELLM_VENV)/.installed: pyproject.toml
 install-demo: $(VENV)/.demo-installed
 install-test: $(VENV)/.test-installed
 install-litellm-proxy: $(LITELLM_VENV)/.installed
+
+## Build llama-cpp-python again for this CPU (after a wheel or a .venv came from another machine).
+llamacpp-rebuild: | $(BIN)/python
+	rm -rf $(LLAMA_WHEELS) $(VENV)/.llamacpp-*
+	$(MAKE) $(LLAMA_STAMP)
 
 ## Run the guard over the embedded default model on a handful of questions.
 demo: install-demo

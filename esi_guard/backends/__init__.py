@@ -3,7 +3,8 @@
 ``HFBackend``, ``LlamaCppBackend`` and ``OpenAIBackend`` are imported from here without
 importing torch, llama-cpp-python or the openai SDK: their heavy imports happen when a
 model is loaded or a request is sent. :func:`embedded_gguf` is the embedded default
-model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_id``).
+model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_id``);
+:func:`load_llama` loads a ``llama_cpp.Llama`` that is safe to decode on this CPU.
 :class:`HiddenSpec` and :class:`HiddenStates` are the hidden states a white-box backend
 reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
 """
@@ -25,7 +26,7 @@ from esi_guard.backends.base import (
 from esi_guard.backends.embedded import embedded_gguf
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
-from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.backends.llamacpp import LlamaCppBackend, load_llama
 from esi_guard.backends.openai import OpenAIBackend, RequestStats
 
 __all__ = [
@@ -47,4 +48,5 @@ __all__ = [
     "Sample",
     "Sampler",
     "embedded_gguf",
+    "load_llama",
 ]

@@ -1,9 +1,11 @@
 """The README's steps, in order, on the embedded model: what it shows is what the code prints.
 
 Every ``python`` block written as a doctest (``>>>``) runs in one namespace, in README
-order, and its shown output is compared (``...`` matches anything); every ``bash`` block
-whose lines start with ``esi-guard`` runs as a command in the same folder. Blocks that are
-neither (install commands, sketches naming models this machine does not have) are prose.
+order, and its shown output is compared (``...`` matches anything; numbers within
+``tests.shown_output.TOLERANCE``, as llama.cpp rounds differently on each CPU class); every
+``bash`` block whose lines start with ``esi-guard`` runs as a command in the same folder.
+Blocks that are neither (install commands, sketches naming models this machine does not
+have) are prose.
 This is the new user's first hour: quick start, ``llm=`` with a ``Llama``, calibrate as
 written, ``from_calibration(..., llm=the same Llama)``, RAG with the decision kept, live
 streaming.
@@ -22,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.shown_output import FLAGS, NumbersWithin
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
 def readme_steps(text: str) -> list[tuple[str, str]]:
@@ -67,7 +70,7 @@ def test_readme_runs_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             assert done.returncode == 0, f"README step {number}: {source}\n{done.stderr}"
             continue
         test = parser.get_doctest(source, namespace, f"README step {number}", "README.md", 0)
-        runner = doctest.DocTestRunner(optionflags=FLAGS)
+        runner = doctest.DocTestRunner(checker=NumbersWithin(), optionflags=FLAGS)
         runner.run(test, out=failures.append, clear_globs=False)
         namespace = test.globs
     assert not failures, "".join(failures)

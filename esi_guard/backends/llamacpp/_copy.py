@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from esi_guard.backends.llamacpp._loading import load_llama
 from esi_guard.exceptions import ModelLoadError
 
 __all__ = [
@@ -68,8 +69,8 @@ def load_forcing_copy(
     """A ``llama_cpp.Llama`` on the ``precision`` copy of ``llama``'s file (sha256 ``digest``)."""
     copy = forcing_copy(llama_cpp, llama.model_path, digest, precision)
     try:
-        twin = llama_cpp.Llama(
-            model_path=str(copy), n_ctx=256, verbose=False,
+        twin = load_llama(
+            copy, n_ctx=256, verbose=False,
             n_threads=n_threads or int(llama.context_params.n_threads),
             n_threads_batch=n_threads or int(llama.context_params.n_threads_batch),
             n_gpu_layers=int(llama.model_params.n_gpu_layers),

@@ -73,6 +73,7 @@ from esi_guard.backends.llamacpp._decoding import (
     sample_prompt,
 )
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
+from esi_guard.backends.llamacpp._loading import check_llama, load_llama
 from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
 from esi_guard.backends.llamacpp._tap import tensor_name
@@ -144,6 +145,7 @@ class LlamaCppBackend(Backend):
         if not isinstance(llama, llama_cpp.Llama):
             msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
             raise ConfigurationError(msg)
+        check_llama(llama)
         if n_seq_max < 1:
             msg = f"n_seq_max must be >= 1, got {n_seq_max}"
             raise ConfigurationError(msg)
@@ -229,9 +231,9 @@ class LlamaCppBackend(Backend):
             chat_template: See the class.
             pack_rows: See the class.
             forcing_precision: See the class.
-            **llama_kwargs: Passed to ``llama_cpp.Llama``.
+            **llama_kwargs: Passed to ``llama_cpp.Llama`` (through :func:`load_llama`:
+                no weight repacking where llama.cpp has AMX kernels).
         """
-        llama_cpp = import_llama_cpp()
         check_model_path(str(path))
         where = Path(path).expanduser()
         if not where.is_file():
@@ -239,8 +241,8 @@ class LlamaCppBackend(Backend):
             raise ModelLoadError(msg)
         llama_kwargs.setdefault("verbose", False)
         try:
-            llama = llama_cpp.Llama(
-                model_path=str(where),
+            llama = load_llama(
+                where,
                 n_ctx=512,  # the Llama's own context, which the backend does not use
                 n_threads=n_threads,
                 n_gpu_layers=n_gpu_layers,

@@ -1,0 +1,119 @@
+"""Loading a ``llama_cpp.Llama`` that runs on this CPU (see :mod:`._cpu` for why it might not).
+
+:func:`load_llama` is ``llama_cpp.Llama(model_path, **kwargs)`` with two checks around it:
+llama.cpp must not have been built for instructions this CPU lacks, and where llama.cpp has
+AMX kernels the weights are loaded without repacking (``use_extra_bufts = False``), which
+is what keeps its first decode from crashing there. Elsewhere repacking stays on (it gives
+Q4_0 / Q4_K models llama.cpp's faster interleaved CPU kernels; the float and Q4_1 files
+the guard loads by default are not repacked either way). Every ``Llama`` the backend
+loads (the user's GGUF, the embedded one, the float16/float32 forcing copy) goes through
+it; :func:`check_llama` refuses a ``Llama`` loaded elsewhere with repacking into AMX.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from esi_guard.backends.llamacpp._cpu import (
+    amx_kernels,
+    cpu_flags,
+    missing_features,
+    system_features,
+)
+from esi_guard.backends.llamacpp._runtime import import_llama_cpp
+from esi_guard.exceptions import ConfigurationError, ModelLoadError
+
+__all__ = ["check_llama", "llama_features", "load_llama", "repacking_off"]
+
+_PATCH = threading.Lock()
+"""Held while ``llama_model_default_params`` is swapped for a load without repacking."""
+
+
+@cache
+def llama_features() -> dict[str, str]:
+    """llama.cpp's system info as ``{name: value}`` (what its CPU kernels were built for)."""
+    llama_cpp = import_llama_cpp()
+    return system_features(llama_cpp.llama_print_system_info())
+
+
+def repacking_off() -> bool:
+    """Whether models load without weight repacking here: llama.cpp has AMX kernels."""
+    return amx_kernels(llama_features())
+
+
+def check_build() -> None:
+    """Raise :class:`ModelLoadError` if llama.cpp was built for instructions this CPU lacks."""
+    missing = missing_features(llama_features(), cpu_flags())
+    if missing:
+        msg = (
+            f"llama-cpp-python was built for {', '.join(missing)}, which this CPU lacks (a "
+            "wheel built on another machine): the first decode would die with 'Illegal "
+            'instruction\'; rebuild it here: CMAKE_ARGS="$(esi-guard env --cmake-args)" '
+            "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+        )
+        raise ModelLoadError(msg)
+
+
+def load_llama(model_path: str | Path, **kwargs: Any) -> Any:
+    """A ``llama_cpp.Llama`` on ``model_path`` that is safe to decode on this CPU.
+
+    The same as ``llama_cpp.Llama(model_path=str(model_path), **kwargs)``, except that where
+    llama.cpp was built with AMX kernels (``AMX_INT8 = 1`` in ``esi-guard env``) the weights
+    are loaded without repacking, since repacked AMX weights crash the first decode on
+    some of those CPUs; and that a llama-cpp-python built for instructions this CPU lacks
+    is refused with a :class:`~esi_guard.exceptions.ModelLoadError` before it can die with
+    'Illegal instruction'.
+
+    Args:
+        model_path: The ``.gguf`` file.
+        **kwargs: ``llama_cpp.Llama``'s other arguments (``n_ctx``, ``n_threads``, ...).
+    """
+    llama_cpp = import_llama_cpp()
+    check_build()
+    if not repacking_off():
+        return llama_cpp.Llama(model_path=str(model_path), **kwargs)
+    # llama-cpp-python takes no argument for it: Llama.__init__ reads the model parameters
+    # from llama_model_default_params() once, which is swapped for the load.
+    module = llama_cpp.llama_cpp
+    with _PATCH:
+        default = module.llama_model_default_params
+
+        def no_repacking() -> Any:
+            params = default()
+            params.use_extra_bufts = False
+            return params
+
+        module.llama_model_default_params = no_repacking
+        try:
+            llama = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+        finally:
+            module.llama_model_default_params = default
+    if llama.model_params.use_extra_bufts:
+        llama.close()
+        msg = (
+            f"could not load {str(model_path)!r} without weight repacking on this "
+            f"llama-cpp-python ({getattr(llama_cpp, '__version__', '?')}); rebuild it without "
+            'AMX: CMAKE_ARGS="$(esi-guard env --cmake-args)" '
+            "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+        )
+        raise ModelLoadError(msg)
+    return llama
+
+
+def check_llama(llama: Any) -> None:
+    """Refuse a ``Llama`` whose weights llama.cpp repacked for its AMX kernels.
+
+    Raises:
+        ConfigurationError: Its first decode could crash the process; the message says how
+            to load it safely.
+    """
+    if repacking_off() and bool(llama.model_params.use_extra_bufts):
+        msg = (
+            "this llama_cpp.Llama was loaded with weight repacking, and this llama.cpp has AMX "
+            "kernels (AMX_INT8 = 1), whose repacked weights can crash the first decode on this "
+            "CPU; load it with esi_guard.backends.load_llama(path, ...) instead (repacking off)"
+        )
+        raise ConfigurationError(msg)
