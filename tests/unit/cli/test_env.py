@@ -17,10 +17,26 @@ AMX_INFO = (
     "AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 |"
 )
 SPR = frozenset(
-    "pni ssse3 sse4_2 avx f16c fma avx2 bmi2 avx512f avx512cd avx512vl avx512dq avx512bw "
-    "avx512_vnni amx_int8 amx_tile".split()
+    [
+        "pni",
+        "ssse3",
+        "sse4_2",
+        "avx",
+        "f16c",
+        "fma",
+        "avx2",
+        "bmi2",
+        "avx512f",
+        "avx512cd",
+        "avx512vl",
+        "avx512dq",
+        "avx512bw",
+        "avx512_vnni",
+        "amx_int8",
+        "amx_tile",
+    ]
 )
-AVX2 = frozenset("pni ssse3 sse4_2 avx f16c fma avx2 bmi2".split())
+AVX2 = frozenset(["pni", "ssse3", "sse4_2", "avx", "f16c", "fma", "avx2", "bmi2"])
 
 
 def child(head: dict[str, object] | None, then: str) -> list[str]:
