@@ -66,12 +66,21 @@ def build_guard(
         return ESIGuard.from_calibration(threshold, backend=backend, **common)
     if threshold is None:
         return ESIGuard(backend=backend, **common)
+    if _names_a_file(threshold):
+        what = "is not a file" if Path(threshold).exists() else "not found"
+        msg = f"--threshold {threshold}: calibration file {what}"
+        raise ConfigurationError(msg)
     try:
         value = float(threshold)
     except ValueError:
         msg = f"--threshold must be a calibration file or a number, got {threshold!r}"
         raise ConfigurationError(msg) from None
     return ESIGuard(backend=backend, threshold=value, **common)
+
+
+def _names_a_file(threshold: str) -> bool:
+    """Whether ``--threshold`` looks like a path (``.json``, or a folder in it), not a number."""
+    return threshold.lower().endswith(".json") or any(s in threshold for s in ("/", os.sep))
 
 
 def _fallback(url: str, model: str) -> Any:

@@ -13,35 +13,31 @@ streaming.
 
 from __future__ import annotations
 
-import doctest
 import os
-import re
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.shown_output import FLAGS, NumbersWithin
+from tests.page_blocks import Block, blocks, commands, run_command, run_doctest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-def readme_steps(text: str) -> list[tuple[str, str]]:
-    """The README's runnable blocks in order: ("python", doctest source) or ("bash", line)."""
-    steps: list[tuple[str, str]] = []
-    for language, body in BLOCK.findall(text):
-        if language == "python" and ">>>" in body:
-            steps.append(("python", body))
-        elif language == "bash":
-            command = body.replace("\\\n", " ")
+def readme_steps(text: str) -> list[tuple[str, Block | str]]:
+    """The README's runnable steps in order: ("python", doctest block) or ("bash", command)."""
+    steps: list[tuple[str, Block | str]] = []
+    for block in blocks(text):
+        if block.doctest:
+            steps.append(("python", block))
+        elif block.language == "bash":
             steps += [
-                ("bash", line) for line in command.splitlines() if line.startswith("esi-guard")
+                ("bash", line)
+                for line in commands(block.source)
+                if shlex.split(line, comments=True)[0] == "esi-guard"
             ]
     return steps
 
@@ -56,21 +52,15 @@ def test_readme_runs_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     shutil.copytree(ROOT / "docs" / "examples", tmp_path / "docs" / "examples")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    parser, namespace = doctest.DocTestParser(), {"__name__": "__readme__"}
+    namespace: dict[str, object] = {"__name__": "__readme__"}
     failures: list[str] = []
-    for number, (kind, source) in enumerate(
+    for number, (_, step) in enumerate(
         readme_steps((ROOT / "README.md").read_text(encoding="utf-8")), start=1
     ):
-        if kind == "bash":
-            executable = Path(sys.executable).with_name(shlex.split(source)[0])
-            done = subprocess.run(
-                [str(executable), *shlex.split(source)[1:]],
-                capture_output=True, text=True, timeout=1200, check=False,
-            )  # fmt: skip
-            assert done.returncode == 0, f"README step {number}: {source}\n{done.stderr}"
+        if isinstance(step, str):
+            done = run_command(step, tmp_path)
+            assert done.returncode == 0, f"README step {number}: {step}\n{done.stderr}"
             continue
-        test = parser.get_doctest(source, namespace, f"README step {number}", "README.md", 0)
-        runner = doctest.DocTestRunner(checker=NumbersWithin(), optionflags=FLAGS)
-        runner.run(test, out=failures.append, clear_globs=False)
-        namespace = test.globs
+        namespace, found = run_doctest(step, namespace, f"README step {number}", "README.md")
+        failures += found
     assert not failures, "".join(failures)

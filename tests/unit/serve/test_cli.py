@@ -60,6 +60,19 @@ def test_a_threshold_file_goes_through_from_calibration(
     assert refused.exit_code == 2 and "another-model" in refused.output
 
 
+@pytest.mark.parametrize("given", ["nope.json", "thresholds/nope", "NOPE.JSON"])
+def test_a_threshold_file_that_is_not_there_is_said_so_by_name(
+    launched: list[dict[str, Any]], given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["serve", "--threshold", given])
+    assert result.exit_code == 2 and launched == []
+    assert f"--threshold {given}: calibration file not found" in result.output
+    (tmp_path / "folder.json").mkdir()
+    folder = CliRunner().invoke(app, ["serve", "--threshold", "folder.json"])
+    assert folder.exit_code == 2 and "folder.json: calibration file is not a file" in folder.output
+
+
 def test_upstream_mode_guards_the_server_through_the_api_backend(
     launched: list[dict[str, Any]],
 ) -> None:
