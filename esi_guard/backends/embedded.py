@@ -3,9 +3,9 @@
 Public, for code that wants the file itself (to hand it to ``llama_cpp.Llama``, a
 llama.cpp server, or ``ESIGuard(llm=...)``)::
 
-    from esi_guard.backends import embedded_gguf
+    from esi_guard.backends import embedded_gguf, load_llama
 
-    llm = llama_cpp.Llama(model_path=str(embedded_gguf()))
+    llm = load_llama(embedded_gguf())  # a llama_cpp.Llama, safe to decode on this CPU
 
 Found without importing that package (it pulls in llama-cpp-python), so resolving the
 file costs nothing; every backend, launcher and test that wants the default model asks here.
