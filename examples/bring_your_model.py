@@ -25,7 +25,7 @@ from langchain_core.prompts import ChatPromptTemplate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/
 
 from esi_guard import ESIGuard
-from esi_guard.backends import embedded_gguf
+from esi_guard.backends import embedded_gguf, load_llama
 from integrations.llamacpp.server import LlamaServer
 
 PROMPT = ChatPromptTemplate.from_messages(
@@ -45,10 +45,9 @@ def show(label: str, message: object) -> None:
 def main() -> None:
     show("default model", (PROMPT | ESIGuard()).invoke(QUESTION))
 
-    from llama_cpp import Llama
-
     gguf = embedded_gguf()  # stands for the model file your application loads
-    llama = Llama(model_path=str(gguf), n_ctx=2048, verbose=False)
+    # llama_cpp.Llama, with weight repacking off where llama.cpp's AMX kernels would crash
+    llama = load_llama(gguf, n_ctx=2048, verbose=False)
     show("llama_cpp.Llama", (PROMPT | ESIGuard(llm=llama, threshold=0.3)).invoke(QUESTION))
 
     from langchain_huggingface import HuggingFacePipeline
