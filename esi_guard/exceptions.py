@@ -41,7 +41,8 @@ the user meant:
 * ``WholeMessageWarning``, issued once per guard when the text taken as the question is
   long (over 512 characters): the whole human message (instructions, retrieved passages)
   is being intervened on; ``ESIGuard.with_prompt`` intervenes on the question variable
-  alone.
+  alone. ``esi-guard serve`` returns it to each caller instead (``whole_message`` in the
+  response's ``esi.warnings``), not to its log.
 * ``EngineMismatchWarning``, issued by ``ESIGuard.from_calibration`` when the threshold
   file was calibrated on another engine (transformers) than the guard runs (llama.cpp)
   for the same model: the scores are close, not identical.

@@ -83,6 +83,15 @@ def _names_a_file(threshold: str) -> bool:
     return threshold.lower().endswith(".json") or any(s in threshold for s in ("/", os.sep))
 
 
+def _threshold_source(threshold: str | None) -> str:
+    """Where the served threshold comes from, as the start-up log line says it."""
+    if threshold is None:
+        return "the embedded model's shipped threshold file"
+    if Path(threshold).is_file():
+        return f"calibration file {threshold}"
+    return "--threshold"
+
+
 def _fallback(url: str, model: str) -> Any:
     """A chat model on the fallback server (its key from ``OPENAI_API_KEY``, as the upstream's)."""
     try:
@@ -197,8 +206,11 @@ def serve(
             n_variants=n_variants, top_k=top_k, max_new_tokens=max_tokens,
             abstain_message=abstain_message,
         )  # fmt: skip
+        aliases = (model,) if upstream is None and served_model_name is None else ()
         settings = ServeSettings(
-            model_name=served_model_name, max_batch=max_batch, batch_window_ms=batch_window_ms,
+            model_name=served_model_name, model_aliases=aliases,
+            threshold_source=_threshold_source(threshold),
+            max_batch=max_batch, batch_window_ms=batch_window_ms,
             max_queue=max_queue, slots=slots or (4 if upstream else 1), api_key=key,
             max_body_bytes=max_body_bytes, log_prompts=log_prompts,
         )  # fmt: skip

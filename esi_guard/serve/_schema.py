@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,6 +26,8 @@ __all__ = [
     "completion",
     "esi_headers",
     "esi_info",
+    "warning_headers",
+    "whole_message_warning",
 ]
 
 ABSTAIN_FINISH_REASON = "content_filter"
@@ -137,6 +140,29 @@ class ChatRequest(BaseModel):
         """The messages as the guard takes them."""
         return [message.as_chat() for message in self.messages]
 
+    def question(self) -> str:
+        """The text the guard takes as the question: the last user message's ("" if none)."""
+        users = [message for message in self.messages if message.role == "user"]
+        return users[-1].text() if users else ""
+
+
+def whole_message_warning(chat: ChatRequest, longest: int) -> str | None:
+    """The ``whole_message`` warning for a question over ``longest`` characters, or None.
+
+    The guard intervenes on the last user message as the question; when it is long, it is
+    probably a whole RAG message, whose instructions and passages are changed too (not
+    ESI, and a pass over all of it per variant). A client can act on it (the guard's
+    :class:`~esi_guard.exceptions.WholeMessageWarning` lands in a log no client reads).
+    """
+    size = len(chat.question())
+    if size <= longest:
+        return None
+    return (
+        f"whole_message: the question is a {size}-character user message, intervened on as a "
+        "whole: instructions and retrieved passages in it are changed too, which is not ESI. "
+        "Send them in a system message and the question alone as the last user message."
+    )
+
 
 def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
     """The ``esi`` object a response carries, from a result's ``as_dict()``.
@@ -161,10 +187,18 @@ def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
 
 
 def esi_headers(info: dict[str, Any]) -> dict[str, str]:
-    """``X-ESI-Score`` (``none`` when unscored) and ``X-ESI-Decision``."""
+    """``X-ESI-Score`` (``none`` when unscored), ``X-ESI-Decision``, and any warnings'."""
     score = info.get("score")
     shown = "none" if score is None or not math.isfinite(score) else f"{score:.6f}"
-    return {"X-ESI-Score": shown, "X-ESI-Decision": str(info["decision"])}
+    headers = {"X-ESI-Score": shown, "X-ESI-Decision": str(info["decision"])}
+    return headers | warning_headers(info.get("warnings", ()))
+
+
+def warning_headers(warnings: Sequence[str]) -> dict[str, str]:
+    """``X-ESI-Warning``: the warnings' codes, comma-separated (no header when none)."""
+    if not warnings:
+        return {}
+    return {"X-ESI-Warning": ", ".join(warning.partition(":")[0] for warning in warnings)}
 
 
 def completion(

@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from langchain_core.messages import AIMessage
@@ -62,9 +62,13 @@ class Service:
         self.metrics = Metrics()
         backend = TimedBackend(guard.backend, self._step)
         self.guard = guard.model_copy(update={"on_error": "raise", "backend": backend})
+        # A long whole message is each response's warning here, not the server log's.
+        self.guard._warned = True
         self.live = guard.action == "flag" and guard.on_error == "flag"
         """Whether a stream shows tokens as generated (nothing can then be withheld)."""
         self.name = settings.model_name or guard.backend.model_id
+        self.names = tuple(dict.fromkeys((self.name, *settings.model_aliases)))
+        """The model names a request may send: the served name first."""
         self.max_tokens = guard.max_new_tokens
         self._sized: dict[tuple[int, bool], ESIGuard] = {}
         self.batcher = MicroBatcher(
@@ -77,6 +81,19 @@ class Service:
         )
         self.metrics.watch_queue(lambda: self.batcher.depth)
         self.ready = False
+
+    def start_line(self) -> str:
+        """What the server runs with, for its start-up log line (never the API key)."""
+        guard, settings = self.guard, self.settings
+        source = f" ({settings.threshold_source})" if settings.threshold_source else ""
+        signal = " on p_wrong" if guard.combined is not None else ""
+        auth = "on (Bearer key on /v1/*)" if settings.api_key is not None else "off"
+        names = " or ".join(repr(name) for name in self.names)
+        return (
+            f"serving model {guard.backend.model_id!r} on engine {guard.backend.engine}: "
+            f"threshold {guard.threshold:g}{signal}{source}, action {guard.action}, "
+            f"on error {self.policy}, auth {auth}; requests send model {names}"
+        )
 
     def _step(self, step: str, seconds: float) -> None:
         self.metrics.steps.labels(step).observe(seconds)
@@ -132,6 +149,13 @@ class Service:
         if decision == "abstain":
             return Answer(self.abstain_message, ABSTAIN_FINISH_REASON, usage, info)
         return Answer(result.answer, result.finish_reason or "stop", usage, info)
+
+    @staticmethod
+    def noted(answer: Answer, warnings: list[str]) -> Answer:
+        """``answer`` with the request's warnings in its ``esi`` (unchanged when none)."""
+        if not warnings:
+            return answer
+        return replace(answer, esi={**answer.esi, "warnings": warnings})
 
     def _counted(self, answer: Answer) -> Answer:
         self.metrics.decided(answer.esi)

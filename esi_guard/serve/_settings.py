@@ -14,6 +14,12 @@ class ServeSettings(BaseModel):
 
     model_name: str | None = None
     """The model name clients send and ``/v1/models`` lists; default the backend's model id."""
+    model_aliases: tuple[str, ...] = ()
+    """Other names clients may send for the model, listed after it by ``/v1/models``
+    (``esi-guard serve``: ``--model`` as given, for a model in process); any other is a 404."""
+    threshold_source: str | None = None
+    """Where the guard's threshold came from (a file, the command line, the shipped file),
+    for the start-up log line."""
     max_batch: int = Field(default=32, ge=1)
     """Most requests in one batched guard call (1: micro-batching off)."""
     batch_window_ms: float = Field(default=10.0, ge=0)

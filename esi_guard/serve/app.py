@@ -9,12 +9,14 @@ A stream is held until its answer is scored (then sent as chunks, the last with 
 unless the guard flags (``action="flag"``, ``on_error="flag"``): then tokens go out as they
 are generated and the last chunk carries ``esi``. A client that disconnects while its
 request waits for a batch is taken out of the queue; a live stream whose client is gone
-stops generating. A request already in a running batch finishes with that batch.
+stops generating. A request already in a running batch finishes with that batch. A long
+whole user message is warned to its caller (``esi.warnings``, ``X-ESI-Warning``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import logging
@@ -31,9 +33,17 @@ from starlette.exceptions import HTTPException
 
 from esi_guard.exceptions import ScoringError
 from esi_guard.guard import ESIGuard
+from esi_guard.guard._templates import LONG_QUESTION
 from esi_guard.serve._batcher import Full
 from esi_guard.serve._errors import ServeError, from_validation, overloaded
-from esi_guard.serve._schema import ChatRequest, chunk, completion, esi_headers
+from esi_guard.serve._schema import (
+    ChatRequest,
+    chunk,
+    completion,
+    esi_headers,
+    warning_headers,
+    whole_message_warning,
+)
 from esi_guard.serve._service import Answer, Service
 from esi_guard.serve._settings import ServeSettings
 
@@ -59,6 +69,7 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log.info("%s", service.start_line())
         service.batcher.start()
         warming = None
         if service.settings.warm_up:
@@ -86,15 +97,18 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
         _check_key(service, request)
         body = await _body(request, service.settings.max_body_bytes)
         chat = _parse(body)
-        if chat.model != service.name:
-            msg = f"The model {chat.model!r} does not exist: this server serves {service.name!r}"
+        if chat.model not in service.names:
+            names = " or ".join(repr(name) for name in service.names)
+            msg = f"The model {chat.model!r} does not exist: this server serves {names}"
             raise ServeError(404, msg, code="model_not_found", param="model")
         if service.settings.log_prompts:
             log.info("prompt: %s", json.dumps(chat.chat()))
         limit = min(chat.token_limit() or service.max_tokens, service.max_tokens)
+        notes = [note for note in (whole_message_warning(chat, LONG_QUESTION),) if note]
         if chat.stream and service.live:
-            events = _live_events(service, chat, limit)
+            events = _live_events(service, chat, limit, notes)
             headers = {"X-ESI-Score": "pending", "X-ESI-Decision": "pending"}
+            headers |= warning_headers(notes)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         try:
             future = service.batcher.submit((limit, chat.stops()), chat.chat())
@@ -103,7 +117,7 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
         output = await _wait(request, future)
         if output is _GONE:
             return Response(status_code=499)
-        answer = service.answer(output)
+        answer = service.noted(service.answer(output), notes)
         if service.settings.log_prompts:
             log.info("answer (%s): %s", answer.esi["decision"], answer.content)
         headers = esi_headers(answer.esi)
@@ -116,8 +130,9 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         _check_key(service, request)
-        card = {"id": service.name, "object": "model", "created": 0, "owned_by": "esi-guard"}
-        return {"object": "list", "data": [card]}
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "esi-guard"}
+                 for name in service.names]  # fmt: skip
+        return {"object": "list", "data": cards}
 
     @app.get("/health")
     @app.get("/health/ready")
@@ -139,12 +154,13 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
 def run(
     app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, drain_seconds: int = 30
 ) -> None:
-    """Serve ``app`` with uvicorn until SIGINT/SIGTERM.
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, logging ``esi_guard``'s INFO lines.
 
     On the signal the server stops accepting connections, ``/health`` turns not ready, and
     requests in flight get ``drain_seconds`` to finish (streams included); then it exits.
     """
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     service: Service = app.state.service
 
@@ -154,7 +170,12 @@ def run(
             service.metrics.ready.set(0)
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=drain_seconds)
+    logging_config = copy.deepcopy(LOGGING_CONFIG)
+    logging_config["loggers"]["esi_guard"] = {
+        "handlers": ["default"], "level": "INFO", "propagate": False,
+    }  # fmt: skip
+    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=drain_seconds,
+                            log_config=logging_config)  # fmt: skip
     _Draining(config).run()
 
 
@@ -245,7 +266,9 @@ async def _held_events(model: str, answer: Answer, usage: bool) -> AsyncIterator
         yield event
 
 
-async def _live_events(service: Service, chat: ChatRequest, limit: int) -> AsyncIterator[str]:
+async def _live_events(
+    service: Service, chat: ChatRequest, limit: int, notes: list[str]
+) -> AsyncIterator[str]:
     """Tokens as generated, then the scored ending; an error after the start as an event."""
     ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
     guard = service.guard_for(limit, live=True)
@@ -269,6 +292,7 @@ async def _live_events(service: Service, chat: ChatRequest, limit: int) -> Async
             return
         else:
             answer = service.answer(_whole(last, sent))
+        answer = service.noted(answer, notes)
         rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
         for event in _ending(ident, model, answer, rest, _include_usage(chat)):
             yield event

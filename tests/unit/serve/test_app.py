@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import warnings
 from typing import Any
 
 import httpx
@@ -16,7 +18,12 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableLambda
 
 from esi_guard import FakeBackend
-from esi_guard.exceptions import APIContextLengthError, APIError, ConfigurationError
+from esi_guard.exceptions import (
+    APIContextLengthError,
+    APIError,
+    ConfigurationError,
+    WholeMessageWarning,
+)
 from esi_guard.guard import DEFAULT_ABSTAIN_MESSAGE
 from esi_guard.serve import ABSTAIN_FINISH_REASON, ServeSettings, create_app
 from tests.unit.serve.servers import ANSWERS, QUESTION, SHAKY, client, fake_guard, user, wait_ready
@@ -283,3 +290,58 @@ async def test_not_ready_until_the_model_answers() -> None:
 def test_a_guard_that_raises_cannot_be_served() -> None:
     with pytest.raises(ConfigurationError, match="on_error='abstain' or 'flag'"):
         create_app(fake_guard(on_error="raise"))
+
+
+async def test_the_served_id_and_the_name_the_server_was_started_with_are_accepted() -> None:
+    async with client(fake_guard(), model_aliases=("default",)) as c:
+        by_id = await c.post(CHAT, json=body() | {"model": "fake"})
+        by_flag = await c.post(CHAT, json=body() | {"model": "default"})
+        other = await c.post(CHAT, json=body() | {"model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+        models = (await c.get("/v1/models")).json()
+    assert by_id.status_code == by_flag.status_code == 200, by_flag.text
+    assert by_flag.json()["model"] == "fake"  # the served id, whatever name was sent
+    assert by_flag.json()["choices"][0]["message"]["content"] == "Paris"
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert "'fake' or 'default'" in other.json()["error"]["message"]
+    assert [m["id"] for m in models["data"]] == ["fake", "default"]  # what a client may send
+
+
+LONG = "Answer from the passage below.\n\n" + "The Loire is a river of France. " * 20 + QUESTION
+
+
+@pytest.mark.parametrize("mode", ["json", "held stream", "live stream"])
+async def test_a_whole_long_message_is_warned_to_the_caller_not_to_the_log(mode: str) -> None:
+    guard = fake_guard(action="flag", on_error="flag" if mode == "live stream" else "abstain")
+    async with client(guard) as c:
+        short = await c.post(CHAT, json=body(stream=mode != "json"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            long = await c.post(CHAT, json=body(LONG, stream=mode != "json"))
+    assert long.status_code == 200, long.text
+    esi, short_esi = (
+        (long.json()["esi"], short.json()["esi"])
+        if mode == "json"
+        else (events(long)[-1]["esi"], events(short)[-1]["esi"])
+    )
+    (warning,) = esi["warnings"]
+    assert warning.startswith(f"whole_message: the question is a {len(LONG)}-character")
+    assert "system message" in warning  # what the caller can do about it
+    assert long.headers["X-ESI-Warning"] == "whole_message"
+    assert "warnings" not in short_esi and "X-ESI-Warning" not in short.headers
+    assert not [w for w in caught if issubclass(w.category, WholeMessageWarning)]
+
+
+async def test_the_start_up_line_says_model_engine_threshold_action_and_auth(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="esi_guard.serve")
+    settings = {"api_key": "s3cret", "threshold_source": "calibration file t.json"}
+    async with client(fake_guard(threshold=0.42, action="abstain"), **settings):
+        pass
+    async with client(fake_guard(), model_aliases=("default",)):
+        pass
+    keyed, open_ = [r.getMessage() for r in caplog.records if "serving model" in r.message]
+    assert keyed.startswith("serving model 'fake' on engine fake: threshold 0.42 ")
+    assert "(calibration file t.json)" in keyed and "action abstain" in keyed
+    assert "auth on" in keyed and "s3cret" not in caplog.text
+    assert "auth off" in open_ and "requests send model 'fake' or 'default'" in open_

@@ -73,6 +73,24 @@ def test_a_threshold_file_that_is_not_there_is_said_so_by_name(
     assert folder.exit_code == 2 and "folder.json: calibration file is not a file" in folder.output
 
 
+def test_the_name_given_to_model_is_accepted_and_where_the_threshold_came_from_is_kept(
+    launched: list[dict[str, Any]], tmp_path: Path, threshold_file: Callable[..., Any]
+) -> None:
+    path = tmp_path / "threshold.json"
+    threshold_file(threshold=0.42).write(path)
+    for args in (["--model", "default", "--threshold", "0.3"], ["--threshold", str(path)],
+                 ["--threshold", "0.3", "--served-model-name", "guarded"],
+                 ["--upstream", "http://127.0.0.1:9/v1", "--upstream-model", "served",
+                  "--threshold", "0.3"]):  # fmt: skip
+        result = CliRunner().invoke(app, ["serve", *args])
+        assert result.exit_code == 0, result.output
+    given, from_file, renamed, upstream = (run["app"].state.service for run in launched)
+    assert given.names == ("fake", "default")  # the served id, then --model as given
+    assert given.settings.threshold_source == "--threshold"
+    assert from_file.settings.threshold_source == f"calibration file {path}"
+    assert renamed.names == ("guarded",) and upstream.names == ("served",)
+
+
 def test_upstream_mode_guards_the_server_through_the_api_backend(
     launched: list[dict[str, Any]],
 ) -> None:
