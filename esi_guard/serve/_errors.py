@@ -16,7 +16,8 @@ another model's name                     404     ``model_not_found``
 body over the size limit                 413     ``request_too_large``
 the engine failed                        500     the error's reason code
 the upstream failed after its retries    502     ``upstream_error``
-queue full, or shutting down             503     ``server_overloaded`` (``Retry-After``)
+queue full                              503     ``server_overloaded`` (``Retry-After``)
+draining after SIGTERM                  503     ``server_shutting_down`` (``Retry-After``)
 =======================================  ======  =========================================
 """
 
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 
 from esi_guard.exceptions import APIError, BackendError, ContextLengthError, InputError, reason
 
-__all__ = ["ServeError", "from_exception", "from_validation", "overloaded"]
+__all__ = ["ServeError", "from_exception", "from_validation", "overloaded", "shutting_down"]
 
 
 class ServeError(Exception):
@@ -109,4 +110,11 @@ def from_exception(exc: BaseException) -> ServeError:
 def overloaded(retry_after: int, why: str) -> ServeError:
     """A 503 with ``Retry-After``."""
     return ServeError(503, why, code="server_overloaded", kind="server_error",
+                      headers={"Retry-After": str(retry_after)})  # fmt: skip
+
+
+def shutting_down(retry_after: int) -> ServeError:
+    """The 503 a new chat request gets while the server drains: another replica can answer."""
+    msg = "the server is shutting down: send the request to another replica"
+    return ServeError(503, msg, code="server_shutting_down", kind="server_error",
                       headers={"Retry-After": str(retry_after)})  # fmt: skip

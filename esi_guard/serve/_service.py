@@ -81,6 +81,10 @@ class Service:
         )
         self.metrics.watch_queue(lambda: self.batcher.depth)
         self.ready = False
+        self.draining = False
+        """Set on SIGTERM: not ready, new chat requests refused, those in flight finishing."""
+        self.in_flight = 0
+        """Chat requests being served (streams until their last event)."""
 
     def start_line(self) -> str:
         """What the server runs with, for its start-up log line (never the API key)."""
@@ -94,6 +98,12 @@ class Service:
             f"threshold {guard.threshold:g}{signal}{source}, action {guard.action}, "
             f"on error {self.policy}, auth {auth}; requests send model {names}"
         )
+
+    def drain(self) -> None:
+        """Turn not ready and refuse new chat requests, letting those in flight finish."""
+        self.draining = True
+        self.ready = False
+        self.metrics.ready.set(0)
 
     def _step(self, step: str, seconds: float) -> None:
         self.metrics.steps.labels(step).observe(seconds)
@@ -179,8 +189,8 @@ class Service:
                     [WARM_UP_PROMPT], return_exceptions=True
                 )
             if isinstance(output, (AIMessage, ScoringError)):
-                self.ready = True
-                self.metrics.ready.set(1)
+                self.ready = not self.draining
+                self.metrics.ready.set(int(self.ready))
                 log.info("ready: %s answered", self.name)
                 return
             log.warning("not ready: the model did not answer (%s)", type(output).__name__)

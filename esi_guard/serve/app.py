@@ -10,7 +10,8 @@ unless the guard flags (``action="flag"``, ``on_error="flag"``): then tokens go 
 are generated and the last chunk carries ``esi``. A client that disconnects while its
 request waits for a batch is taken out of the queue; a live stream whose client is gone
 stops generating. A request already in a running batch finishes with that batch. A long
-whole user message is warned to its caller (``esi.warnings``, ``X-ESI-Warning``).
+whole user message is warned to its caller (``esi.warnings``, ``X-ESI-Warning``). After
+SIGTERM, :func:`run` drains: ``/health`` answers 503 while the requests in flight finish.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import copy
 import hmac
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -35,7 +37,7 @@ from esi_guard.exceptions import ScoringError
 from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import LONG_QUESTION
 from esi_guard.serve._batcher import Full
-from esi_guard.serve._errors import ServeError, from_validation, overloaded
+from esi_guard.serve._errors import ServeError, from_validation, overloaded, shutting_down
 from esi_guard.serve._schema import (
     ChatRequest,
     chunk,
@@ -95,6 +97,8 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
     @app.post(_CHAT)
     async def chat_completions(request: Request) -> Response:
         _check_key(service, request)
+        if service.draining:
+            raise shutting_down(service.settings.retry_after)
         body = await _body(request, service.settings.max_body_bytes)
         chat = _parse(body)
         if chat.model not in service.names:
@@ -137,7 +141,8 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
     @app.get("/health")
     @app.get("/health/ready")
     async def health() -> JSONResponse:
-        body = {"live": True, "ready": service.ready, "model": service.name}
+        body = {"live": True, "ready": service.ready, "draining": service.draining,
+                "model": service.name}  # fmt: skip
         return JSONResponse(body, status_code=200 if service.ready else 503)
 
     @app.get("/health/live")
@@ -156,8 +161,11 @@ def run(
 ) -> None:
     """Serve ``app`` with uvicorn until SIGINT/SIGTERM, logging ``esi_guard``'s INFO lines.
 
-    On the signal the server stops accepting connections, ``/health`` turns not ready, and
-    requests in flight get ``drain_seconds`` to finish (streams included); then it exits.
+    On the signal the server drains: ``/health`` answers 503, a new chat request gets a 503
+    (``server_shutting_down``), and the requests in flight get ``drain_seconds`` to finish
+    (streams included); then it stops listening and exits. (uvicorn alone closes the
+    listener first, so a probe would get a refused connection, not the 503.) A second
+    signal ends the drain at once; a third Ctrl-C is uvicorn's forced exit.
     """
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
@@ -165,10 +173,31 @@ def run(
     service: Service = app.state.service
 
     class _Draining(uvicorn.Server):
+        drain_started: float | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            service.ready = False
-            service.metrics.ready.set(0)
-            super().handle_exit(sig, frame)
+            again = self.drain_started is not None
+            super().handle_exit(sig, frame)  # records the signal: the process ends by it
+            if again:
+                self.config.timeout_graceful_shutdown = math.ceil(self._drain_left())
+                return
+            self.should_exit = False
+            self.drain_started = time.monotonic()
+            service.drain()
+            log.info("draining: %d requests in flight, at most %d s; /health answers 503",
+                     service.in_flight, drain_seconds)  # fmt: skip
+
+        def _drain_left(self) -> float:
+            started = self.drain_started or time.monotonic()
+            return max(0.0, drain_seconds - (time.monotonic() - started))
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain_started is not None and not self.should_exit:
+                left = self._drain_left()
+                if service.in_flight == 0 or left == 0:
+                    self.config.timeout_graceful_shutdown = math.ceil(left)
+                    self.should_exit = True
+            return await super().on_tick(counter)
 
     logging_config = copy.deepcopy(LOGGING_CONFIG)
     logging_config["loggers"]["esi_guard"] = {
@@ -327,6 +356,7 @@ class _Counted:
 
     def __init__(self, app: ASGI, service: Service) -> None:
         self.app = app
+        self.service = service
         self.metrics = service.metrics
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -345,11 +375,13 @@ class _Counted:
 
         started = time.perf_counter()
         if chat:
+            self.service.in_flight += 1
             self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, sending)
         finally:
             self.metrics.requests.labels(path, str(status)).inc()
             if chat:
+                self.service.in_flight -= 1
                 self.metrics.in_flight.dec()
                 self.metrics.steps.labels("request").observe(time.perf_counter() - started)

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
+import httpx
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
 from esi_guard import ESIGuard, LlamaCppBackend
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+from integrations.llamacpp.server import free_port
 from tests.unit.serve.servers import served, user
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,3 +55,62 @@ def test_the_embedded_model_served_to_the_openai_sdk_and_chat_openai() -> None:
             "/metrics", cast_to=str
         )
     assert "esi_guard_batch_size_count" in metrics
+
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG = "Answer from the passage.\n\n" + "Paris is the capital of France. " * 20 + QUESTIONS[0]
+
+
+def test_esi_guard_serve_as_docs_start_it_names_warns_and_drains_after_sigterm() -> None:
+    """`esi-guard serve --model default`, a real process: issue 49's papercuts, each checked."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "esi_guard.cli", "serve", "--model", "default",
+               "--port", str(port), "--drain-seconds", "300"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE) as process:  # fmt: skip
+        try:
+            ready(process, url)
+            models = httpx.get(f"{url}/v1/models").json()
+            out: dict[str, Any] = {}
+            body = {"model": "default", "messages": user(LONG)}  # the name it was started with
+            asking = threading.Thread(target=lambda: out.update(r=httpx.post(
+                f"{url}/v1/chat/completions", json=body, timeout=600)))  # fmt: skip
+            asking.start()
+            while asking.is_alive() and "in_flight 1.0" not in httpx.get(f"{url}/metrics").text:
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            health = httpx.get(f"{url}/health", timeout=5)  # draining, not refused
+            asking.join(600)
+            assert process.wait(60) in (0, -signal.SIGTERM)
+        finally:
+            process.kill()
+        log = process.stderr.read().decode() if process.stderr else ""
+    assert [m["id"] for m in models["data"]] == [EMBEDDED_MODEL_ID, "default"]
+    assert health.status_code == 503 and health.json()["draining"] is True
+    answer = out["r"]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == EMBEDDED_MODEL_ID
+    (warning,) = answer.json()["esi"]["warnings"]
+    assert warning.startswith("whole_message:")
+    assert answer.headers["X-ESI-Warning"] == "whole_message"
+    start = next(line for line in log.splitlines() if "serving model" in line)
+    for said in (EMBEDDED_MODEL_ID, "engine llamacpp-f16", "threshold 0.33", "shipped threshold",
+                 "action flag", "auth off", "'default'"):  # fmt: skip
+        assert said in start, start
+    assert "WholeMessageWarning" not in log  # the caller got it, not the server's log
+
+
+def ready(process: subprocess.Popen[bytes], url: str, seconds: float = 600) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(process.stderr.read().decode() if process.stderr else "")
+        time.sleep(0.2)

@@ -345,3 +345,22 @@ async def test_the_start_up_line_says_model_engine_threshold_action_and_auth(
     assert "(calibration file t.json)" in keyed and "action abstain" in keyed
     assert "auth on" in keyed and "s3cret" not in caplog.text
     assert "auth off" in open_ and "requests send model 'fake' or 'default'" in open_
+
+
+async def test_draining_answers_health_503_and_refuses_new_chat_requests() -> None:
+    async with client(fake_guard()) as c:
+        service = c.app.state.service  # type: ignore[attr-defined]
+        assert (await c.get("/health")).status_code == 200
+        service.drain()
+        health = await c.get("/health")
+        refused = await c.post(CHAT, json=body())
+        live = await c.get("/health/live")
+        metrics = (await c.get("/metrics")).text
+    assert health.status_code == 503
+    assert health.json() | {"model": None} == {
+        "live": True, "ready": False, "draining": True, "model": None,
+    }  # fmt: skip
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "server_shutting_down"
+    assert refused.headers["Retry-After"] == "1"
+    assert live.status_code == 200 and "esi_guard_ready 0.0" in metrics

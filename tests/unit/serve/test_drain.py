@@ -1,4 +1,4 @@
-"""SIGTERM: the server stops taking connections and lets the requests in flight finish."""
+"""SIGTERM: the server drains (``/health`` a 503, new requests refused), then exits."""
 
 from __future__ import annotations
 
@@ -55,17 +55,30 @@ def ask(url: str, out: dict[str, Any]) -> None:
 def test_sigterm_drains_in_flight_requests_within_drain_seconds(drain: int, finished: bool) -> None:
     process, url = start(seconds=3.0, drain=drain)
     with process:
-        waited, out = terminated(process, url)
+        waited, out, draining = terminated(process, url)
+        log = process.stderr.read().decode() if process.stderr else ""
+    health, refused, live = draining  # while the request was in flight
+    assert health.status_code == 503 and health.json()["draining"] is True
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+    assert live.status_code == 200
+    with pytest.raises(httpx.TransportError):  # gone once drained
+        httpx.get(f"{url}/health/live", timeout=1)
     if finished:
         assert out["response"].status_code == 200, out
         assert out["response"].json()["choices"][0]["message"]["content"] == "Paris"
+        assert waited < 5  # the answer's 3 s, not the 10 s allowed
     else:  # cut at the drain limit, well before the answer's 3 s
         assert "response" not in out or out["response"].status_code >= 500
         assert waited < 2.5
+    assert "serving model 'fake' on engine fake: threshold 0.3" in log  # logged, at INFO
+    assert "draining: 1 requests in flight" in log
 
 
-def terminated(process: subprocess.Popen[bytes], url: str) -> tuple[float, dict[str, Any]]:
-    """SIGTERM while a request is in flight: seconds until the process ended, the request's end."""
+def terminated(
+    process: subprocess.Popen[bytes], url: str
+) -> tuple[float, dict[str, Any], tuple[httpx.Response, ...]]:
+    """SIGTERM while a request is in flight: seconds until the process ended, the request's
+    end, and ``/health``, a new chat request and ``/health/live`` while it drained."""
     out: dict[str, Any] = {}
     asking = threading.Thread(target=ask, args=(url, out))
     asking.start()
@@ -73,10 +86,14 @@ def terminated(process: subprocess.Popen[bytes], url: str) -> tuple[float, dict[
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
-    with pytest.raises(httpx.TransportError):  # no new connection is taken
-        httpx.get(f"{url}/health/live", timeout=1)
+    body = {"model": "fake", "messages": [{"role": "user", "content": QUESTION}]}
+    draining = (
+        httpx.get(f"{url}/health", timeout=1),
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1),
+        httpx.get(f"{url}/health/live", timeout=1),
+    )
     # uvicorn re-raises the signal once it has shut down, as a process killed by it would end.
     assert process.wait(30) in (0, -signal.SIGTERM)
     waited = time.monotonic() - sent
     asking.join(30)
-    return waited, out
+    return waited, out, draining
