@@ -18,6 +18,12 @@ OpenAI-compatible server, the same server, model name and key. What is accepted:
 
 Objects are recognised by their class and module, so none of these packages is imported
 here; anything else is a :class:`ConfigurationError` naming its type.
+
+CPU threads (``n_threads``): llama.cpp takes them per backend, for every decode of the
+contexts the backend makes (its float16/float32 forcing copy's included), whether it loads
+the file or shares a loaded ``Llama``; transformers takes them process-wide
+(``torch.set_num_threads``); a server's client and a ready :class:`Backend` are refused
+with them (a :class:`ConfigurationError`): the server decides, the backend was built.
 """
 
 from __future__ import annotations
@@ -30,7 +36,17 @@ from esi_guard.backends._identity import check_model_path
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["ACCEPTED", "auto_engine", "backend_for", "local_backend"]
+__all__ = [
+    "ACCEPTED",
+    "auto_engine",
+    "backend_for",
+    "check_threads",
+    "local_backend",
+    "torch_threads",
+]
+
+_REMOTE = {"langchain_openai.ChatOpenAI", "langchain_openai.OpenAI"}
+"""Clients of an OpenAI-compatible server: the server runs the model."""
 
 ACCEPTED = (
     "a model id or path (str), a (PreTrainedModel, tokenizer) pair, a transformers "
@@ -45,21 +61,43 @@ def _kind(value: Any) -> set[str]:
     return {f"{c.__module__.split('.')[0]}.{c.__name__}" for c in type(value).__mro__}
 
 
-def backend_for(llm: Any) -> Backend:
-    """The backend that scores answers of ``llm`` (see the module for what it takes)."""
+def backend_for(llm: Any, *, n_threads: int | None = None) -> Backend:
+    """The backend that scores answers of ``llm`` (see the module for what it takes).
+
+    ``n_threads``: CPU threads of the model the backend runs (see the module: a
+    :class:`ConfigurationError` for a server's client or a ready :class:`Backend`).
+    """
     from esi_guard.backends.hf import HFBackend
 
     kinds = _kind(llm)
+    if n_threads is not None:
+        check_threads(n_threads)
+        if isinstance(llm, Backend) or kinds & _REMOTE:
+            msg = (
+                f"n_threads sets the CPU threads of a model the guard runs, not of a "
+                f"{type(llm).__name__}: pass a model path, 'default' or a loaded model as "
+                "llm=, or build the backend with its own threads "
+                "(LlamaCppBackend.from_path(..., n_threads=N))"
+            )
+            raise ConfigurationError(msg)
     if isinstance(llm, Backend):
         return llm
     if isinstance(llm, str):
-        return local_backend(llm)
+        return local_backend(llm, n_threads=n_threads)
+    if "llama_cpp.Llama" in kinds:
+        return _from_llama(llm, n_threads)
+    if kinds & {"langchain_community.ChatLlamaCpp", "langchain_community.LlamaCpp"}:
+        if llm.client is None:
+            msg = f"the {type(llm).__name__} has no loaded model (its client is None)"
+            raise ConfigurationError(msg)
+        return _from_llama(llm.client, n_threads)
     if isinstance(llm, tuple) and len(llm) == 2:
+        torch_threads(n_threads)
         return HFBackend(llm[0], llm[1])
     if "transformers.Pipeline" in kinds:
-        return _from_pipeline(llm)
+        return _from_pipeline(llm, n_threads)
     if "langchain_huggingface.HuggingFacePipeline" in kinds:
-        return _from_pipeline(llm.pipeline)
+        return _from_pipeline(llm.pipeline, n_threads)
     if "langchain_huggingface.ChatHuggingFace" in kinds:
         inner = llm.llm
         if "langchain_huggingface.HuggingFacePipeline" not in _kind(inner):
@@ -69,16 +107,9 @@ def backend_for(llm: Any) -> Backend:
                 "OpenAI-compatible server (OpenAIBackend)"
             )
             raise ConfigurationError(msg)
-        return _from_pipeline(inner.pipeline)
-    if kinds & {"langchain_openai.ChatOpenAI", "langchain_openai.OpenAI"}:
+        return _from_pipeline(inner.pipeline, n_threads)
+    if kinds & _REMOTE:
         return _from_openai(llm)
-    if "llama_cpp.Llama" in kinds:
-        return _from_llama(llm)
-    if kinds & {"langchain_community.ChatLlamaCpp", "langchain_community.LlamaCpp"}:
-        if llm.client is None:
-            msg = f"the {type(llm).__name__} has no loaded model (its client is None)"
-            raise ConfigurationError(msg)
-        return _from_llama(llm.client)
     msg = f"ESIGuard(llm=...) cannot guard a {type(llm).__module__}.{type(llm).__name__}; "
     msg += f"it takes {ACCEPTED}"
     raise ConfigurationError(msg)
@@ -91,6 +122,7 @@ def local_backend(
     device: str | None = None,
     chat_template: str | None = None,
     dtype: str | None = None,
+    n_threads: int | None = None,
 ) -> Backend:
     """A local model by name: ``"default"`` (the embedded one), a hub id, a folder or a ``.gguf``.
 
@@ -112,9 +144,15 @@ def local_backend(
         chat_template: Jinja source overriding the model's template, or ``"completion"``
             for a base model that has none
             (:data:`~esi_guard.backends.llamacpp.COMPLETION_TEMPLATE`).
+        n_threads: CPU threads. llama.cpp: every decode of this backend's contexts, its
+            forcing copy's included (None: llama.cpp's own choice, every core for the
+            many-token decodes of teacher forcing). transformers:
+            ``torch.set_num_threads``, for the whole process (None: torch's own).
     """
     from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
 
+    if n_threads is not None:
+        check_threads(n_threads)
     check_model_path(model)
     model = str(Path(model).expanduser()) if model.startswith("~") else model
     engine = engine or auto_engine(model, device=device, dtype=dtype)
@@ -126,16 +164,17 @@ def local_backend(
             msg = f"llama.cpp runs the GGUF's own types; a dtype ({dtype!r}) is for transformers"
             raise ConfigurationError(msg)
         if model == "default":
-            return LlamaCppBackend.default(chat_template=template)
+            return LlamaCppBackend.default(chat_template=template, n_threads=n_threads)
         if not model.endswith(".gguf"):
             msg = f"llama.cpp runs a .gguf file or 'default', got {model!r}"
             raise ConfigurationError(msg)
-        return LlamaCppBackend.from_path(model, chat_template=template)
+        return LlamaCppBackend.from_path(model, chat_template=template, n_threads=n_threads)
     if engine != "transformers":
         msg = f"engine must be 'transformers' or 'llamacpp', got {engine!r}"
         raise ConfigurationError(msg)
     from esi_guard.backends.hf import HFBackend
 
+    torch_threads(n_threads)
     kwargs: dict[str, Any] = {"device": device} if device else {}
     if dtype:
         kwargs["dtype"] = dtype
@@ -158,13 +197,14 @@ def auto_engine(model: str, *, device: str | None = None, dtype: str | None = No
     return "transformers"
 
 
-def _from_pipeline(pipeline: Any) -> Backend:
+def _from_pipeline(pipeline: Any, n_threads: int | None) -> Backend:
     from esi_guard.backends.hf import HFBackend
 
     task = getattr(pipeline, "task", "text-generation")
     if task != "text-generation":
         msg = f"a transformers pipeline for {task!r} cannot be guarded; need text-generation"
         raise ConfigurationError(msg)
+    torch_threads(n_threads)
     return HFBackend(pipeline.model, pipeline.tokenizer)
 
 
@@ -184,7 +224,29 @@ def _from_openai(llm: Any) -> Backend:
     )
 
 
-def _from_llama(llama: Any) -> Backend:
+def _from_llama(llama: Any, n_threads: int | None) -> Backend:
     from esi_guard.backends.llamacpp import LlamaCppBackend
 
-    return LlamaCppBackend(llama)
+    return LlamaCppBackend(llama, n_threads=n_threads)
+
+
+def check_threads(n_threads: int) -> None:
+    """A :class:`ConfigurationError` unless ``n_threads`` is a whole number >= 1."""
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+        msg = f"n_threads must be a whole number >= 1, got {n_threads!r}"
+        raise ConfigurationError(msg)
+
+
+def torch_threads(n_threads: int | None) -> None:
+    """``torch.set_num_threads(n_threads)``: process-wide, for every transformers model.
+
+    None leaves torch's own setting (every core).
+    """
+    if n_threads is None:
+        return
+    check_threads(n_threads)
+    from esi_guard.backends.hf._engine import import_torch
+
+    torch = import_torch()
+    if torch.get_num_threads() != n_threads:
+        torch.set_num_threads(n_threads)

@@ -36,6 +36,7 @@ __all__ = [
     "Seed",
     "Selection",
     "System",
+    "Threads",
 ]
 
 
@@ -136,6 +137,18 @@ Runner = Annotated[
         "is asked for, else transformers), transformers (any HF model, GPUs, bfloat16) or "
         "llamacpp (loads in a second; a small quantized model forces its variants on a "
         "float16 copy). Calibrate on the engine you serve with: the file records it.",
+    ),
+]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="CPU threads of the local model: every llama.cpp decode, the float16 forcing "
+        "copy's included (default: llama.cpp's own, every core for forcing), or "
+        "transformers' torch.set_num_threads (process-wide). Give 1 where several runs "
+        "share few cores. Not part of the run's identity: a cache scored with other "
+        "threads is resumed.",
     ),
 ]
 Cache = Annotated[

@@ -74,6 +74,7 @@ from esi_guard.cli._options import (
     Seed,
     Selection,
     System,
+    Threads,
 )
 from esi_guard.cli._run import (
     Run,
@@ -103,15 +104,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 def _backend(
     model: str, api_base: str | None, api_mode: str, device: str | None,
     runner: LocalBackend = LocalBackend.auto, chat_template: str | None = None,
-    dtype: str | None = None,
+    dtype: str | None = None, threads: int | None = None,
 ) -> Backend:  # fmt: skip
     if api_base:
         from esi_guard.backends.openai import OpenAIBackend
 
         return OpenAIBackend(model, base_url=api_base, mode=api_mode)  # type: ignore[arg-type]
     engine = None if runner is LocalBackend.auto else runner.value
-    return local_backend(model, engine=engine, device=device,
+    return local_backend(model, engine=engine, device=device, n_threads=threads,
                          chat_template=_template_text(chat_template), dtype=dtype)  # fmt: skip
+
+
+def local_threads(threads: int | None, server: str | None, option: str = "--api-base") -> None:
+    """``--threads`` is for a model run here: with a server's URL the command ends at once."""
+    if threads is not None and server:
+        fail(f"--threads sets the CPU threads of a model run here; {option} {server} runs it")
 
 
 def _template_text(chat_template: str | None) -> str | None:
@@ -161,9 +168,10 @@ def _guard(
     model: str, api_base: str | None, api_mode: str, device: str | None, runner: LocalBackend,
     chat_template: str | None, intervention: str, n_variants: int, top_k: int, distance: str,
     max_new_tokens: int, seed: int, dtype: str | None = None, hidden: bool = False,
+    threads: int | None = None,
 ) -> ESIGuard:  # fmt: skip
     """The guard a run scores with; ``hidden``: it keeps the probe's candidate states."""
-    backend = _backend(model, api_base, api_mode, device, runner, chat_template, dtype)
+    backend = _backend(model, api_base, api_mode, device, runner, chat_template, dtype, threads)
     states = None
     if hidden:
         if backend.hidden_layers is None:
@@ -218,6 +226,7 @@ def calibrate(
     dtype: DType = None,
     runner: Runner = LocalBackend.auto,
     chat_template: ChatTemplateOption = None,
+    threads: Threads = None,
     intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
     n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
     top_k: Annotated[int, typer.Option(help="k, tokens kept per distribution.")] = 100,
@@ -273,6 +282,7 @@ def calibrate(
 ) -> None:  # fmt: skip
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     _check_targets(select, alpha, delta, coverage)
+    local_threads(threads, api_base)
     if score is ScoreName.combined and min_variants is not None:
         fail("--score combined and --min-variants: choose one")
     try:
@@ -293,7 +303,7 @@ def calibrate(
     run = score_run(
         lambda: _guard(model, api_base, api_mode, device, runner, chat_template,
                        intervention.value, n_variants, top_k, distance, max_new_tokens, 0,
-                       dtype, hidden),
+                       dtype, hidden, threads),
         Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
         request=request, labeller=lambda: _labeller(labels, label_threshold, judge),
         cache=cache, system=system, prompt_file=prompt, batch_size=batch_size,
@@ -457,6 +467,7 @@ def evaluate(
     dtype: DType = None,
     runner: Runner = LocalBackend.auto,
     chat_template: ChatTemplateOption = None,
+    threads: Threads = None,
     labels: Labels = LabelMethod.containment,
     label_threshold: LabelThreshold = None,
     judge: Judge = None,
@@ -465,6 +476,7 @@ def evaluate(
     resamples: Resamples = 1000,
 ) -> None:
     """Metrics, realised coverage and selective risk of a threshold file on another set."""
+    local_threads(threads, api_base)
     try:
         calibrated = ThresholdFile.read(threshold)
     except ESIGuardError as exc:
@@ -478,7 +490,8 @@ def evaluate(
     run = score_run(
         lambda: ESIGuard.from_calibration(
             threshold,
-            backend=_backend(model, api_base, api_mode, device, runner, chat_template, dtype),
+            backend=_backend(model, api_base, api_mode, device, runner, chat_template, dtype,
+                             threads),
         ),
         Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
         request=request, labeller=lambda: _labeller(labels, label_threshold, judge),

@@ -39,6 +39,7 @@ from esi_guard.cli._options import (
     Runner,
     Seed,
     System,
+    Threads,
 )
 from esi_guard.cli._run import _default_cache, _score, console, fail
 from esi_guard.cli.commands import _INTERVENTIONS, _guard, _model_request, app
@@ -83,6 +84,7 @@ def distill(
     dtype: DType = None,
     runner: Runner = LocalBackend.auto,
     chat_template: ChatTemplateOption = None,
+    threads: Threads = None,
     intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
     n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
     top_k: Annotated[int, typer.Option(help="k, tokens kept per distribution.")] = 100,
@@ -126,7 +128,8 @@ def distill(
             console.print(f"all {len(records)} questions found in {cache}: no model loaded")
         else:
             guard = _guard(model, None, "auto", device, runner, chat_template, intervention.value,
-                           n_variants, top_k, distance, max_new_tokens, 0, dtype, True)  # fmt: skip
+                           n_variants, top_k, distance, max_new_tokens, 0, dtype, True,
+                           threads)  # fmt: skip
             header = run_header(guard, digest, system, template, request)
             records = _score(guard, examples, cache=cache, header=header, system=system,
                              template=template, batch_size=batch_size)  # fmt: skip

@@ -18,9 +18,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from esi_guard.cli._options import ChatTemplateOption, Device, DType, LocalBackend, Model, Runner
+from esi_guard.cli._options import (
+    ChatTemplateOption,
+    Device,
+    DType,
+    LocalBackend,
+    Model,
+    Runner,
+    Threads,
+)
 from esi_guard.cli._run import fail
-from esi_guard.cli.commands import _backend, _template_text, app
+from esi_guard.cli.commands import _backend, _template_text, app, local_threads
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 
 if TYPE_CHECKING:
@@ -106,11 +114,11 @@ def _fallback(url: str, model: str) -> Any:
 def _engine(
     model: str, backend: LocalBackend, device: str | None, dtype: str | None,
     chat_template: str | None, upstream: str | None, upstream_model: str | None,
-    upstream_mode: str,
+    upstream_mode: str, threads: int | None = None,
 ) -> Backend:  # fmt: skip
     """The model in process, or the upstream server through the API backend."""
     if upstream is None or upstream_model is None:
-        return _backend(model, None, "auto", device, backend, chat_template, dtype)
+        return _backend(model, None, "auto", device, backend, chat_template, dtype, threads)
     from esi_guard.backends.openai import OpenAIBackend
 
     template = _template_text(chat_template)
@@ -125,6 +133,7 @@ def serve(
     device: Device = None,
     dtype: DType = None,
     chat_template: ChatTemplateOption = None,
+    threads: Threads = None,
     upstream: Annotated[
         str | None, typer.Option(help="An OpenAI-compatible server's /v1 URL to guard.")
     ] = None,
@@ -192,12 +201,13 @@ def serve(
         fail(f"esi-guard serve needs the serve extra: pip install 'esi-guard[serve]' ({exc})")
     if (upstream is None) != (upstream_model is None):
         fail("--upstream and --upstream-model go together")
+    local_threads(threads, upstream, "--upstream")
     if action is ServeAction.route and not fallback_upstream:
         fail("--action route needs --fallback-upstream URL")
     key = api_key or os.environ.get(KEY_VARIABLE) or None
     try:
         engine = _engine(model, backend, device, dtype, chat_template, upstream,
-                         upstream_model, upstream_mode)  # fmt: skip
+                         upstream_model, upstream_mode, threads)  # fmt: skip
         fallback = None
         if fallback_upstream:
             fallback = _fallback(fallback_upstream, fallback_model or upstream_model or model)

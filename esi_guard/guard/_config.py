@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from esi_guard._keywords import unknown_keyword
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import states_engine
+from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
@@ -209,15 +210,25 @@ def engine_difference(calibrated: ThresholdFile, backend: Backend, where: str) -
 def given_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], FileSettings | None]:
     """ESIGuard's keywords before validation, and the shipped file's settings if it uses them.
 
-    ``llm=`` becomes its backend (:func:`~esi_guard.backends.adapters.backend_for`); no
+    ``llm=`` becomes its backend (:func:`~esi_guard.backends.adapters.backend_for`), with
+    ``n_threads`` where given, as does no model (the embedded one's copy with those
+    threads); a ``backend=`` with ``n_threads`` is refused (it was built with its own). No
     ``threshold`` means the embedded model's shipped one (:func:`shipped_settings`).
     """
     kwargs = dict(kwargs)
+    threads = kwargs.get("n_threads")
     if kwargs.get("llm") is not None:
         if kwargs.get("backend") is not None:
             msg = "give backend= or llm=, not both"
             raise ConfigurationError(msg)
-        kwargs["backend"] = backend_for(kwargs["llm"])
+        kwargs["backend"] = backend_for(kwargs["llm"], n_threads=threads)
+    elif threads is not None:
+        given = kwargs.get("backend")
+        kwargs["backend"] = (
+            EmbeddedBackend(n_threads=threads)
+            if given is None
+            else backend_for(given, n_threads=threads)  # a ConfigurationError saying why
+        )
     if kwargs.get("threshold") is not None:
         return kwargs, None
     kwargs.pop("threshold", None)

@@ -98,6 +98,21 @@ class ESIGuard(BaseChatModel):
     """The model object you already have (a model id, a transformers pipeline,
     ``HuggingFacePipeline``, ``ChatHuggingFace``, ``ChatOpenAI``...): the guard builds its
     backend from it, sharing the loaded weights (see :mod:`esi_guard.backends.adapters`)."""
+    n_threads: int | None = Field(default=None, ge=1, exclude=True, repr=False)
+    """CPU threads of the model the guard runs (None: the engine's own choice, every core
+    for llama.cpp's teacher forcing), for a model it loads or shares: ``llm=`` a path, a
+    hub id or ``"default"``, a loaded ``llama_cpp.Llama`` (or LangChain's ``ChatLlamaCpp``
+    / ``LlamaCpp``), or no model (the embedded one: guards asking for the same threads
+    share a copy). llama.cpp applies them to every decode of the backend's contexts, its
+    float16 forcing copy's included; transformers (a path it loads, a pipeline, a model
+    and tokenizer) through ``torch.set_num_threads``, for the whole process. A
+    ``backend=`` or an API client (``ChatOpenAI``) is refused with them
+    (:class:`ConfigurationError`): build the backend with its own threads
+    (``LlamaCppBackend.from_path(..., n_threads=N)``). Give fewer than the cores where
+    several guards' processes share them: llama.cpp's waiting threads spin, and
+    processes each using every core slow each other down several times over. Scores do
+    not depend on it (llama.cpp sums each output on one thread: 1 and 2 threads give the
+    embedded model's answers and scores to the bit), so a threshold file ignores it."""
     threshold: float
     """Scores strictly above it are untrusted; calibrate it on labelled data. Left out with
     the embedded default model, it comes from that model's shipped calibration (with the

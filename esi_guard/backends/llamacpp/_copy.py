@@ -67,7 +67,7 @@ def load_forcing_copy(
     llama_cpp: Any, llama: Any, digest: str, precision: str, n_threads: int | None
 ) -> Any:
     """A ``llama_cpp.Llama`` on the ``precision`` copy of ``llama``'s file (sha256 ``digest``)."""
-    copy = forcing_copy(llama_cpp, llama.model_path, digest, precision)
+    copy = forcing_copy(llama_cpp, llama.model_path, digest, precision, n_threads)
     try:
         twin = load_llama(
             copy, n_ctx=256, verbose=False,
@@ -94,11 +94,14 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "esi_guard"
 
 
-def forcing_copy(llama_cpp: Any, source: str | Path, digest: str, precision: str) -> Path:
+def forcing_copy(
+    llama_cpp: Any, source: str | Path, digest: str, precision: str, n_threads: int | None = None
+) -> Path:
     """The ``precision`` (``"f16"`` or ``"f32"``) copy of ``source`` (sha256 ``digest``).
 
     Written on first use, to a temporary name then renamed, so a copy cut short is never
-    taken for a whole one and two processes making it at once both end with a whole file.
+    taken for a whole one and two processes making it at once both end with a whole file;
+    with ``n_threads`` threads (None: up to 4 cores).
     """
     ftypes = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "f32": llama_cpp.LLAMA_FTYPE_ALL_F32}
     if precision not in ftypes:
@@ -116,7 +119,7 @@ def forcing_copy(llama_cpp: Any, source: str | Path, digest: str, precision: str
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftypes[precision]
     params.allow_requantize = True
-    params.nthread = max(1, min(os.cpu_count() or 1, 4))
+    params.nthread = n_threads or max(1, min(os.cpu_count() or 1, 4))
     from llama_cpp._utils import suppress_stdout_stderr
 
     with suppress_stdout_stderr(disable=False):

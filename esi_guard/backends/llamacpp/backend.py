@@ -110,10 +110,14 @@ class LlamaCppBackend(Backend):
         n_ctx: KV cells of the backend's own context: the longest prompt plus answer it
             takes (a request's rows share their common prefix's cells). Default: the
             model's training context, at most 8192.
-        n_threads: CPU threads for every decode. Default: the ``Llama``'s own settings,
-            its ``n_threads`` for one-token decodes (generation; half the cores by
-            llama-cpp-python's default) and its ``n_threads_batch`` for the many-token
-            decodes of teacher forcing (every core by default).
+        n_threads: CPU threads for every decode, one-token (generation) and many-token
+            (teacher forcing) alike, on the backend's context and its forcing copy's
+            (which is loaded with them too). Default: the ``Llama``'s own settings, its
+            ``n_threads`` for one-token decodes (half the cores by llama-cpp-python's
+            default) and its ``n_threads_batch`` for the many-token decodes of teacher
+            forcing (every core by default). Give fewer where several processes share the
+            cores: llama.cpp's worker threads spin while they wait, so two processes
+            using every core slow each other down far more than by half.
         n_seq_max: Most rows forced in one decode, and most answers sampled together.
         reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
             every row runs in full (the same scores up to llama.cpp's rounding, more work).
@@ -225,7 +229,8 @@ class LlamaCppBackend(Backend):
         Args:
             path: The ``.gguf`` file.
             n_ctx: See the class; also the ``Llama``'s own context size.
-            n_threads: CPU threads.
+            n_threads: CPU threads (see the class): also the ``Llama``'s own, one-token
+                and batch.
             n_gpu_layers: Layers to offload to a GPU (a CUDA/Metal build of llama.cpp).
             model_id: See the class.
             chat_template: See the class.
@@ -245,6 +250,7 @@ class LlamaCppBackend(Backend):
                 where,
                 n_ctx=512,  # the Llama's own context, which the backend does not use
                 n_threads=n_threads,
+                n_threads_batch=n_threads,
                 n_gpu_layers=n_gpu_layers,
                 **llama_kwargs,
             )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from esi_guard import FakeBackend
+from esi_guard import ConfigurationError, FakeBackend
 from esi_guard.cli import commands as cli_module
 
 
@@ -47,3 +47,85 @@ def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(
     ])  # fmt: skip
     assert named.exit_code == 0, named.output
     assert loads[-1]["engine"] == "transformers" and loads[-1]["dtype"] is None
+
+
+def test_threads_reach_the_local_model_and_leave_the_run_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [{"question": f"Which city is number {i} on the list?", "answer": f"city{i}"}
+            for i in range(12)]  # fmt: skip
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loads: list[dict[str, Any]] = []
+
+    def local_backend(model: str, **kwargs: Any) -> FakeBackend:
+        loads.append({"model": model, **kwargs})
+        return FakeBackend()
+
+    monkeypatch.setattr(cli_module, "local_backend", local_backend)
+    monkeypatch.chdir(tmp_path)  # where the default caches go
+    runner = CliRunner()
+    common = ["--data", str(data), "--resamples", "20", "--n-variants", "2",
+              "--select", "coverage"]  # fmt: skip
+    first = runner.invoke(cli_module.app, ["calibrate", *common, "--threads", "1",
+                                           "--out", "a.json"])  # fmt: skip
+    assert first.exit_code == 0, first.output
+    assert [x["n_threads"] for x in loads] == [1]
+    # Other threads, the same run: the complete cache is found, no model loaded.
+    again = runner.invoke(cli_module.app, ["calibrate", *common, "--threads", "2",
+                                           "--out", "b.json"])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert "no model loaded" in again.stdout and len(loads) == 1
+    assert len(list(tmp_path.glob("esi-cache-qa-*.jsonl"))) == 1
+    evaluated = runner.invoke(cli_module.app, [
+        "evaluate", "--threshold", "a.json", "--data", str(data), "--resamples", "20",
+        "--threads", "3", "--cache", "e.jsonl",
+    ])  # fmt: skip
+    assert evaluated.exit_code == 0, evaluated.output
+    assert loads[-1]["n_threads"] == 3
+    unthreaded = runner.invoke(cli_module.app, ["calibrate", *common, "--out", "c.json",
+                                                "--cache", "c.jsonl"])  # fmt: skip
+    assert unthreaded.exit_code == 0 and loads[-1]["n_threads"] is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["calibrate", "--out", "t.json", "--api-base", "http://localhost:8080/v1"],
+        ["evaluate", "--threshold", "t.json", "--api-base", "http://localhost:8080/v1"],
+    ],
+)
+def test_threads_with_a_server_end_the_command_at_once(tmp_path: Path, args: list[str]) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"question": "q?", "answer": "a"}) + "\n")
+    result = CliRunner().invoke(cli_module.app, [*args, "--data", str(data), "--threads", "1"])
+    assert result.exit_code == 2
+    assert "--threads sets the CPU threads of a model run here" in " ".join(result.stderr.split())
+
+
+def test_distill_and_serve_load_the_local_model_with_the_threads_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("fastapi")
+    loads: list[dict[str, Any]] = []
+
+    def local_backend(model: str, **kwargs: Any) -> FakeBackend:
+        loads.append(kwargs)
+        raise ConfigurationError("stop here")  # the command ends, naming it
+
+    monkeypatch.setattr(cli_module, "local_backend", local_backend)
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"question": "q?"}) + "\n")
+    runner = CliRunner()
+    distilled = runner.invoke(cli_module.app, ["distill", "--data", str(data), "--out", "p.json",
+                                               "--threads", "1"])  # fmt: skip
+    served = runner.invoke(cli_module.app, ["serve", "--threads", "2"])
+    assert (distilled.exit_code, served.exit_code) == (2, 2)
+    assert "stop here" in distilled.stderr and "stop here" in served.stderr
+    assert [x["n_threads"] for x in loads] == [1, 2]
+    upstream = runner.invoke(cli_module.app, [
+        "serve", "--upstream", "http://localhost:8080/v1", "--upstream-model", "m",
+        "--threads", "1",
+    ])  # fmt: skip
+    assert upstream.exit_code == 2 and "--upstream" in upstream.stderr and len(loads) == 2
