@@ -98,7 +98,33 @@ SMALL_SET = 100
 """Fewer scored examples than this get a warning, whatever the rule."""
 _INTERVENTIONS = {"soc": SkipOneChar, "typo": Typo}
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+HELP = (
+    "Guard LLM answers with the ESI uncertainty score. calibrate scores a labelled QA set "
+    "and writes a threshold file; evaluate measures one on another set; distill fits an "
+    "ESI probe on unlabelled questions; serve runs the guard as an OpenAI-compatible "
+    "server; env reports this machine's setup for bug reports. Run esi-guard COMMAND "
+    "--help for a command's options."
+)
+"""The top-level help: plain text (no markup), naming every command."""
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"esi-guard {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                     callback=_version),
+    ] = False,
+) -> None:  # fmt: skip
+    """The options before a command (the help is :data:`HELP`)."""
 
 
 def _backend(
