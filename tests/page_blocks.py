@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.shown_output import FLAGS, NumbersWithin
 
 __all__ = [
@@ -37,12 +39,19 @@ __all__ = [
     "Block",
     "blocks",
     "commands",
+    "docs_pages",
     "run_command",
     "run_doctest",
     "run_python",
     "unrunnable",
 ]
 
+PENDING = {
+    "backends.md": "being edited in another session (issue 49): its blocks' not-run marks and "
+    "placeholder thresholds (threshold=...) are to be added there",
+}
+"""Pages known not to run yet, each with why: expected to fail (strictly: fixed, they fail
+here until taken off this list)."""
 PROGRAMS = ("esi-guard", "python")
 """The programs a ``bash`` block may run (from this environment's ``bin``)."""
 FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -85,6 +94,20 @@ def blocks(text: str) -> list[Block]:
             )
         )
     return found
+
+
+def docs_pages(root: Path) -> list[Any]:
+    """``root/docs``'s pages as pytest parameters, :data:`PENDING`'s expected to fail."""
+    return [
+        pytest.param(
+            page,
+            id=page.name,
+            marks=[pytest.mark.xfail(strict=True, reason=PENDING[page.name])]
+            if page.name in PENDING
+            else [],
+        )
+        for page in sorted((root / "docs").glob("*.md"))
+    ]
 
 
 def commands(source: str) -> list[str]:
