@@ -16,7 +16,8 @@ scores, each at level ``delta / ceil(log2 m)``, so that all its bounds hold at o
 probability ``1 - delta`` (union bound). It returns the tested threshold of largest
 coverage whose bound is at most ``alpha``: with probability at least ``1 - delta`` over
 the calibration set, the error rate among accepted answers is at most ``alpha``. If no
-tested threshold meets ``alpha``, there is no threshold to return.
+tested threshold meets ``alpha``, there is no threshold to return; :func:`risk_search`
+gives the tested thresholds and their bounds, to say how far the best one was.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from numpy.typing import ArrayLike, NDArray
 __all__ = [
     "STOP_CONSTANTS",
     "Choice",
+    "RiskTest",
     "StopRule",
     "by_coverage",
     "by_f1",
@@ -41,6 +43,7 @@ __all__ = [
     "min_accepted",
     "min_examples",
     "risk_bound",
+    "risk_search",
     "risk_tests",
 ]
 
@@ -163,11 +166,24 @@ def min_examples(alpha: float, delta: float) -> int:
     return m
 
 
-def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> Choice | None:
-    """SGR: a threshold whose selective risk is at most ``alpha`` w.p. ``>= 1 - delta``.
+@dataclass(frozen=True)
+class RiskTest:
+    """A threshold SGR's search tested, and the bound it got."""
 
-    Returns None when no tested threshold meets (alpha, delta): then no threshold should
-    be written.
+    threshold: float
+    accepted: int
+    """Calibration answers with ``score <= threshold``."""
+    errors: int
+    """Wrong answers among them."""
+    bound: float
+    """Upper confidence bound of their error rate (Clopper-Pearson at ``delta / tests``)."""
+
+
+def risk_search(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> list[RiskTest]:
+    """The thresholds SGR's binary search tests for (alpha, delta), in the order tested.
+
+    At most :func:`risk_tests` of them, each bound at level ``delta / risk_tests(m)``; a
+    threshold meeting ``alpha`` moves the search up (accept more), one failing it down.
     """
     if not 0 < alpha < 1 or not 0 < delta < 1:
         msg = f"alpha and delta must be in (0, 1), got {alpha} and {delta}"
@@ -178,23 +194,36 @@ def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> 
     steps = risk_tests(m)
     level = delta / steps
     low, high = 0, m - 1  # indices into the sorted scores: accept those <= ordered[z]
-    best: tuple[int, float, int, int] | None = None
+    tested: list[RiskTest] = []
     for _ in range(steps):
         z = (low + high + 1) // 2
         accepted = s <= ordered[z]
         n, errors = int(accepted.sum()), int(w[accepted].sum())
         bound = risk_bound(errors, n, level)
+        tested.append(RiskTest(float(ordered[z]), n, errors, bound))
         if bound <= alpha:
-            if best is None or n > best[2]:
-                best = (z, bound, n, errors)
             low = z  # meets the target: try accepting more
         else:
             high = z - 1 if z > low else z  # too risky: accept fewer
         if low >= high:
             break
-    if best is None:
+    return tested
+
+
+def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> Choice | None:
+    """SGR: a threshold whose selective risk is at most ``alpha`` w.p. ``>= 1 - delta``.
+
+    Returns None when no tested threshold meets (alpha, delta): then no threshold should
+    be written (:func:`risk_search` says what each tested threshold got).
+    """
+    tested = risk_search(scores, wrong, alpha, delta)
+    met = [test for test in tested if test.bound <= alpha]
+    if not met:
         return None
-    z, bound, n, errors = best
+    best = max(met, key=lambda test: test.accepted)  # the first of the largest
+    bound, n, errors = best.bound, best.accepted, best.errors
+    s, w = _arrays(scores, wrong)
+    steps = risk_tests(s.size)
     guarantee = {
         "kind": "selective risk (Geifman & El-Yaniv 2017, SGR, Clopper-Pearson bound)",
         "alpha": alpha,
@@ -208,7 +237,7 @@ def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> 
             f"among accepted answers is <= {alpha:g} (bound {bound:.4f})"
         ),
     }
-    return _choice(s, w, float(ordered[z]), f"risk<={alpha:g}@delta={delta:g}", guarantee=guarantee)
+    return _choice(s, w, best.threshold, f"risk<={alpha:g}@delta={delta:g}", guarantee=guarantee)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from esi_guard.calibration.thresholds import (
     fit_stop_constant,
     min_accepted,
     min_examples,
+    risk_search,
     risk_tests,
 )
 from esi_guard.cli._cascade import fit_cascade, read_probe
@@ -344,7 +345,7 @@ def calibrate(
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
     title = f"{'P(wrong)' if combined else 'ESI'} on {data_name(data)}"
     if choice is None:
-        _refuse(len(scores), alpha, delta)
+        _refuse(scores, wrong, alpha, delta)
         if plot is not None:
             _plot(plot, scores, wrong, None, f"{title}: no threshold meets risk <= {alpha:g}")
         raise typer.Exit(1)
@@ -416,16 +417,25 @@ def _warn_if_small(m: int, select: Selection, alpha: float, delta: float) -> Non
         )
 
 
-def _refuse(m: int, alpha: float, delta: float) -> None:
-    """Say why the risk rule found no threshold, and what would let it find one."""
-    tests = risk_tests(m)
+def _refuse(scores: list[float], wrong: list[int], alpha: float, delta: float) -> None:
+    """Say what failed when the risk rule found no threshold: the best bound it reached."""
+    tested = risk_search(scores, wrong, alpha, delta)
+    best = min(tested, key=lambda test: (test.bound, -test.accepted))
+    tests, m = risk_tests(len(scores)), len(scores)
+    needed, smallest = min_accepted(alpha, delta, tests), min_examples(alpha, delta)
+    few = ""
+    if m < smallest:
+        few = (f" ({m} examples are too few: even with none wrong the rule needs at least "
+               f"{smallest}, as its search tests the median score first)")  # fmt: skip
+    elif best.accepted < needed:
+        few = f" (even with none wrong, a bound that low needs at least {needed} accepted)"
     stderr.print(
-        f"no threshold meets selective risk <= {alpha:g} with probability >= {1 - delta:g} "
-        f"on these {m} examples: even with no error among the accepted ones, that needs at "
-        f"least {min_accepted(alpha, delta, tests)} accepted examples (Clopper-Pearson at "
-        f"delta/{tests}), more with errors among them, and a set of at least "
-        f"{min_examples(alpha, delta)} (the search tests the median score first); no "
-        "threshold file written. Calibrate on more examples, raise --alpha, or raise --delta."
+        f"no threshold keeps the upper confidence bound of the accepted error rate at or "
+        f"below alpha={alpha:g} with delta={delta:g} on these {m} examples: the best bound "
+        f"is {best.bound:.3f} at {best.accepted} accepted ({best.errors} wrong, error rate "
+        f"{best.errors / best.accepted:.3f}){few}, of the {len(tested)} thresholds "
+        f"the search tested (Clopper-Pearson at delta/{tests} each); no threshold file "
+        "written. Calibrate on more examples, raise --alpha, or raise --delta."
     )
 
 

@@ -98,3 +98,23 @@ def test_the_risk_guarantee_holds_over_many_random_calibration_sets() -> None:
     slack = 3 * math.sqrt(delta * (1 - delta) / chosen)
     print(f"risk guarantee: {violations}/{chosen} splits above alpha ({rate:.3f}; delta {delta})")
     assert rate <= delta + slack
+
+
+@pytest.mark.parametrize(("alpha", "met"), [(0.2, False), (0.37, True)])
+def test_the_search_says_what_each_tested_threshold_got(alpha: float, met: bool) -> None:
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 2, 75)
+    s = w + rng.normal(size=75)
+    tested = thresholds.risk_search(s, w, alpha=alpha, delta=0.1)
+    assert 1 <= len(tested) <= thresholds.risk_tests(75)
+    assert tested[0].accepted == 38  # the median first
+    level = 0.1 / thresholds.risk_tests(75)
+    for test in tested:
+        accepted = s <= test.threshold
+        assert (test.accepted, test.errors) == (int(accepted.sum()), int(w[accepted].sum()))
+        assert test.bound == thresholds.risk_bound(test.errors, test.accepted, level)
+    choice = thresholds.by_risk(s, w, alpha=alpha, delta=0.1)
+    within = [t for t in tested if t.bound <= alpha]
+    assert bool(within) is met and (choice is not None) is met
+    if choice is not None:  # the tested threshold accepting most within alpha
+        assert choice.threshold == max(within, key=lambda t: t.accepted).threshold

@@ -14,7 +14,13 @@ from typer.testing import CliRunner, Result
 
 from esi_guard import FakeBackend
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.calibration.thresholds import min_accepted, min_examples, risk_tests
+from esi_guard.calibration.thresholds import (
+    RiskTest,
+    min_accepted,
+    min_examples,
+    risk_search,
+    risk_tests,
+)
 from esi_guard.cli import commands as cli_module
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
 
@@ -140,21 +146,56 @@ def test_several_data_files_are_concatenated_each_limited(
     assert len(list(tmp_path.glob("esi-cache-a+b-*.jsonl"))) == 1  # named by both files
 
 
+def best_test(cache: Path, alpha: float, delta: float) -> RiskTest:
+    """The tested threshold with the lowest bound, from the scores and labels in the cache."""
+    records = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
+    scores = [r["score"] for r in records]
+    wrong = [int(not r["labels"]["containment"]) for r in records]
+    return min(risk_search(scores, wrong, alpha, delta), key=lambda t: (t.bound, -t.accepted))
+
+
 def test_a_risk_target_out_of_reach_says_what_it_needs_and_still_plots(
     tmp_path: Path, loads: list[FakeBackend]
 ) -> None:
     data = write(tmp_path / "qa.jsonl", questions(12)[0])
-    out, plot = tmp_path / "t.json", tmp_path / "cal.png"
+    out, plot, cache = tmp_path / "t.json", tmp_path / "cal.png", tmp_path / "c.jsonl"
     result = calibrate("--data", str(data), "--select", "risk", "--alpha", "0.2",
                        "--out", str(out), "--plot", str(plot),
-                       "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip
+                       "--cache", str(cache))  # fmt: skip
     assert result.exit_code == 1
-    needed = min_accepted(0.2, 0.1, risk_tests(12))
-    assert f"needs at least {needed} accepted examples" in flat(result.stderr)
-    assert f"a set of at least {min_examples(0.2, 0.1)}" in flat(result.stderr)
     assert "no threshold can qualify" in flat(result.stderr)  # warned before choosing
+    best = best_test(cache, 0.2, 0.1)
+    assert (
+        f"the best bound is {best.bound:.3f} at {best.accepted} accepted ({best.errors} wrong"
+        in flat(result.stderr)
+    )
+    assert (
+        "12 examples are too few: even with none wrong the rule needs at least "
+        f"{min_examples(0.2, 0.1)}, as its search tests the median score first"
+    ) in flat(result.stderr)
     assert not out.exists() and plot.stat().st_size > 10_000
     assert "no threshold line" in flat(result.stdout)
+
+
+def test_a_refused_risk_target_names_the_bound_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows, answers = questions(75)  # a third wrong: no threshold gets its bound to 0.2
+    monkeypatch.setattr(cli_module, "_backend", lambda *a: FakeBackend(answers))
+    data, cache = write(tmp_path / "qa.jsonl", rows), tmp_path / "c.jsonl"
+    result = calibrate("--data", str(data), "--alpha", "0.2", "--delta", "0.1",
+                       "--out", str(tmp_path / "t.json"), "--cache", str(cache))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    message = flat(result.stderr)
+    best = best_test(cache, 0.2, 0.1)
+    assert best.accepted >= min_accepted(0.2, 0.1, risk_tests(75)) and best.bound > 0.2
+    assert (
+        "no threshold keeps the upper confidence bound of the accepted error rate at or below "
+        f"alpha=0.2 with delta=0.1 on these 75 examples: the best bound is {best.bound:.3f} "
+        f"at {best.accepted} accepted ({best.errors} wrong, error rate "
+        f"{best.errors / best.accepted:.3f})"
+    ) in message
+    assert "needs at least" not in message and "no threshold file written" in message
 
 
 @pytest.mark.parametrize(
