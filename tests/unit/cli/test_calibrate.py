@@ -260,3 +260,35 @@ def test_a_missing_extra_is_an_error_naming_it(
     result = calibrate("--data", str(data), "--out", str(tmp_path / "t.json"),
                        "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip
     assert result.exit_code == 2 and "pip install esi-guard[llamacpp]" in flat(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "hidden"),
+    [
+        ("calibrate", [], "scipy"),
+        ("calibrate", ["--plot", "cal.png"], "matplotlib"),
+        ("calibrate", ["--score", "combined"], "sklearn"),
+        ("calibrate", ["--labels", "semantic"], "sentence_transformers"),
+        ("evaluate", ["--threshold", "t.json"], "scipy"),
+        ("distill", [], "sklearn"),
+    ],
+)
+def test_a_missing_cli_extra_ends_the_command_before_any_model_loads(
+    tmp_path: Path,
+    loads: list[FakeBackend],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    args: list[str],
+    hidden: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, hidden, None)  # as if it were not installed
+    data = write(tmp_path / "qa.jsonl", questions(5)[0])
+    out = [] if command == "evaluate" else ["--out", "out.json"]
+    result = CliRunner().invoke(cli_module.app, [command, "--data", str(data), *out, *args])
+    assert result.exit_code == 2, result.output
+    assert flat(result.stderr) == (
+        f"error: esi-guard {command} needs the cli extra: pip install 'esi-guard[cli]' "
+        f"(no module named '{hidden}')"
+    )
+    assert loads == [] and result.stdout == ""
