@@ -72,27 +72,28 @@ def _server(command: str, cwd: Path) -> Iterator[int]:
     """The page's server command run on a free loopback port until the page is done."""
     port = _free_port()
     words = shlex.split(command)
-    process = subprocess.Popen(
-        [str(Path(sys.executable).with_name(words[0])), *words[1:], "--port", str(port)],
-        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    log = cwd / "server.log"
+    with log.open("w", encoding="utf-8") as output:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name(words[0])), *words[1:], "--port", str(port)],
+            cwd=cwd, stdout=output, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not _ready(port):
             if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                _, stderr = process.communicate()
-                pytest.fail(f"{command} did not become ready on port {port}:\n{stderr[-3000:]}")
+                tail = log.read_text(encoding="utf-8")[-3000:]
+                pytest.fail(f"{command} did not become ready on port {port}:\n{tail}")
             time.sleep(0.5)
         yield port
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.communicate(timeout=60)
+                process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.communicate()
+                process.wait()
 
 
 def _run(block: Block, where: str, namespace: dict[str, Any], cwd: Path) -> list[str]:
