@@ -10,7 +10,8 @@ OpenAI-compatible server, the same server, model name and key. What is accepted:
 * a transformers ``PreTrainedModel`` with its tokenizer, as a ``(model, tokenizer)`` pair,
   or a transformers text-generation ``pipeline``;
 * langchain-huggingface's ``HuggingFacePipeline`` and ``ChatHuggingFace`` (around a
-  pipeline: an inference endpoint exposes no logits to score);
+  pipeline, built with ``tokenizer=`` for a GGUF model, which langchain-huggingface cannot
+  load a tokenizer for itself: an inference endpoint exposes no logits to score);
 * langchain-openai's ``ChatOpenAI`` and ``OpenAI`` -> :class:`OpenAIBackend` with
   ``mode="auto"``;
 * a ``llama_cpp.Llama``, and langchain-community's ``ChatLlamaCpp`` and ``LlamaCpp`` (their
