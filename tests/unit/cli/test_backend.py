@@ -13,21 +13,27 @@ from esi_guard import ConfigurationError, FakeBackend
 from esi_guard.cli import commands as cli_module
 
 
-def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """``tmp_path/qa.jsonl`` (12 questions), the working folder; every local load recorded."""
     rows = [{"question": f"Which city is number {i} on the list?", "answer": f"city{i}"}
             for i in range(12)]  # fmt: skip
-    data = tmp_path / "qa.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    loads: list[dict[str, Any]] = []
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recorded: list[dict[str, Any]] = []
 
     def local_backend(model: str, **kwargs: Any) -> FakeBackend:
-        loads.append({"model": model, **kwargs})
+        recorded.append({"model": model, **kwargs})
         return FakeBackend()
 
     monkeypatch.setattr(cli_module, "local_backend", local_backend)
     monkeypatch.chdir(tmp_path)  # where the default caches go
+    return recorded
+
+
+def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(
+    tmp_path: Path, loads: list[dict[str, Any]]
+) -> None:
+    data = tmp_path / "qa.jsonl"
     out = tmp_path / "threshold.json"
     runner = CliRunner()
     common = ["--data", str(data), "--resamples", "20", "--dtype", "bfloat16"]
@@ -50,20 +56,9 @@ def test_calibrate_and_evaluate_load_the_model_with_the_dtype_given(
 
 
 def test_threads_reach_the_local_model_and_leave_the_run_the_same(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, loads: list[dict[str, Any]]
 ) -> None:
-    rows = [{"question": f"Which city is number {i} on the list?", "answer": f"city{i}"}
-            for i in range(12)]  # fmt: skip
     data = tmp_path / "qa.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    loads: list[dict[str, Any]] = []
-
-    def local_backend(model: str, **kwargs: Any) -> FakeBackend:
-        loads.append({"model": model, **kwargs})
-        return FakeBackend()
-
-    monkeypatch.setattr(cli_module, "local_backend", local_backend)
-    monkeypatch.chdir(tmp_path)  # where the default caches go
     runner = CliRunner()
     common = ["--data", str(data), "--resamples", "20", "--n-variants", "2",
               "--select", "coverage"]  # fmt: skip
