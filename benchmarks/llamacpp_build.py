@@ -1,11 +1,12 @@
 r"""Two llama-cpp-python builds side by side: the default guard's speed and answers on each.
 
-    python benchmarks/llamacpp_build.py --python .venv/bin/python \\
+    python -m benchmarks.llamacpp_build --python .venv/bin/python \\
         --python /tmp/native/bin/python --limit 16 --rounds 3
 
 Each ``--python`` is an interpreter with esi_guard and its own llama-cpp-python build (the
 project's CPU-keyed build from ``make demo``, a native ``pip install llama-cpp-python``...).
-The script runs itself under each in turn, ``--rounds`` times, interleaved, so both see
+Run it from the checkout's root, as a module. It runs itself under each in turn (as a
+module, from the same folder), ``--rounds`` times, interleaved, so both see
 the same machine load: a child loads the default guard (the embedded model, L=10, k=100,
 SOC, float16 forcing, ``--threads`` threads), answers ``--limit`` SciQ questions one at a
 time and then in batches of 8, and prints its timings, answers and scores. Reported per
@@ -31,11 +32,12 @@ from typing import Any
 __all__ = ["main"]
 
 BATCH = 8
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout's root, where the children run ``-m benchmarks.llamacpp_build``."""
 
 
 def child(limit: int, threads: int) -> dict[str, Any]:
     """Time the default guard on this interpreter's llama-cpp-python build."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import llama_cpp
 
     from benchmarks.common import Answering
@@ -87,9 +89,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     for round_ in range(args.rounds):
         for python in args.pythons:
-            command = [python, __file__, "--child", "--limit", str(args.limit),
-                       "--threads", str(args.threads)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            command = [python, "-m", "benchmarks.llamacpp_build", "--child",
+                       "--limit", str(args.limit), "--threads", str(args.threads)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, env=env,
+                                  cwd=ROOT, check=False)  # fmt: skip
             if done.returncode != 0:
                 sys.exit(f"{python} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
             runs[python].append(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -33,6 +33,7 @@ from pathlib import Path
 
 __all__ = [
     "FEATURES",
+    "REBUILD",
     "amx_kernels",
     "build_key",
     "cmake_args",
@@ -62,6 +63,12 @@ FEATURES: tuple[tuple[str | None, str, tuple[str, ...]], ...] = (
 )
 """The x86-64 instruction sets llama.cpp's CPU kernels use. AMX has no CMake option here:
 the project's build never turns it on (see the module)."""
+
+REBUILD = (
+    'CMAKE_ARGS="$(esi-guard env --cmake-args)" '
+    "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+)
+"""The command that builds llama-cpp-python for this CPU, AMX left out (said by every error)."""
 
 AMX = "AMX_INT8"
 """llama.cpp's system-info name for its AMX kernels (compiled in or not)."""
@@ -163,17 +170,14 @@ def crash_line(
         return (
             f"llama.cpp died with {how}: it was built for {', '.join(missing)}, which this CPU "
             "lacks (a wheel built on another machine); rebuild it here: "
-            'make llamacpp-rebuild, or CMAKE_ARGS="$(esi-guard env --cmake-args)" '
-            "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+            f"make llamacpp-rebuild, or {REBUILD}"
         )
     if amx_kernels(features):
         where = "with weight repacking on" if repacking else "even with weight repacking off"
         return (
             f"llama.cpp died with {how}: it was built with AMX kernels (AMX_INT8 = 1), which "
             f"crash on this CPU {where} (ggml-org/llama.cpp#20824); load models with "
-            "esi_guard.backends.load_llama, or rebuild without AMX: "
-            'CMAKE_ARGS="$(esi-guard env --cmake-args)" '
-            "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+            f"esi_guard.backends.load_llama, or rebuild without AMX: {REBUILD}"
         )
     return (
         f"llama.cpp died with {how} on a one-token decode, with no known CPU cause "

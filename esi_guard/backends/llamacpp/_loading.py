@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from esi_guard.backends.llamacpp._cpu import (
+    REBUILD,
     amx_kernels,
     cpu_flags,
     missing_features,
@@ -51,8 +52,7 @@ def check_build() -> None:
         msg = (
             f"llama-cpp-python was built for {', '.join(missing)}, which this CPU lacks (a "
             "wheel built on another machine): the first decode would die with 'Illegal "
-            'instruction\'; rebuild it here: CMAKE_ARGS="$(esi-guard env --cmake-args)" '
-            "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+            f"instruction'; rebuild it here: {REBUILD}"
         )
         raise ModelLoadError(msg)
 
@@ -96,8 +96,7 @@ def load_llama(model_path: str | Path, **kwargs: Any) -> Any:
         msg = (
             f"could not load {str(model_path)!r} without weight repacking on this "
             f"llama-cpp-python ({getattr(llama_cpp, '__version__', '?')}); rebuild it without "
-            'AMX: CMAKE_ARGS="$(esi-guard env --cmake-args)" '
-            "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+            f"AMX: {REBUILD}"
         )
         raise ModelLoadError(msg)
     return llama
