@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from esi_guard.backends.hidden import HiddenSpec, HiddenStates, Position
 from esi_guard.combined import (
@@ -180,21 +180,40 @@ class Band(BaseModel):
 
 
 class Cascade(BaseModel):
-    """The probe, the combined score it feeds (if any), and the band; pure routing."""
+    """The cheap score (a probe, or a no-ESI combined score), the band; pure routing.
+
+    Two kinds: with ``probe`` (an ESI-probe cascade) the cheap score is the probe's
+    estimate of ESI, or ``combined``'s ``p_wrong`` with that estimate in ESI's place; with
+    ``free`` (a value-of-information cascade, ``esi-guard calibrate --cascade``) it is the
+    ``p_wrong`` of a combined score fitted without ESI, and where it falls inside the band
+    ESI runs and ``combined`` (fitted with ESI) decides.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    probe: ESIProbe
+    probe: ESIProbe | None = None
     band: Band
     combined: CombinedScore | None = None
-    """When set, the cheap score is its ``p_wrong`` with the probe's estimate as ``esi``."""
+    """When set, the cheap score is its ``p_wrong`` with the probe's estimate as ``esi``
+    (an ESI-probe cascade); with ``free``, what decides inside the band."""
+    free: CombinedScore | None = None
+    """A value-of-information cascade's cheap score: a combined score without ESI."""
+
+    @model_validator(mode="after")
+    def _one_cheap_score(self) -> Cascade:
+        if (self.probe is None) == (self.free is None):
+            msg = "a cascade has either an ESI probe or a no-ESI combined score (free)"
+            raise ValueError(msg)
+        if self.free is not None and ("esi" in self.free.features or self.combined is None):
+            msg = "a value-of-information cascade needs free without esi, and combined with it"
+            raise ValueError(msg)
+        return self
 
     @property
     def needs_hidden(self) -> HiddenSpec | None:
-        """The states the cheap score reads (the probe's, and the combined score's)."""
-        specs = [s for s in (self.probe.needs_hidden,
-                             None if self.combined is None else self.combined.needs_hidden)
-                 if s is not None]  # fmt: skip
+        """The states the cheap score reads (the probe's, and the combined scores')."""
+        scores = (self.probe, self.combined, self.free)
+        specs = [s.needs_hidden for s in scores if s is not None and s.needs_hidden is not None]
         if not specs:
             return None
         layers = tuple(dict.fromkeys(layer for s in specs for layer in s.layers))
@@ -203,15 +222,18 @@ class Cascade(BaseModel):
 
     def cheap(
         self, signals: Mapping[str, float], hidden: HiddenStates | None
-    ) -> tuple[float, float]:
-        """The probe's ESI estimate and the cheap score (the estimate, or ``p_wrong``)."""
+    ) -> tuple[float | None, float]:
+        """The probe's ESI estimate (None without a probe) and the cheap score."""
+        if self.free is not None:
+            return None, self.free.p_wrong(signals, hidden)
+        assert self.probe is not None  # the validator's
         estimate = self.probe.estimate(signals, hidden)
         if self.combined is None:
             return estimate, estimate
         return estimate, self.combined.p_wrong({**signals, "esi": estimate}, hidden)
 
     def route(self, cheap: float) -> Literal["accept", "untrusted"] | None:
-        """The probe's decision, or None: inside the band, ESI decides."""
+        """The cheap score's decision, or None: inside the band, ESI decides."""
         if cheap < self.band.low:
             return "accept"
         if cheap > self.band.high:

@@ -13,7 +13,8 @@ Signals (:data:`SIGNALS`; :data:`FEATURES` is the default set): ``esi`` (the sco
 its position's top-k, as the benchmark's "NLL (greedy)"), ``entropy`` (mean entropy of
 those truncated distributions, ESI's ``alpha_t``, as "mean token entropy") and
 ``max_nll`` (the largest of the tokens' negative log-probabilities: the answer's least
-likely token).
+likely token) and ``repetition`` (the share of the answer's word pairs that repeat an
+earlier pair: a small model's degenerate loops, :func:`repetition`).
 
 **Hidden states** (``calibrate --features esi,nll,entropy,hidden``): the model's residual
 stream at the positions behind the answer (:class:`~esi_guard.backends.base.HiddenStates`,
@@ -29,7 +30,9 @@ folded into one weight vector over the raw states (:class:`HiddenProbe`): ``p_wr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -48,12 +51,13 @@ __all__ = [
     "fit_combined",
     "free_signals",
     "probe_window",
+    "repetition",
 ]
 
 FEATURES = ("esi", "nll", "entropy")
 """The signals a combined score uses by default, in order."""
 
-SIGNALS = ("esi", "nll", "entropy", "max_nll")
+SIGNALS = ("esi", "nll", "entropy", "max_nll", "repetition")
 """Every scalar signal a combined score can use."""
 
 HIDDEN = "hidden"
@@ -77,10 +81,34 @@ STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 """The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
 
 
+def repetition(text: str) -> float:
+    """The share of ``text``'s word pairs (lower-cased) that repeat an earlier pair.
+
+    0 for an answer of fewer than three words or without a repeat; near 1 for a loop
+    ("la femme au roi, la femme au roi, la femme au roi..."). From the text, not the
+    tokens: the same on every engine and tokenizer.
+    """
+    words = _WORDS.findall(text.lower())
+    pairs = list(pairwise(words))
+    if len(pairs) < 2:
+        return 0.0
+    return 1.0 - len(set(pairs)) / len(pairs)
+
+
+_WORDS = re.compile(r"\w+")
+
+
 def free_signals(
-    original: TopK, answer_ids: Sequence[int], kind: ValueKind, alphas: np.ndarray | None = None
+    original: TopK,
+    answer_ids: Sequence[int],
+    kind: ValueKind,
+    alphas: np.ndarray | None = None,
+    *,
+    text: str | None = None,
 ) -> dict[str, float]:
-    """``nll`` and ``entropy`` of an answer from its original top-k (no model call).
+    """``nll``, ``entropy`` and ``max_nll`` of an answer from its original top-k (no model call).
+
+    With the answer's ``text``, its :func:`repetition` too.
 
     ``nll`` is :func:`~esi_guard.baselines.neg_log_likelihood` of the answer's tokens, each
     normalised over its position's top-k (the benchmark's "NLL (greedy)"); a token missing
@@ -101,11 +129,14 @@ def free_signals(
     norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
     entropy = truncated_entropy(original) if alphas is None else alphas
     logprobs = (value - norm).tolist()
-    return {
+    signals = {
         "nll": neg_log_likelihood(logprobs),
         "entropy": float(np.mean(entropy)),
         "max_nll": float(-min(logprobs)) if logprobs else 0.0,
     }
+    if text is not None:
+        signals["repetition"] = repetition(text)
+    return signals
 
 
 def probe_window(hidden_layers: Sequence[int]) -> HiddenSpec:
@@ -183,6 +214,11 @@ class CombinedScore(BaseModel):
     def needs_hidden(self) -> HiddenSpec | None:
         """The states a backend must read for it; None: none."""
         return None if self.hidden is None else self.hidden.spec
+
+    @property
+    def uses_esi(self) -> bool:
+        """Whether it reads the ESI score: without it a guard forces no variant."""
+        return "esi" in self.features
 
     def logit(self, signals: Mapping[str, float], hidden: HiddenStates | None = None) -> float:
         """``log(p_wrong / (1 - p_wrong))``."""

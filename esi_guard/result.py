@@ -108,7 +108,9 @@ class ESIResult:
     """What the guard found about one answer; ``as_dict()`` is ``response_metadata["esi"]``."""
 
     score: float | None
-    """ESI score, or None when the answer could not be scored."""
+    """ESI score, or None when the answer could not be scored (``scored`` False) or was
+    decided without ESI (``decided_by="free"``: a combined score without ESI; the decision
+    is then on ``p_wrong``)."""
     threshold: float
     """Scores above it are not trusted."""
     decision: Decision
@@ -159,11 +161,16 @@ class ESIResult:
     """With a combined score (``ESIGuard(combined=...)``, or a threshold file calibrated
     with ``--score combined``): the probability that the answer is wrong, which the
     decision is then made on; None otherwise."""
-    decided_by: Literal["probe", "esi"] | None = None
-    """With a cascade (``ESIGuard(esi_probe=...)``): ``probe`` when the cheap score was far
+    decided_by: Literal["probe", "free", "esi"] | None = None
+    """What the decision was made on, when the guard can decide without ESI. With an
+    ESI-probe cascade (``ESIGuard(esi_probe=...)``): ``probe`` when the cheap score was far
     enough from the threshold to decide on (no variant forced; ``score`` is then the
     probe's estimate of ESI, and ``p_wrong`` the cheap score's), ``esi`` when full ESI
-    decided. None (left out of ``as_dict()``) without a cascade."""
+    decided. ``free``: decided on a combined score without ESI (``p_wrong``; ``score``
+    None, no variant forced), by a guard whose threshold file leaves ESI out (``calibrate
+    --features nll,entropy,max_nll,hidden``), or by a value-of-information cascade
+    (``calibrate --cascade``) outside its band (``esi`` inside it). None (left out of
+    ``as_dict()``) for a guard that always runs ESI."""
     probe_score: float | None = None
     """With a cascade: the ESI probe's estimate of the score; None otherwise (left out)."""
     hidden: HiddenStates | None = field(default=None, repr=False, compare=False)

@@ -118,6 +118,45 @@ class Rule:
             probe_score=item.probe_score,
         )
 
+    @property
+    def uses_esi(self) -> bool:
+        """False for a combined score without ESI (no cascade): no variant is ever forced."""
+        return self.cascade is not None or self.combined is None or self.combined.uses_esi
+
+    @property
+    def decides_early(self) -> bool:
+        """Whether answers may be decided right after generation (a cascade, or no ESI)."""
+        return self.cascade is not None or not self.uses_esi
+
+    def early(
+        self, item: Item, signals: dict[str, float] | None, hidden: HiddenStates | None
+    ) -> ESIResult | None:
+        """The result decided right after generation, or None: ESI must decide.
+
+        A guard without ESI decides every answer here, on its combined score's ``p_wrong``
+        (``decided_by="free"``); one it cannot score (no tokens, no distributions, no
+        states for its probe) is unscored, never passed. A cascade decides the answers
+        whose cheap score is outside its band; the others (and any it cannot read) go
+        on to ESI.
+        """
+        if self.cascade is not None:
+            return None if signals is None else self.by_probe(item, signals, hidden)
+        combined = self.combined
+        assert combined is not None  # decides_early
+        if not item.answer_ids:
+            return self.result(item, None, "empty_answer: the answer has no tokens to score")
+        if signals is None:
+            return self.result(item, None, "no_distributions: the backend gave no top-k "
+                               "distributions with the answer")  # fmt: skip
+        if combined.hidden is not None and hidden is None:
+            return self.result(item, None, "hidden_states_missing: the backend gave no "
+                               "hidden states for the probe")  # fmt: skip
+        p_wrong, term = combined.scored(signals, hidden)
+        signals = dict(signals) if term is None else {**signals, HIDDEN: term}
+        return self._early_result(item, score=None, p_wrong=p_wrong, signals=signals,
+                                  hidden=hidden, decided_by="free",
+                                  untrusted=p_wrong > self.threshold)  # fmt: skip
+
     def by_probe(
         self, item: Item, signals: dict[str, float], hidden: HiddenStates | None
     ) -> ESIResult | None:
@@ -137,10 +176,23 @@ class Rule:
         route = cascade.route(cheap)
         if route is None:
             return None
+        free = cascade.free is not None
+        return self._early_result(
+            item, score=estimate, p_wrong=cheap if free or cascade.combined else None,
+            signals=dict(signals), hidden=hidden, decided_by="free" if free else "probe",
+            untrusted=route == "untrusted",
+        )  # fmt: skip
+
+    def _early_result(
+        self, item: Item, *, score: float | None, p_wrong: float | None,
+        signals: dict[str, float], hidden: HiddenStates | None,
+        decided_by: Literal["probe", "free"], untrusted: bool,
+    ) -> ESIResult:  # fmt: skip
+        """A result decided without ESI: no variant forced."""
         return ESIResult(
-            score=estimate,
+            score=score,
             threshold=self.threshold,
-            decision="accept" if route == "accept" else self.action,
+            decision=self.action if untrusted else "accept",
             scored=True,
             reason=None,
             answer=item.answer,
@@ -152,11 +204,11 @@ class Rule:
             finish_reason=item.finish_reason,
             work={"forced_variants": 0, "forced_tokens": 0},
             variants_used=0,
-            signals=dict(signals),
-            p_wrong=None if cascade.combined is None else cheap,
+            signals=signals,
+            p_wrong=p_wrong,
             hidden=hidden if self.keep_hidden else None,
-            decided_by="probe",
-            probe_score=estimate,
+            decided_by=decided_by,
+            probe_score=item.probe_score,
         )
 
 

@@ -26,7 +26,14 @@ from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.rounds import Rounds
 from esi_guard._pipeline.shield import ashield, shield, wrapped
-from esi_guard.backends.base import Backend, Forced, ForcingRequest, Generation, HiddenSpec
+from esi_guard.backends.base import (
+    Backend,
+    Forced,
+    ForcingRequest,
+    Generation,
+    HiddenSpec,
+    HiddenStates,
+)
 from esi_guard.cascade import Cascade
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
@@ -137,8 +144,9 @@ class Pipeline:
         if not answered:
             yield "generate", live
             live = [item for item in live if item.outcome is None]
-        if live:
+        if live and self.rule.uses_esi:
             yield "intervene", live
+        if live:
             yield "score", live
 
     def run(self, items: Sequence[Item], hook: StepHook = _NO_HOOK, answered: bool = False) -> None:
@@ -210,12 +218,19 @@ class Pipeline:
             item.answer, item.answer_ids = gen.text, gen.token_ids
             item.original, item.finish_reason = gen.topk, gen.finish_reason
             item.prompt_tokens, item.hidden = gen.prompt_tokens, gen.hidden
-            if self.cascade is not None and gen.topk is not None and gen.token_ids:
-                signals = free_signals(gen.topk, gen.token_ids, self.backend.values_kind)
-                item.outcome = self.rule.by_probe(item, signals, gen.hidden)
-                if item.outcome is not None:
-                    item.steps["score"] = item.outcome
+            if self.rule.decides_early:
+                self._early(item, gen.topk, gen.hidden)
         return [item for item in items if item.outcome is None]
+
+    def _early(self, item: Item, topk: TopK | None, hidden: HiddenStates | None) -> None:
+        """Decide ``item`` without ESI where the rule can (a cascade, or a guard without ESI)."""
+        signals = None
+        if topk is not None and item.answer_ids:
+            signals = free_signals(topk, item.answer_ids, self.backend.values_kind,
+                                   text=item.answer)  # fmt: skip
+        item.outcome = self.rule.early(item, signals, hidden)
+        if item.outcome is not None:
+            item.steps["score"] = item.outcome
 
     def _pieces(self, item: Item) -> Iterator[str]:
         """One item's answer as text pieces while it is generated; then it is recorded."""
@@ -290,8 +305,12 @@ class Pipeline:
     def force(self, items: Sequence[Item], *, include_original: bool = False) -> list[Outcome]:
         """Teacher-force each item's answer after its variants and decide every item.
 
-        One backend call, or one per round with sequential ESI (``min_variants``).
+        One backend call, or one per round with sequential ESI (``min_variants``). A guard
+        without ESI (an answer it was handed: it generated none) forces the answer after
+        the prompt alone, for its distributions and states.
         """
+        if not self.rule.uses_esi:
+            return self._force_free(items)
         rounds = self._rounds(items, include_original)
         requests = next(rounds)
         top_k = self.config.top_k
@@ -302,6 +321,28 @@ class Pipeline:
                 requests = rounds.send(forced)
             except StopIteration as done:
                 return cast(list[Outcome], done.value)
+
+    def _force_free(self, items: Sequence[Item]) -> list[Outcome]:
+        """A guard without ESI scoring answers it did not generate: the original row only."""
+        live = [item for item in items if item.outcome is None and item.answer_ids]
+        requests = [
+            ForcingRequest(prompt=item.prompt.messages, variants=[],
+                           answer_ids=list(item.answer_ids), answer=item.answer,
+                           include_original=True, hidden=self.hidden)
+            for item in live
+        ]  # fmt: skip
+        call = partial(self.backend.teacher_force, requests, top_k=self.config.top_k)
+        forced = shield(call, len(requests), "teacher_force") if requests else []
+        for item, out in zip(live, forced, strict=True):
+            if isinstance(out, BackendError):
+                item.outcome = self.rule.failure(item, out)
+            else:
+                self._early(item, out.original, out.hidden)
+        for item in items:
+            if item.outcome is None:  # no tokens
+                self._early(item, None, None)
+            item.steps["score"] = item.outcome
+        return [cast(Outcome, item.outcome) for item in items]
 
     async def aforce(self, items: Sequence[Item]) -> list[Outcome]:
         """Async :meth:`force`."""
@@ -468,7 +509,9 @@ class Pipeline:
         except ScoringError as exc:
             return self.rule.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
-        signals = free_signals(base, item.answer_ids, self.backend.values_kind, esi.alphas)
+        signals = free_signals(
+            base, item.answer_ids, self.backend.values_kind, esi.alphas, text=item.answer
+        )
         hidden = item.hidden if item.hidden is not None else forced.hidden
         result = self.rule.result(
             item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals,

@@ -1,9 +1,11 @@
-"""``esi-guard calibrate --score combined``: fit on one part of the data, choose on the other.
+"""``esi-guard calibrate --score combined``: fit on the user's labelled answers, choose on them.
 
-The combined score (:mod:`esi_guard.combined`) is fitted on a stratified share of the
-scored answers (``fraction``); the threshold is then chosen, by the same rules as for
-ESI (the risk guarantee included), on the ``p_wrong`` of the other answers, which the
-model never saw, and the calibration error (ECE) is measured there too.
+By default (:func:`fit_all`) every answer is used twice over, never at once: candidate
+feature sets are cross-fitted (:mod:`esi_guard.calibration.crossfit`), the best (the
+cheapest near it) is kept and refitted on every answer, and the threshold is chosen on
+its out-of-fold ``p_wrong``. With ``--fit-fraction`` (:func:`fit_on_part`) the score is
+fitted on that stratified share and the threshold chosen on the rest, which the model
+never saw: the split that the risk guarantee holds for exactly (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -16,11 +18,26 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from esi_guard.backends.base import HiddenStates
+from esi_guard.calibration.crossfit import Candidate, Selection, out_of_fold, select
 from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error
-from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, fit_combined
+from esi_guard.combined import (
+    FEATURES,
+    HIDDEN,
+    SIGNALS,
+    CombinedScore,
+    fit_combined,
+    repetition,
+)
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["Combined", "decode_states", "encode_states", "fit_on_part", "parse_features"]
+__all__ = [
+    "Combined",
+    "decode_states",
+    "encode_states",
+    "fit_all",
+    "fit_on_part",
+    "parse_features",
+]
 
 
 def parse_features(text: str) -> tuple[str, ...]:
@@ -63,7 +80,123 @@ class Combined(NamedTuple):
     """``n_fit``, ``n_select``, ``ece`` and the held-out AUROC of ``p_wrong`` and of ESI
     (``value``, ``low``, ``high``: 95% bootstrap)."""
     held: list[int] = []  # noqa: RUF012 - a NamedTuple default, never mutated
-    """The held-out answers' indices among the records given (``p_wrong``'s order)."""
+    """The held-out answers' indices among the records given (``p_wrong``'s order); every
+    answer's when cross-fitted."""
+    free: CombinedScore | None = None
+    """A value-of-information cascade's score without ESI (``--cascade``), refitted on all."""
+    free_p_wrong: list[float] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    """Its out-of-fold ``p_wrong``, in ``p_wrong``'s order."""
+
+
+def _inputs(
+    records: Sequence[dict[str, Any]], features: Sequence[str]
+) -> tuple[list[dict[str, float]], list[HiddenStates] | None]:
+    """Each record's signals and, when ``hidden`` is asked for, its states.
+
+    ``repetition`` comes from the answer where a cache lacks it; a refusal names what is
+    missing.
+    """
+    if any(not r.get("signals") for r in records):
+        msg = (
+            "these results have no free signals (a cache from an older esi-guard?): "
+            "score them again with a new --cache to fit a combined score"
+        )
+        raise ConfigurationError(msg)
+    signals = [{"esi": float(r["score"]), "repetition": repetition(r.get("prediction") or ""),
+                **r["signals"]} for r in records]  # fmt: skip
+    names = [name for name in features if name != HIDDEN]
+    lacking = sorted({n for s in signals for n in names if n not in s})
+    if lacking:
+        msg = f"these results have no signals {lacking}: score them again with a new --cache"
+        raise ConfigurationError(msg)
+    if HIDDEN not in features:
+        return signals, None
+    if any(not r.get("hidden") for r in records):
+        msg = (
+            "these results have no hidden states: calibrate with --features ...,hidden "
+            "on a white-box backend (transformers or llama.cpp) and a new --cache"
+        )
+        raise ConfigurationError(msg)
+    return signals, [decode_states(r["hidden"]) for r in records]
+
+
+def fit_all(
+    records: Sequence[dict[str, Any]],
+    wrong: Sequence[int],
+    *,
+    seed: int,
+    features: Sequence[str] = FEATURES,
+    folds: int = 5,
+    cascade: bool = False,
+    resamples: int = 1000,
+) -> Combined:
+    """Cross-fit and select on every scored record (see the module's text).
+
+    ``cascade``: also the kept score without ESI (a value-of-information cascade's cheap
+    score), cross-fitted on the same folds and refitted on all.
+
+    Raises:
+        ConfigurationError: Records without the signals or states asked for, too few
+            answers of a class, or ``cascade`` with no feature but ESI.
+    """
+    signals, states = _inputs(records, features)
+    selection = select(signals, wrong, requested=features, states=states, folds=folds,
+                       seed=seed, resamples=resamples)  # fmt: skip
+    labels = [int(w) for w in wrong]
+    p_wrong = [float(p) for p in selection.p_wrong]
+    model = selection.model
+    report = {
+        "n_fit": len(labels), "n_select": len(labels),
+        "ece": expected_calibration_error(p_wrong, labels),
+        "auroc_p_wrong": asdict(bootstrap(auroc, p_wrong, labels, groups=selection.folds,
+                                          n_resamples=resamples)),
+        "auroc_esi": asdict(bootstrap(auroc, [s["esi"] for s in signals], labels,
+                                      n_resamples=resamples)),
+        "weights": dict(zip(model.features, model.weights, strict=True)),
+        **selection.report(),
+    }  # fmt: skip
+    _probe_report(report, model)
+    free: CombinedScore | None = None
+    free_p: list[float] = []
+    if cascade and model.uses_esi:  # else no variant is ever forced: nothing to cascade
+        free, free_p = _free(selection, features, signals, states, labels, seed)
+        report["free"] = {"features": list(free.features) + ([HIDDEN] if free.hidden else []),
+                          "auroc": asdict(bootstrap(auroc, free_p, labels, groups=selection.folds,
+                                                    n_resamples=resamples))}  # fmt: skip
+    return Combined(model, p_wrong, labels, report, list(range(len(labels))), free, free_p)
+
+
+def _free(
+    selection: Selection, features: Sequence[str], signals: list[dict[str, float]],
+    states: list[HiddenStates] | None, labels: list[int], seed: int,
+) -> tuple[CombinedScore, list[float]]:  # fmt: skip
+    """The kept score without ESI, refitted on all, and its out-of-fold ``p_wrong``.
+
+    A kept score of ESI alone gives way to the requested features less ESI.
+    """
+    cheap = selection.chosen.without("esi")
+    if cheap.empty:
+        cheap = Candidate(tuple(f for f in features if f not in ("esi", HIDDEN)),
+                          hidden=HIDDEN in features)  # fmt: skip
+    if cheap.empty:
+        msg = "--cascade needs a feature beside esi (e.g. --features esi,nll,entropy,max_nll)"
+        raise ConfigurationError(msg)
+    y = np.asarray(labels, dtype=np.float64)
+    splits = [(np.flatnonzero(selection.folds != k), np.flatnonzero(selection.folds == k))
+              for k in range(int(selection.folds.max()) + 1)]  # fmt: skip
+    oof = selection.fit_more(cheap, lambda c: out_of_fold(signals, y, states, c, splits,
+                                                          seed=seed))  # fmt: skip
+    model = fit_combined(signals, labels, features=cheap.features, seed=seed,
+                         hidden=states if cheap.hidden else None)  # fmt: skip
+    return model, [float(p) for p in oof]
+
+
+def _probe_report(report: dict[str, Any], model: CombinedScore) -> None:
+    if model.hidden is not None:
+        probe = model.hidden
+        report["probe"] = {"layers": list(probe.layers), "positions": list(probe.positions),
+                           "components": probe.components, "strength": model.strength,
+                           "selection": probe.selection}  # fmt: skip
 
 
 def fit_on_part(
@@ -89,27 +222,8 @@ def fit_on_part(
     if not 0.0 < fraction < 1.0:
         msg = f"--fit-fraction must lie strictly between 0 and 1, got {fraction}"
         raise ConfigurationError(msg)
-    if any(not r.get("signals") for r in records):
-        msg = (
-            "these results have no free signals (a cache from an older esi-guard?): "
-            "score them again with a new --cache to fit a combined score"
-        )
-        raise ConfigurationError(msg)
     names = [name for name in features if name != HIDDEN]
-    lacking = sorted({n for r in records for n in names if n != "esi" and n not in r["signals"]})
-    if lacking:
-        msg = f"these results have no signals {lacking}: score them again with a new --cache"
-        raise ConfigurationError(msg)
-    states = None
-    if HIDDEN in features:
-        if any(not r.get("hidden") for r in records):
-            msg = (
-                "these results have no hidden states: calibrate with --features ...,hidden "
-                "on a white-box backend (transformers or llama.cpp) and a new --cache"
-            )
-            raise ConfigurationError(msg)
-        states = [decode_states(r["hidden"]) for r in records]
-    signals = [{"esi": float(r["score"]), **r["signals"]} for r in records]
+    signals, states = _inputs(records, features)
     try:
         fit, held = train_test_split(list(range(len(records))), train_size=fraction,
                                      stratify=list(wrong), random_state=seed)  # fmt: skip
@@ -129,9 +243,6 @@ def fit_on_part(
         "auroc_esi": asdict(bootstrap(auroc, esi, labels)),
         "weights": dict(zip(model.features, model.weights, strict=True)),
     }  # fmt: skip
-    if model.hidden is not None:
-        probe = model.hidden
-        report["probe"] = {"layers": list(probe.layers), "positions": list(probe.positions),
-                           "components": probe.components, "strength": model.strength,
-                           "selection": probe.selection}  # fmt: skip
+    _probe_report(report, model)
+    report["fit"] = "split"
     return Combined(model, p_wrong, labels, report, list(held))

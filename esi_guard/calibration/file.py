@@ -80,7 +80,12 @@ class ThresholdFile(BaseModel):
     esi_probe: ESIProbe | None = None
     """With ``calibrate --esi-probe FILE``: the ESI probe of the guard's cascade."""
     probe_band: Band | None = None
-    """Its band, fitted on the calibration answers (``fitted`` holds the certificate)."""
+    """Its band, fitted on the calibration answers (``fitted`` holds the certificate); with
+    ``free_score``, the value-of-information cascade's band on that score's ``p_wrong``."""
+    free_score: CombinedScore | None = None
+    """With ``calibrate --score combined --cascade``: the combined score refitted without
+    ESI, the cheap score of a value-of-information cascade (ESI runs only where it falls
+    inside ``probe_band``, and ``combined`` decides there)."""
 
     def write(self, path: str | Path) -> None:
         """Write as indented JSON."""

@@ -140,8 +140,8 @@ def _label(
     )  # fmt: skip
     for (record, _), ok in zip(usable, right, strict=True):
         record["labels"] = {**record.get("labels", {}), labeller.name: bool(ok)}
-    return (
-        [float(r["score"]) for r, _ in usable],
+    return (  # an answer decided without ESI (decided_by "free") on its p_wrong
+        [float(r["p_wrong"] if r["score"] is None else r["score"]) for r, _ in usable],
         [int(not ok) for ok in right],
         len(records) - len(usable),
     )

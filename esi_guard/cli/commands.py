@@ -20,7 +20,7 @@ import importlib
 import math
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,7 +31,7 @@ from esi_guard import __version__
 from esi_guard.backends.adapters import auto_engine, local_backend
 from esi_guard.backends.base import FINAL, Backend, HiddenSpec
 from esi_guard.calibration import labels as label_methods
-from esi_guard.calibration.combining import Combined, fit_on_part, parse_features
+from esi_guard.calibration.combining import Combined, parse_features
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
 from esi_guard.calibration.thresholds import (
@@ -47,6 +47,7 @@ from esi_guard.calibration.thresholds import (
     risk_tests,
 )
 from esi_guard.cli._cascade import fit_cascade, read_probe
+from esi_guard.cli._combined import CROSS_FITTED, fit_run, value_band
 from esi_guard.cli._options import (
     AnswersField,
     AnswersSep,
@@ -300,13 +301,20 @@ def calibrate(
         typer.Option(help="esi, or combined: P(wrong) from ESI and the answer's free signals."),
     ] = ScoreName.esi,
     fit_fraction: Annotated[
-        float,
-        typer.Option(help="Combined: share of the answers it is fitted on (the rest choose)."),
-    ] = 0.5,
+        float | None,
+        typer.Option(help="Combined: fit on this share of the answers, choose the threshold "
+                     "on the rest (default: cross-fit on all, choose out of fold)."),
+    ] = None,
+    cascade: Annotated[
+        bool,
+        typer.Option("--cascade", help="Combined with esi: also fit it without ESI and the "
+                     "band where ESI can change the decision; the guard runs ESI only there."),
+    ] = False,
     features: Annotated[
         str,
-        typer.Option(help="Combined: its signals, of esi, nll, entropy, max_nll, and hidden "
-                     "(a probe on the model's hidden states; transformers or llama.cpp)."),
+        typer.Option(help="Combined: its signals, of esi, nll, entropy, max_nll, repetition, "
+                     "and hidden (a probe on the model's hidden states; transformers or "
+                     "llama.cpp); cross-fitting keeps those that pay."),
     ] = ",".join(FEATURES),
 ) -> None:  # fmt: skip
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
@@ -320,8 +328,18 @@ def calibrate(
         names = parse_features(features)
     except ESIGuardError as exc:
         fail(str(exc))
-    if names != FEATURES and score is not ScoreName.combined:
-        fail("--features is for --score combined")
+    if score is not ScoreName.combined:
+        for given, option in (
+            (names != FEATURES, "--features"),
+            (cascade, "--cascade"),
+            (fit_fraction is not None, "--fit-fraction"),
+        ):
+            if given:
+                fail(f"{option} is for --score combined")
+    if cascade and (esi_probe is not None or fit_fraction is not None):
+        fail(
+            "--cascade cross-fits its band on every answer: not with --esi-probe or --fit-fraction"
+        )
     probe = None if esi_probe is None else read_probe(esi_probe)
     hidden = HIDDEN in names or probe is not None
     request = {
@@ -343,7 +361,8 @@ def calibrate(
     metrics = report(run, data, resamples)
     combined = None
     if score is ScoreName.combined:
-        combined = _combined(run, fit_fraction, seed or 0, names)
+        combined = fit_run(run, fit_fraction, seed or 0, names, cascade=cascade,
+                           resamples=resamples)  # fmt: skip
         scores, wrong = combined.p_wrong, combined.wrong  # the threshold is chosen on these
     _warn_if_small(len(scores), select, alpha, delta)
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
@@ -359,7 +378,16 @@ def calibrate(
                                 stop_delta)  # fmt: skip
     dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
                           n=len(run.examples), limit=limit, seed=seed or 0)  # fmt: skip
+    if combined is not None and choice.guarantee and combined.report["fit"] == "cross":
+        statement = choice.guarantee["statement"] + CROSS_FITTED
+        choice = replace(choice, guarantee={**choice.guarantee, "statement": statement})
     result = _threshold_file(run, choice, metrics, combined, sequential, dataset)
+    if cascade and combined is not None and combined.free is None:
+        console.print(f"no cascade: the kept score ({combined.report['chosen']}) reads no "
+                      "ESI, so its guard forces no variant on any answer")  # fmt: skip
+    elif cascade and combined is not None:
+        result = result.model_copy(update=value_band(combined, choice.threshold,
+                                                     max_disagreement, stop_delta))  # fmt: skip
     if probe is not None:
         result = result.model_copy(update=fit_cascade(
             run, probe, choice.threshold, combined, max_disagreement, stop_delta))  # fmt: skip
@@ -453,30 +481,6 @@ def _plot(
                                       " (no threshold line: no threshold qualified)"))  # fmt: skip
 
 
-def _combined(run: Run, fraction: float, seed: int, features: tuple[str, ...]) -> Combined:
-    """Fit the combined score on part of the run; say how it does on the rest."""
-    try:
-        combined = fit_on_part([r for r in run.records if r["scored"]], run.wrong,
-                               fraction=fraction, seed=seed, features=features)  # fmt: skip
-    except ESIGuardError as exc:
-        fail(str(exc))
-    report = combined.report
-    if "probe" in report:
-        probe = report["probe"]
-        console.print(
-            f"hidden-state probe: layer {probe['layers'][0]} (-1: the final norm's output), "
-            f"{'+'.join(probe['positions'])}, {probe['components']} PCA components, L2 "
-            f"{probe['strength']:g}, chosen by cross-validation on the fitting answers"
-        )
-    console.print(
-        f"combined score: fitted on {report['n_fit']} answers; on the other "
-        f"{report['n_select']} (threshold chosen there): ECE {report['ece']:.3f}, AUROC "
-        f"[95% CI] P(wrong) {Estimate(**report['auroc_p_wrong'])} vs ESI "
-        f"{Estimate(**report['auroc_esi'])}"
-    )
-    return combined
-
-
 def _select(
     select: Selection, scores: list[float], wrong: list[int], *, alpha: float, delta: float,
     coverage: float,
@@ -526,7 +530,7 @@ def evaluate(
         **_model_request(model, api_base, api_mode, device, runner, chat_template, dtype),
         "threshold": calibrated.model_dump(mode="json",
                                            include={"scoring", "sequential", "combined",
-                                                    "esi_probe", "probe_band"}),
+                                                    "esi_probe", "probe_band", "free_score"}),
     }  # fmt: skip
     run = score_run(
         lambda: ESIGuard.from_calibration(
@@ -540,7 +544,11 @@ def evaluate(
         batch_size=batch_size, template=calibrated.scoring.prompt_template,
     )  # fmt: skip
     scores, wrong = run.scores, run.wrong
-    report(run, data, resamples)
+    if all(r["score"] is not None for r in run.records if r["scored"]):
+        report(run, data, resamples)
+    else:  # some decided without ESI: there is no ESI score to report on
+        console.print(f"{data_name(data)}: n={len(wrong)}, accuracy "
+                      f"{1 - sum(wrong) / len(wrong):.3f}, labels {run.labeller.name}")  # fmt: skip
     if calibrated.combined is not None:  # the threshold is on P(wrong)
         scores = [float(r["p_wrong"]) for r in run.records if r["scored"]]
         ece = expected_calibration_error(scores, wrong)
@@ -556,10 +564,12 @@ def evaluate(
     if calibrated.guarantee:
         console.print(f"calibrated guarantee: {calibrated.guarantee['statement']}")
     paths = [r["decided_by"] for r in run.records if r.get("decided_by")]
-    if paths:
+    if paths and calibrated.combined is not None and not calibrated.combined.uses_esi:
+        console.print(f"no ESI: {len(paths)} answers decided on P(wrong), no variant forced")
+    elif paths:
         console.print(
             f"cascade: full ESI ran on {paths.count('esi')} of {len(paths)} answers "
-            f"({paths.count('esi') / len(paths):.1%}); the probe decided the others"
+            f"({paths.count('esi') / len(paths):.1%}); the cheap score decided the others"
         )
 
 

@@ -94,6 +94,9 @@ def file_settings(
     settings["threshold"] = calibrated.threshold
     if calibrated.combined is not None:
         settings["combined"] = calibrated.combined
+    if calibrated.free_score is not None:
+        settings["free_score"] = given.pop("free_score", calibrated.free_score)
+        settings["probe_band"] = given.pop("probe_band", calibrated.probe_band)
     if calibrated.esi_probe is not None:
         settings["esi_probe"] = given.pop("esi_probe", calibrated.esi_probe)
         settings["probe_band"] = given.pop("probe_band", calibrated.probe_band)
@@ -131,7 +134,9 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
         )
         raise ConfigurationError(msg)
     other_engine = engine_difference(calibrated, guard.backend, settings.where)
-    probe = calibrated.combined is not None and calibrated.combined.hidden is not None
+    probe = any(
+        c is not None and c.hidden is not None for c in (calibrated.combined, calibrated.free_score)
+    )
     if other_engine is not None and probe:
         msg = (
             f"{settings.where} holds a hidden-state probe fitted on the {calibrated.engine} "

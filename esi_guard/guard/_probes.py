@@ -114,6 +114,14 @@ def check_hidden(backend: Backend, combined: CombinedScore | None, keep: HiddenS
 
 def cascade_of(guard: Any) -> Cascade | None:
     """The cascade of an ``ESIGuard`` (its ``esi_probe``, ``probe_band``...); None: none."""
+    combined = guard.combined
+    if combined is not None and not combined.uses_esi and (guard.esi_probe or guard.free_score):
+        msg = (
+            "the combined score reads no ESI: a cascade (esi_probe, free_score) has no ESI to spare"
+        )
+        raise ConfigurationError(msg)
+    if guard.free_score is not None:
+        return _free_cascade(guard)
     if guard.esi_probe is None:
         if guard.probe_band is not None:
             msg = "probe_band needs an esi_probe (esi-guard distill writes one)"
@@ -126,3 +134,26 @@ def cascade_of(guard: Any) -> Cascade | None:
                        scoring=guard.scoring_config, threshold=guard.threshold,
                        combined=guard.combined,
                        max_disagreement=guard.probe_disagreement)  # fmt: skip
+
+
+def _free_cascade(guard: Any) -> Cascade:
+    """A value-of-information cascade: ``free_score`` outside ``probe_band``, else ESI."""
+    free, band, combined = guard.free_score, guard.probe_band, guard.combined
+    if guard.esi_probe is not None:
+        msg = "free_score and esi_probe are two cascades: give one"
+        raise ConfigurationError(msg)
+    if combined is None or band is None or "esi" in free.features:
+        msg = (
+            "free_score (a combined score without esi) needs combined (with esi) and the "
+            "probe_band fitted for it: `esi-guard calibrate --score combined --cascade` writes "
+            "all three into the threshold file"
+        )
+        raise ConfigurationError(msg)
+    if not band.low <= guard.threshold <= band.high:
+        msg = (
+            f"the cascade's band [{band.low:g}, {band.high:g}] must hold the threshold "
+            f"{guard.threshold:g}"
+        )
+        raise ConfigurationError(msg)
+    check_hidden(guard.backend, free, None)
+    return Cascade(free=free, band=band, combined=combined)

@@ -175,6 +175,12 @@ class ESIGuard(BaseChatModel):
     file calibrated with ``--esi-probe`` carries one fitted on labelled answers."""
     probe_disagreement: float = Field(default=0.02, gt=0, lt=1)
     """The share of decisions a label-free band may change against full ESI."""
+    free_score: CombinedScore | None = None
+    """A value-of-information cascade's cheap score: a combined score fitted without ESI
+    (``esi-guard calibrate --score combined --cascade`` writes it, with its ``probe_band``,
+    into the threshold file). Where its ``p_wrong`` is outside ``probe_band`` it decides
+    (``decided_by="free"``, no variant forced); inside it, ESI runs and ``combined``
+    decides."""
 
     stop: list[str] | None = None
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""

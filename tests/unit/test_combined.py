@@ -84,7 +84,7 @@ def test_a_guard_with_a_combined_score_decides_on_p_wrong() -> None:
     guard = ESIGuard(backend=backend, threshold=0.5, combined=model)
     sure, unsure = (m.response_metadata["esi"] for m in guard.batch([SURE, UNSURE]))
     for esi in (sure, unsure):
-        assert set(esi["signals"]) == {"nll", "entropy", "max_nll"}
+        assert set(esi["signals"]) == {"nll", "entropy", "max_nll", "repetition"}
         assert esi["p_wrong"] == pytest.approx(
             model.p_wrong({"esi": esi["score"], **esi["signals"]})
         )
@@ -122,10 +122,17 @@ def test_calibrate_with_a_combined_score_then_evaluate(
         "--select", "coverage", "--coverage", "0.6", "--out", str(out),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "combined score: fitted on 40 answers" in result.output
+    assert "combined score: cross-fitted on all 80 answers" in result.output
     written = ThresholdFile.read(out)
     assert written.combined is not None and written.combined_report is not None
-    assert written.combined_report["n_select"] == 40 and 0 <= written.threshold <= 1
+    assert written.combined_report["n_select"] == 80 and 0 <= written.threshold <= 1
+    split = runner.invoke(cli_module.app, [
+        "calibrate", *common, "--n-variants", "4", "--cache", str(tmp_path / "c.jsonl"),
+        "--score", "combined", "--fit-fraction", "0.5",
+        "--select", "coverage", "--coverage", "0.6", "--out", str(tmp_path / "split.json"),
+    ])  # fmt: skip
+    assert split.exit_code == 0, split.output
+    assert "combined score: fitted on 40 answers; on the other 40" in split.output
     guard = ESIGuard.from_calibration(out, backend=backend)
     assert guard.combined == written.combined
     with pytest.raises(ConfigurationError, match="from the threshold file"):

@@ -168,8 +168,11 @@ def test_calibrate_fits_a_probe_with_features_hidden_and_refuses_bad_features(
     assert result.exit_code == 0, result.output
     written = ThresholdFile.read(out)
     assert written.combined is not None and written.combined.hidden is not None
-    assert written.combined.features == ("nll",)
-    assert "probe" in (written.combined_report or {})
+    report = written.combined_report or {}
+    # The fake's answers carry nothing in their nll: cross-fitting keeps the states only.
+    assert set(report["candidates"]) == {"nll", "hidden", "nll+hidden"}
+    assert report["chosen"] == "hidden" and written.combined.features == ()
+    assert "probe" in report and "kept: hidden" in result.output
     header = json.loads(cache.read_text().splitlines()[0])
     assert header["hidden_states"]["layers"] == [1, 2, FINAL]
     bad = CliRunner().invoke(cli_module.app, [*common, "--score", "combined",

@@ -1,0 +1,285 @@
+"""Cross-fitting a combined score on every labelled answer, and keeping only what pays.
+
+``esi-guard calibrate --score combined`` (without ``--fit-fraction``) uses all the
+user's answers twice over, never on the same answer at once. Each candidate set of
+features (:func:`candidates`: each requested signal alone, the hidden-state probe alone,
+all requested signals, the same without ESI, each with the probe) is fitted ``folds``
+times, each time without one stratified fold, and scores that fold: every answer gets an
+out-of-fold ``p_wrong`` from a model that never saw it (:func:`out_of_fold`). The
+candidate with the best out-of-fold AUROC is kept; among those within ``tolerance`` of
+it, the cheapest (no ESI before ESI, no states before states, fewer signals before
+more), so a probe or ESI that does not pay on the user's data is left out, and the
+choice is never worse out of fold than the best single signal, which is a candidate.
+Refitted on every answer, it is the file's score; the threshold is chosen on its
+out-of-fold ``p_wrong``.
+
+Each feature's contribution is the paired out-of-fold AUROC difference of the kept set
+with and without it (ESI's always, when asked for: the kept set with ESI against the
+same without), with a 95% bootstrap interval; one that holds 0 is a tie. AUROC over
+cross-fitted scores is taken within each fold and averaged (scores of different fitted
+models are never ranked against each other), as
+:func:`~esi_guard.calibration.metrics.bootstrap` does with ``groups``.
+
+Pure: numpy and scikit-learn, no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from esi_guard.backends.hidden import HiddenStates
+from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_difference
+from esi_guard.combined import HIDDEN, CombinedScore, fit_combined
+from esi_guard.exceptions import ConfigurationError
+
+__all__ = ["Candidate", "Selection", "candidates", "out_of_fold", "select"]
+
+TOLERANCE = 0.005
+"""Out-of-fold AUROC a cheaper candidate may give up against the best one."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A set of features a combined score may read."""
+
+    features: tuple[str, ...]
+    """Scalar signals, in the requested order."""
+    hidden: bool = False
+    """With the hidden-state probe."""
+
+    @property
+    def name(self) -> str:
+        """``nll+entropy+hidden``."""
+        return "+".join((*self.features, *((HIDDEN,) if self.hidden else ())))
+
+    @property
+    def cost(self) -> tuple[bool, bool, int]:
+        """Sorts cheapest first: ESI's variants, then the states, then the signals."""
+        return ("esi" in self.features, self.hidden, len(self.features) + self.hidden)
+
+    def without(self, name: str) -> Candidate:
+        """This set less one feature."""
+        if name == HIDDEN:
+            return Candidate(self.features, hidden=False)
+        return Candidate(tuple(f for f in self.features if f != name), self.hidden)
+
+    def with_(self, name: str, order: Sequence[str]) -> Candidate:
+        """This set plus one feature, signals in ``order``."""
+        if name == HIDDEN:
+            return Candidate(self.features, hidden=True)
+        wanted = {*self.features, name}
+        return Candidate(tuple(f for f in order if f in wanted), self.hidden)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """Its features, the probe as ``hidden``."""
+        return (*self.features, *((HIDDEN,) if self.hidden else ()))
+
+    @property
+    def empty(self) -> bool:
+        """Reads nothing."""
+        return not self.features and not self.hidden
+
+
+def candidates(requested: Sequence[str]) -> list[Candidate]:
+    """The feature sets a selection compares, cheapest first (see the module's text)."""
+    scalars = tuple(name for name in requested if name != HIDDEN)
+    hidden = HIDDEN in requested
+    found = [Candidate((name,)) for name in scalars]
+    if hidden:
+        found.append(Candidate((), hidden=True))
+    sets = [scalars]
+    if "esi" in scalars and len(scalars) > 1:
+        sets.append(tuple(name for name in scalars if name != "esi"))
+    for chosen in sets:
+        if len(chosen) > 1:
+            found.append(Candidate(chosen))
+        if hidden and chosen:
+            found.append(Candidate(chosen, hidden=True))
+    unique = list(dict.fromkeys(found))
+    return sorted(unique, key=lambda c: c.cost)
+
+
+def _splits(y: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.model_selection import StratifiedKFold
+
+    return list(StratifiedKFold(folds, shuffle=True, random_state=seed).split(y, y))
+
+
+def out_of_fold(
+    signals: Sequence[Mapping[str, float]],
+    y: np.ndarray,
+    states: Sequence[HiddenStates] | None,
+    candidate: Candidate,
+    splits: list[tuple[np.ndarray, np.ndarray]],
+    *,
+    seed: int = 0,
+) -> np.ndarray:
+    """Every answer's ``p_wrong`` from ``candidate`` fitted on the other folds.
+
+    Raises:
+        ConfigurationError: A fold too small to fit on (too few answers of a class).
+    """
+    p = np.empty(len(y))
+    for train, test in splits:
+        model = _fit(signals, y, states, candidate, train, seed)
+        p[test] = [_p(model, signals[i], states, i) for i in test]
+    return p
+
+
+def _fit(
+    signals: Sequence[Mapping[str, float]], y: np.ndarray, states: Sequence[HiddenStates] | None,
+    candidate: Candidate, rows: np.ndarray, seed: int,
+) -> CombinedScore:  # fmt: skip
+    labels = y[rows]
+    inner = int(min(5, labels.sum(), len(labels) - labels.sum()))
+    if inner < 2:
+        msg = f"{len(rows)} answers with {int(labels.sum())} wrong are too few to fit on"
+        raise ConfigurationError(msg)
+    hidden = None
+    if candidate.hidden:
+        assert states is not None  # select() checks
+        hidden = [states[i] for i in rows]
+    return fit_combined([signals[i] for i in rows], labels.astype(int).tolist(),
+                        features=candidate.features, hidden=hidden, folds=inner,
+                        seed=seed)  # fmt: skip
+
+
+def _p(
+    model: CombinedScore, signals: Mapping[str, float], states: Sequence[HiddenStates] | None,
+    i: int,
+) -> float:  # fmt: skip
+    return model.p_wrong(signals, None if model.hidden is None or states is None else states[i])
+
+
+@dataclass
+class Selection:
+    """What :func:`select` found: the kept score, its out-of-fold ``p_wrong``, the evidence."""
+
+    chosen: Candidate
+    model: CombinedScore
+    """The kept candidate refitted on every answer."""
+    p_wrong: np.ndarray
+    """Its out-of-fold ``p_wrong`` (what the threshold is chosen on)."""
+    folds: np.ndarray
+    """Each answer's fold (the ``groups`` of the cross-fitted AUROC)."""
+    oof: dict[str, np.ndarray] = field(default_factory=dict)
+    """Every fitted candidate's out-of-fold ``p_wrong``, by name."""
+    table: dict[str, Estimate] = field(default_factory=dict)
+    """The candidates' out-of-fold AUROC (95% bootstrap), cheapest first."""
+    contributions: dict[str, Estimate] = field(default_factory=dict)
+    """Per feature: AUROC with it minus without it, paired, out of fold."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Candidates that could not be fitted, and why."""
+
+    def report(self) -> dict[str, Any]:
+        """As the threshold file's ``combined_report`` stores it."""
+        return {
+            "fit": "cross", "n_folds": int(self.folds.max() + 1), "chosen": self.chosen.name,
+            "candidates": {name: asdict(e) for name, e in self.table.items()},
+            "contributions": {name: {**asdict(e), "verdict": verdict(e)}
+                              for name, e in self.contributions.items()},
+            "skipped": dict(self.skipped),
+        }  # fmt: skip
+
+    def fit_more(self, candidate: Candidate, fit: Any) -> np.ndarray:
+        """``candidate``'s out-of-fold ``p_wrong``, fitted now if not yet."""
+        if candidate.name not in self.oof:
+            self.oof[candidate.name] = fit(candidate)
+        return self.oof[candidate.name]
+
+
+def verdict(difference: Estimate) -> str:
+    """``gain``, ``loss`` or ``tie`` (the interval holds 0)."""
+    if difference.low > 0:
+        return "gain"
+    if difference.high < 0:
+        return "loss"
+    return "tie"
+
+
+def select(
+    signals: Sequence[Mapping[str, float]],
+    wrong: Sequence[int],
+    *,
+    requested: Sequence[str],
+    states: Sequence[HiddenStates] | None = None,
+    folds: int = 5,
+    seed: int = 0,
+    tolerance: float = TOLERANCE,
+    resamples: int = 1000,
+) -> Selection:
+    """Cross-fit every candidate of ``requested``, keep the best (cheapest near it), refit.
+
+    Raises:
+        ConfigurationError: ``hidden`` asked for without states, or too few answers of a
+            class for ``folds`` folds.
+    """
+    y = np.asarray(wrong, dtype=np.float64)
+    counts = int(y.sum()), int(len(y) - y.sum())
+    if min(counts) < max(folds, 4):
+        msg = (
+            f"cross-fitting a combined score on {folds} folds needs at least "
+            f"{max(folds, 4)} wrong and {max(folds, 4)} right answers; got {counts[0]} wrong "
+            f"and {counts[1]} right"
+        )
+        raise ConfigurationError(msg)
+    if HIDDEN in requested and states is None:
+        msg = "the hidden-state probe was asked for and the answers have no states"
+        raise ConfigurationError(msg)
+    splits = _splits(y, folds, seed)
+    fold_of = np.empty(len(y), dtype=np.int_)
+    for k, (_, test) in enumerate(splits):
+        fold_of[test] = k
+
+    def fit(candidate: Candidate) -> np.ndarray:
+        return out_of_fold(signals, y, states, candidate, splits, seed=seed)
+
+    oof: dict[str, np.ndarray] = {}
+    table: dict[str, Estimate] = {}
+    skipped: dict[str, str] = {}
+    for candidate in candidates(requested):
+        try:
+            oof[candidate.name] = fit(candidate)
+        except ConfigurationError as exc:
+            skipped[candidate.name] = str(exc)
+            continue
+        table[candidate.name] = bootstrap(auroc, oof[candidate.name], y, groups=fold_of,
+                                          n_resamples=resamples, seed=seed)  # fmt: skip
+    if not table:
+        msg = "no candidate combined score could be fitted: " + "; ".join(
+            f"{name}: {why}" for name, why in skipped.items()
+        )
+        raise ConfigurationError(msg)
+    fitted = [c for c in candidates(requested) if c.name in table]
+    best = max(table[c.name].value for c in fitted)
+    chosen = min((c for c in fitted if table[c.name].value >= best - tolerance),
+                 key=lambda c: c.cost)  # fmt: skip
+    model = _fit(signals, y, states, chosen, np.arange(len(y)), seed)
+    selection = Selection(chosen, model, oof[chosen.name], fold_of, oof, table, {}, skipped)
+    order = tuple(name for name in requested if name != HIDDEN)
+    for name in _contributors(chosen, requested):
+        bigger = chosen.with_(name, order) if name not in chosen.parts else chosen
+        smaller = bigger.without(name)
+        if smaller.empty:
+            continue
+        try:
+            a, b = selection.fit_more(bigger, fit), selection.fit_more(smaller, fit)
+        except ConfigurationError:
+            continue
+        selection.contributions[name] = paired_difference(
+            auroc, a, b, y, groups=fold_of, n_resamples=resamples, seed=seed
+        )
+    return selection
+
+
+def _contributors(chosen: Candidate, requested: Sequence[str]) -> list[str]:
+    """The features whose contribution is reported: the kept set's, and ESI's if asked for."""
+    names = list(chosen.parts) if len(chosen.parts) > 1 else []
+    if "esi" in requested and "esi" not in chosen.parts:
+        names.insert(0, "esi")
+    return names

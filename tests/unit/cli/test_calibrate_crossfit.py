@@ -1,0 +1,119 @@
+"""``calibrate --score combined`` cross-fitted on every answer, on the fake backend.
+
+Wrong answers are sensitive to the question's wording (ESI sees them), their states carry
+it (a probe sees them), and half of them loop ("Atlantis Atlantis ..."; ``repetition``
+sees those). A file whose features leave ESI out gives a guard that forces no variant;
+``--cascade`` gives one that forces variants only inside its band; both are evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from esi_guard import ESIGuard, FakeBackend
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import commands as cli_module
+
+LOOP = "Atlantis Atlantis Atlantis Atlantis Atlantis"
+
+
+@pytest.fixture
+def setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeBackend, Path, list[str]]:
+    questions, answers, levels, rows = [], {}, {}, []
+    for i in range(90):
+        question = f"Which capital city does the country number {i} have today?"
+        wrong = i % 3 == 0
+        answers[question] = (LOOP if i % 2 else "Atlantis") if wrong else f"city{i}"
+        levels[question] = 0.9 if wrong else 0.1
+        rows.append({"question": question, "answer": f"city{i}"})
+        questions.append(question)
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    backend = FakeBackend(answers, sensitivity=levels)
+    monkeypatch.setattr(cli_module, "_backend", lambda *args: backend)
+    return backend, data, questions
+
+
+def calibrate(data: Path, out: Path, *options: str) -> str:
+    result = CliRunner().invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--n-variants", "4", "--resamples", "50",
+        "--score", "combined", "--select", "youden", "--out", str(out),
+        "--cache", str(out.with_suffix(".jsonl")), *options,
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def forced_requests(backend: FakeBackend) -> int:
+    return sum(size for method, size in backend.calls if method == "teacher_force")
+
+
+def test_a_file_without_esi_gives_a_guard_that_forces_no_variant(
+    setting: tuple[FakeBackend, Path, list[str]], tmp_path: Path
+) -> None:
+    backend, data, questions = setting
+    out = tmp_path / "free.json"
+    said = calibrate(data, out, "--features", "nll,entropy,max_nll,hidden")
+    assert "cross-fitted on all 90 answers" in said and "out-of-fold AUROC" in said
+    written = ThresholdFile.read(out)
+    assert written.combined is not None and not written.combined.uses_esi
+    report = written.combined_report or {}
+    assert report["fit"] == "cross" and report["chosen"].endswith("hidden")
+    backend.calls.clear()
+    guard = ESIGuard.from_calibration(out, backend=backend)
+    results = [m.response_metadata["esi"] for m in guard.batch(questions[:30])]
+    assert forced_requests(backend) == 0
+    assert {r["decided_by"] for r in results} == {"free"}
+    assert all(r["score"] is None and r["p_wrong"] is not None for r in results)
+    decisions = [r["decision"] != "accept" for r in results]
+    assert decisions == [i % 3 == 0 for i in range(30)]  # the states tell them apart
+    evaluated = CliRunner().invoke(cli_module.app, [
+        "evaluate", "--threshold", str(out), "--data", str(data), "--resamples", "50",
+        "--cache", str(tmp_path / "e.jsonl"),
+    ])  # fmt: skip
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "no variant forced" in evaluated.output and "P(wrong): AUROC" in evaluated.output
+
+
+def test_selection_keeps_what_pays_and_says_what_each_feature_adds(
+    setting: tuple[FakeBackend, Path, list[str]], tmp_path: Path
+) -> None:
+    _, data, _ = setting
+    out = tmp_path / "t.json"
+    said = calibrate(data, out, "--features", "esi,nll,repetition")
+    report = ThresholdFile.read(out).combined_report or {}
+    # ESI alone tells every wrong answer apart: nothing else is kept beside it.
+    assert report["chosen"] == "esi"
+    assert set(report["candidates"]) == {"esi", "nll", "repetition", "esi+nll+repetition",
+                                         "nll+repetition"}  # fmt: skip
+    assert report["candidates"]["esi"]["value"] == pytest.approx(1.0)
+    assert report["candidates"]["repetition"]["value"] > 0.7  # the loops
+    assert "kept: esi" in said and "left out: nll, repetition" in said
+
+
+def test_the_value_cascade_forces_variants_only_inside_its_band(
+    setting: tuple[FakeBackend, Path, list[str]], tmp_path: Path
+) -> None:
+    backend, data, questions = setting
+    out = tmp_path / "cascade.json"
+    said = calibrate(data, out, "--features", "esi,nll,repetition", "--cascade",
+                     "--max-disagreement", "0.1")  # fmt: skip
+    assert "cascade: ESI runs where the no-ESI P(wrong) is in" in said
+    written = ThresholdFile.read(out)
+    assert written.free_score is not None and not written.free_score.uses_esi
+    band = written.probe_band
+    assert band is not None and band.fitted is not None and band.fitted["bound"] <= 0.1
+    backend.calls.clear()
+    guard = ESIGuard.from_calibration(out, backend=backend)
+    results = [m.response_metadata["esi"] for m in guard.batch(questions[:30])]
+    paths = [r["decided_by"] for r in results]
+    assert forced_requests(backend) == paths.count("esi")
+    assert "free" in paths and "esi" in paths
+    for i, r in enumerate(results):
+        if r["decided_by"] == "free":  # outside the band: the loops, on the free signals
+            assert not band.low <= r["p_wrong"] <= band.high and r["variants_used"] == 0
+        assert (r["decision"] != "accept") == (i % 3 == 0)
