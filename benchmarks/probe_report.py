@@ -37,7 +37,7 @@ from esi_guard.calibration.metrics import (
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.combined import FEATURES, fit_combined
+from esi_guard.combined import FEATURES, fit_combined, repetition
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,6 +52,8 @@ FREE = ("NLL (greedy)", "mean token entropy", "max token NLL")
 """What a user gets free with the answer: the best of them on each set is the baseline."""
 COMBINED, HIDDEN_PROBE, WITH_HIDDEN = "combined", "hidden probe", "combined + hidden"
 FINAL_ONLY = "final layer only (combined + hidden)"
+NO_ESI = "free + hidden (no ESI)"
+"""The probe and the free signals without ESI: what ESI adds beside them (issue 50)."""
 BEFORE = "hidden probe, before answering"
 COVERAGE = 0.8
 """The share of answerable questions the abstain-before-generating guard keeps."""
@@ -72,6 +74,7 @@ FITTED = {
     HIDDEN_PROBE: Method((), "window"),
     WITH_HIDDEN: Method(FEATURES, "window"),
     FINAL_ONLY: Method(FEATURES, "final"),
+    NO_ESI: Method(("nll", "entropy", "max_nll"), "window"),
 }
 """The fitted scores on every set; :data:`BEFORE` joins them on SQuAD 2.0."""
 
@@ -112,7 +115,9 @@ def usable(cache_dir: Path, name: str) -> Run:
     c = load(cache_dir, name)
     keep = [i for i, r in enumerate(c.records) if all(k in r["scores"] for k in RAW.values())]
     states = c.states()
-    return Run(name, _header(cache_dir, name), [c.records[i]["scores"] for i in keep],
+    signals = [{**c.records[i]["scores"], "repetition": repetition(c.records[i]["answer"])}
+               for i in keep]  # fmt: skip
+    return Run(name, _header(cache_dir, name), signals,
                [states[i] for i in keep], {k: v[keep] for k, v in c.labels.items()},
                np.array([c.records[i]["seconds"].get("generate", 0.0) for i in keep]),
                c.spec)  # fmt: skip
@@ -219,7 +224,20 @@ def _set_records(
             records.append({**common, "method": f"{first} - {label}", "versus": second,
                             "paired": True, "auroc_difference": diff.value, "low": diff.low,
                             "high": diff.high})  # fmt: skip
+    records += _esi_adds(scores, y, common)
     return records
+
+
+def _esi_adds(
+    scores: dict[str, np.ndarray], y: np.ndarray, common: dict[str, Any],
+    groups: np.ndarray | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """What ESI adds beside the probe and the free signals: combined + hidden - no ESI."""
+    diff = paired_difference(auroc, scores[WITH_HIDDEN], scores[NO_ESI], y,
+                             n_resamples=RESAMPLES, groups=groups)  # fmt: skip
+    return [{**common, "method": f"{WITH_HIDDEN} - {NO_ESI}", "versus": NO_ESI,
+             "paired": True, "auroc_difference": diff.value, "low": diff.low,
+             "high": diff.high}]  # fmt: skip
 
 
 def _best_free(scores: dict[str, np.ndarray], y: np.ndarray) -> str:
@@ -271,6 +289,10 @@ def _pooled(sets: list[tuple[Run, dict[str, np.ndarray]]], model: str) -> list[d
                             "sets": [run.name for run, _ in sets], "n": len(y),
                             "auroc_difference": diff.value, "low": diff.low,
                             "high": diff.high})  # fmt: skip
+    pooled = {m: np.concatenate([s[m] for _, s in sets]) for m in (WITH_HIDDEN, NO_ESI)}
+    records += _esi_adds(pooled, y, {"dataset": f"pooled closed-book ({model})", "probe": True,
+                                     "pooled": True, "n": len(y),
+                                     "sets": [run.name for run, _ in sets]}, groups)  # fmt: skip
     return records
 
 
@@ -381,7 +403,7 @@ def _difference(record: dict[str, Any]) -> str:
         return "n/a"
     verdict = "tie" if low <= 0 <= high else ("win" if low > 0 else "loss")
     versus = record.get("versus")
-    named = f" (vs {versus})" if versus and versus != COMBINED else ""
+    named = f" (vs {versus})" if versus and versus not in (COMBINED, NO_ESI) else ""
     return f"{value:+.3f} [{low:+.2f}, {high:+.2f}] {verdict}{named}"
 
 

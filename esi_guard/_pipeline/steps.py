@@ -509,9 +509,12 @@ class Pipeline:
         except ScoringError as exc:
             return self.rule.result(item, None, reason(exc))
         rows = len(changed) + (forced.original is not None) + (context is not None)
-        signals = free_signals(
-            base, item.answer_ids, self.backend.values_kind, esi.alphas, text=item.answer
-        )
+        # The free signals from the answer's own pass where it has one: what a guard that
+        # decides without ESI reads (a forcing copy's numbers differ from the generator's).
+        own = item.original if item.original is not None else base
+        alphas = esi.alphas if own is base else None
+        signals = free_signals(own, item.answer_ids, self.backend.values_kind, alphas,
+                               text=item.answer)  # fmt: skip
         hidden = item.hidden if item.hidden is not None else forced.hidden
         result = self.rule.result(
             item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals,

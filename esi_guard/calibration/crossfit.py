@@ -212,8 +212,11 @@ def select(
     seed: int = 0,
     tolerance: float = TOLERANCE,
     resamples: int = 1000,
+    explain: bool = True,
 ) -> Selection:
     """Cross-fit every candidate of ``requested``, keep the best (cheapest near it), refit.
+
+    ``explain``: also each feature's contribution (more candidates to cross-fit).
 
     Raises:
         ConfigurationError: ``hidden`` asked for without states, or too few answers of a
@@ -262,7 +265,7 @@ def select(
     model = _fit(signals, y, states, chosen, np.arange(len(y)), seed)
     selection = Selection(chosen, model, oof[chosen.name], fold_of, oof, table, {}, skipped)
     order = tuple(name for name in requested if name != HIDDEN)
-    for name in _contributors(chosen, requested):
+    for name in _contributors(chosen, requested) if explain else []:
         bigger = chosen.with_(name, order) if name not in chosen.parts else chosen
         smaller = bigger.without(name)
         if smaller.empty:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -109,3 +110,48 @@ def test_another_model_engine_or_an_api_backend_is_refused(
     api = OpenAIBackend(raw["model"], base_url="http://127.0.0.1:9/v1", mode="chat")
     with pytest.raises(ConfigurationError, match="gives no hidden states"):
         ESIGuard.from_calibration(out, backend=api)
+
+
+def test_a_file_without_esi_decides_with_no_variant_forced(
+    calibrated: tuple[Path, Path], white_box: Backend, shared_data: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``--features nll,entropy,max_nll,hidden`` on the same answers (the cache: no model
+    call), then the guard: the backend's forcing is never called, and each answer's
+    ``p_wrong`` is the file's score of its own signals and states."""
+    first, cache = calibrated
+    out = first.with_name("free.json")
+    monkeypatch.setattr(cli_module, "_backend", lambda *args: white_box)
+    result = CliRunner().invoke(cli_module.app, [
+        "calibrate", "--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "64",
+        "--cache", str(cache), *SCORING, "--score", "combined",
+        "--features", "nll,entropy,max_nll,hidden", "--select", "coverage",
+        "--coverage", "0.7", "--resamples", "100", "--out", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "no model loaded" in " ".join(result.output.split())
+    written = ThresholdFile.read(out)
+    combined = written.combined
+    assert combined is not None and not combined.uses_esi
+    guard = ESIGuard.from_calibration(out, backend=white_box)
+    calls: list[int] = []
+    real = white_box.teacher_force
+
+    def counted(requests: Any, **kwargs: Any) -> Any:
+        calls.append(len(requests))
+        return real(requests, **kwargs)
+
+    monkeypatch.setattr(white_box, "teacher_force", counted)
+    records = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
+    scored = [r for r in records if r["scored"]][:4]
+    system = written.scoring.system_prompt
+    messages = guard.batch([[("system", system), ("human", r["question"])] for r in scored])
+    assert calls == []  # no variant, not even the original row: the answer's own pass
+    for record, message in zip(scored, messages, strict=True):
+        esi = message.response_metadata["esi"]
+        assert esi["decided_by"] == "free" and esi["score"] is None and esi["variants"] == []
+        assert esi["answer"] == record["prediction"]
+        states = decode_states(record["hidden"]) if combined.hidden is not None else None
+        expected = combined.p_wrong(record["signals"], states)
+        assert esi["p_wrong"] == pytest.approx(expected, rel=1e-5)
+        assert esi["decision"] == ("accept" if esi["p_wrong"] <= written.threshold else "flag")
