@@ -115,7 +115,7 @@ def usable(cache_dir: Path, name: str) -> Run:
     c = load(cache_dir, name)
     keep = [i for i, r in enumerate(c.records) if all(k in r["scores"] for k in RAW.values())]
     states = c.states()
-    signals = [{**c.records[i]["scores"], "repetition": repetition(c.records[i]["answer"])}
+    signals = [{**c.records[i]["scores"], "repetition": repetition(c.records[i].get("answer", ""))}
                for i in keep]  # fmt: skip
     return Run(name, _header(cache_dir, name), signals,
                [states[i] for i in keep], {k: v[keep] for k, v in c.labels.items()},

@@ -262,7 +262,12 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
                 )
                 while len(self._raised) > KEPT_RAISED:
                     self._raised.popitem(last=False)
-            msg = f"the agent's answer scored {result.score:.4g} > threshold {result.threshold}"
+            decided = ("p_wrong", result.p_wrong) if result.p_wrong is not None else (
+                "ESI", result.score)  # fmt: skip
+            msg = (
+                f"the agent's answer's {decided[0]} is {decided[1]:.4g} > threshold "
+                f"{result.threshold}"
+            )
             raise UncertainAnswerError(msg, result=result, answer=message)
         content = self._options["abstain_message"] if result.decision == "abstain" else None
         return _with(response, message, _meta(result), content=content)

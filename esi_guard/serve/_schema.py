@@ -187,11 +187,19 @@ def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
 
 
 def esi_headers(info: dict[str, Any]) -> dict[str, str]:
-    """``X-ESI-Score`` (``none`` when unscored), ``X-ESI-Decision``, and any warnings'."""
-    score = info.get("score")
-    shown = "none" if score is None or not math.isfinite(score) else f"{score:.6f}"
-    headers = {"X-ESI-Score": shown, "X-ESI-Decision": str(info["decision"])}
+    """``X-ESI-Score`` (``none`` when unscored), ``X-ESI-Decision``, and any warnings'.
+
+    With a combined score, ``X-ESI-P-Wrong`` too (the number decided on; a guard without
+    ESI has no ESI score: its ``X-ESI-Score`` is ``none`` while its answer is scored).
+    """
+    headers = {"X-ESI-Score": _shown(info.get("score")), "X-ESI-Decision": str(info["decision"])}
+    if info.get("p_wrong") is not None:
+        headers["X-ESI-P-Wrong"] = _shown(info["p_wrong"])
     return headers | warning_headers(info.get("warnings", ()))
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None or not math.isfinite(value) else f"{value:.6f}"
 
 
 def warning_headers(warnings: Sequence[str]) -> dict[str, str]:
