@@ -28,7 +28,14 @@ from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_files
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.prompts import run_prompts
-from esi_guard.cli.runner import complete_cache, run_header, score_examples, write_labels
+from esi_guard.cli.runner import (
+    complete_cache,
+    donor_cache,
+    fill_states,
+    run_header,
+    score_examples,
+    write_labels,
+)
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig
@@ -147,6 +154,41 @@ def _label(
     )
 
 
+def _reuse(
+    guard: ESIGuard, examples: list[Example], header: dict[str, Any], source: Source,
+    request: dict[str, Any], digest: str, given: Path | None, cache: Path,
+    system: str | None, template: str | None, batch_size: int,
+) -> Path:  # fmt: skip
+    """A run that keeps hidden states reuses a run without them: only the states computed.
+
+    The donor: the cache this command wrote without ``--features ...,hidden`` (its default
+    path), or ``--cache`` itself when it holds that run (the states' run then goes beside
+    it, ``-hidden`` added to its name). Returns the cache the run writes to.
+    """
+    plain = {key: value for key, value in request.items() if key != "hidden_states"}
+    paths = [p for p in (given, _default_cache(source.data, plain, digest)) if p is not None]
+    found = donor_cache(paths, header)
+    if found is None:
+        return cache
+    donor_path, donor = found
+    if donor_path == cache:
+        cache = _beside(cache)
+    written = fill_states(guard, examples, donor, cache=cache, header=header,
+                          system_prompt=system, template=template,
+                          batch_size=batch_size)  # fmt: skip
+    if written:
+        console.print(
+            f"{written} answers and their scores reused from {donor_path}: only their "
+            f"hidden states computed (no variant forced); the run continues in {cache}"
+        )
+    return cache
+
+
+def _beside(cache: Path) -> Path:
+    """Where a run keeping hidden states writes when ``--cache`` holds the run without."""
+    return cache.with_name(f"{cache.stem}-hidden{cache.suffix}")
+
+
 class Run(NamedTuple):
     """A QA set scored by a guard and labelled: what the commands report and choose on."""
 
@@ -211,14 +253,22 @@ def score_run(
         if any(not e.answerable for e in examples):
             the_labeller = label_methods.Declines(the_labeller)
         request = {**request, "system_prompt": system, "prompt_template": template}
+        given = cache
         cache = cache or _default_cache(source.data, request, digest)
         found = complete_cache(cache, request, digest, len(examples))
+        if found is None and given is not None and request.get("hidden_states"):
+            beside = _beside(given)  # where a run reusing --cache's answers wrote
+            found = complete_cache(beside, request, digest, len(examples))
+            cache = beside if found is not None else cache
         if found is not None:
             header, records = found
             console.print(f"all {len(records)} examples found in {cache}: no model loaded")
         else:
             the_guard = guard()
             header = run_header(the_guard, digest, system, template, request)
+            if "hidden_states" in header:
+                cache = _reuse(the_guard, examples, header, source, request, digest, given,
+                               cache, system, template, batch_size)  # fmt: skip
             records = _score(the_guard, examples, cache=cache, header=header, system=system,
                              template=template, batch_size=batch_size)  # fmt: skip
             console.print(f"per-example results: {cache}")

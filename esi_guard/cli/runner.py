@@ -28,6 +28,7 @@ from langchain_core.runnables import Runnable
 
 from esi_guard.calibration.combining import encode_states
 from esi_guard.calibration.data import Example
+from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig
@@ -36,6 +37,8 @@ __all__ = [
     "CACHE_KIND",
     "CACHE_VERSION",
     "complete_cache",
+    "donor_cache",
+    "fill_states",
     "run_header",
     "score_examples",
     "scoring_config",
@@ -210,13 +213,7 @@ def score_examples(
             out.write("\n")  # end a line a kill cut short, so the next record starts clean
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
-            if template is None:
-                inputs: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
-                messages = guard.batch(inputs, return_exceptions=True)
-            else:
-                inputs = [_variables(examples[i]) for i in chunk]
-                runnable = _templated(guard, system_prompt, template)
-                messages = runnable.batch(inputs, return_exceptions=True)
+            messages = _answer(guard, examples, chunk, system_prompt, template)
             for index, message in zip(chunk, messages, strict=True):
                 record = _record(index, examples[index], message)
                 done[index] = record
@@ -225,6 +222,79 @@ def score_examples(
             if on_batch is not None:
                 on_batch(len(chunk))
     return [done[i] for i in range(len(examples))]
+
+
+def _answer(
+    guard: ESIGuard, examples: Sequence[Example], chunk: Sequence[int],
+    system_prompt: str | None, template: str | None,
+) -> list[Any]:  # fmt: skip
+    """The guard's messages (or exceptions) for the examples ``chunk``, asked as a run asks."""
+    if template is None:
+        inputs: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
+        return guard.batch(inputs, return_exceptions=True)
+    runnable = _templated(guard, system_prompt, template)
+    return runnable.batch([_variables(examples[i]) for i in chunk], return_exceptions=True)
+
+
+_READER = CombinedScore(features=("nll",), mean=(0.0,), scale=(1.0,), weights=(0.0,),
+                        intercept=0.0, strength=0.0, n_fit=0)  # fmt: skip
+"""A combined score that reads no ESI: a guard with it answers and reads the states
+without forcing any variant (:func:`fill_states`; its decision is not used)."""
+
+
+def donor_cache(
+    paths: Sequence[Path], header: dict[str, Any]
+) -> tuple[Path, dict[int, dict[str, Any]]] | None:
+    """A cache of the same run without hidden states (the first of ``paths`` that is one).
+
+    The same model, engine, scoring and data as ``header`` (a run that keeps states), its
+    ``hidden_states`` aside: its answers and scores are what that run would compute.
+    """
+    wanted = {k: v for k, v in _identity(header).items() if k != "hidden_states"}
+    for path in paths:
+        found = _load(path) if path.exists() else None
+        if found is not None and _identity(found[0]) == wanted:
+            return path, found[1]
+    return None
+
+
+def fill_states(
+    guard: ESIGuard,
+    examples: Sequence[Example],
+    donor: dict[int, dict[str, Any]],
+    *,
+    cache: Path,
+    header: dict[str, Any],
+    system_prompt: str | None = None,
+    template: str | None = None,
+    batch_size: int = 8,
+) -> int:
+    """Write ``donor``'s scored records into ``cache`` with their hidden states added.
+
+    Each answer is generated again with its states read (no variant forced: ESI and the
+    signals are the donor's); one whose answer comes out otherwise is left for full
+    scoring. Returns how many records were written.
+    """
+    done = _read_cache(cache, header)
+    todo = [i for i, r in sorted(donor.items())
+            if i < len(examples) and i not in done and r.get("scored")]  # fmt: skip
+    reader = guard.model_copy(update={"combined": _READER})
+    written = 0
+    with cache.open("a", encoding="utf-8") as out:
+        if cache.read_bytes()[-1:] != b"\n":
+            out.write("\n")
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            for index, message in zip(chunk, _answer(reader, examples, chunk, system_prompt,
+                                                     template), strict=True):  # fmt: skip
+                esi = getattr(message, "response_metadata", {}).get("esi") or {}
+                if not esi.get("hidden") or esi.get("answer") != donor[index]["prediction"]:
+                    continue
+                record = {**donor[index], "hidden": encode_states(esi["hidden"])}
+                out.write(json.dumps(record) + "\n")
+                written += 1
+            out.flush()
+    return written
 
 
 def _variables(example: Example) -> dict[str, str]:

@@ -117,3 +117,33 @@ def test_the_value_cascade_forces_variants_only_inside_its_band(
         if r["decided_by"] == "free":  # outside the band: the loops, on the free signals
             assert not band.low <= r["p_wrong"] <= band.high and r["variants_used"] == 0
         assert (r["decision"] != "accept") == (i % 3 == 0)
+
+
+def test_a_run_with_states_reuses_the_answers_and_scores_of_one_without(
+    setting: tuple[FakeBackend, Path, list[str]], tmp_path: Path
+) -> None:
+    backend, data, _ = setting
+    cache = tmp_path / "run.jsonl"
+    first = CliRunner().invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--n-variants", "4", "--resamples", "50",
+        "--select", "youden", "--out", str(tmp_path / "esi.json"), "--cache", str(cache),
+    ])  # fmt: skip
+    assert first.exit_code == 0, first.output
+    backend.calls.clear()
+    out = tmp_path / "probe.json"
+    command = ["calibrate", "--data", str(data), "--n-variants", "4", "--resamples", "50",
+               "--select", "youden", "--out", str(out), "--cache", str(cache),
+               "--score", "combined", "--features", "esi,nll,hidden"]  # fmt: skip
+    second = CliRunner().invoke(cli_module.app, command)
+    assert second.exit_code == 0, second.output
+    said = " ".join(second.output.split())
+    assert "90 answers and their scores reused from" in said and "run-hidden.jsonl" in said
+    assert forced_requests(backend) == 0  # only the answers again, with their states
+    assert ThresholdFile.read(out).combined is not None
+    esi = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
+    both = [json.loads(line) for line in
+            (tmp_path / "run-hidden.jsonl").read_text().splitlines()[1:]]  # fmt: skip
+    assert [r["score"] for r in both] == [r["score"] for r in esi]
+    assert all(r["hidden"]["layers"] for r in both)
+    third = CliRunner().invoke(cli_module.app, command)
+    assert third.exit_code == 0 and "no model loaded" in " ".join(third.output.split())
