@@ -259,6 +259,43 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
     }  # fmt: skip
 
 
+def _ci(e: dict[str, float], signed: bool = False) -> str:
+    if signed:
+        verdict = "tie" if e["low"] <= 0 <= e["high"] else ("gain" if e["low"] > 0 else "loss")
+        return f"{e['value']:+.3f} [{e['low']:+.2f}, {e['high']:+.2f}] {verdict}"
+    return f"{e['value']:.3f} [{e['low']:.2f}, {e['high']:.2f}]"
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    """The records as the results page's tables (one row per set and size, or per set)."""
+    lines: list[str] = []
+    for r in records:
+        if "rounds" in r:
+            for i, one in enumerate(r["rounds"]):
+                a, d = one["auroc"], one["difference"]
+                lines.append(
+                    f"| {r['dataset']} | {one['n_cal']} ({one['wrong_cal']} wrong) | {i} | "
+                    f"{one['chosen']} | {_ci(a['selected'])} | {_ci(a['esi'])} | "
+                    f"{_ci(a['best_free'])} ({one['best_free']}) | {_ci(a['full'])} | "
+                    f"{_ci(d['selected - esi'], True)} | {_ci(d['selected - best_free'], True)} "
+                    f"| {_ci(d['selected - full'], True)} |")  # fmt: skip
+        elif "bands" in r:
+            a, d = r["auroc"], r["difference"]
+            lines.append(
+                f"| {r['dataset']} | {r['n']} ({r['wrong']} wrong) | {_ci(a['full'])} | "
+                f"{_ci(a['no_esi'])} | {_ci(a['cascade'])} | {_ci(d['no_esi - full'], True)} | "
+                f"{_ci(d['cascade - full'], True)} | {r['esi_share']:.1%} | "
+                f"{r['agreement']:.3f} |")  # fmt: skip
+        else:
+            one, b = r["one_at_a_time"], r["batched"]
+            for arm in ("plain", "esi", "free", "cascade"):
+                ratio = "1" if arm == "plain" else (
+                    f"{r['ratio_one'][arm]:.2f}x / {r['ratio_batched'][arm]:.2f}x")  # fmt: skip
+                lines.append(f"| {arm} | {one[arm]:.3f} | {b[arm]:.3f} | {ratio} | "
+                             f"{r['batch_over_one'][arm]:.2f}x |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``calibration``, ``cascade`` or ``cost``: print the records and write them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -271,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data", default="triviaqa/subset.jsonl")
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path, help="write the table rows here")
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
     for name in args.name or ["triviaqa-smollm2"]:
@@ -289,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps(records[-1], indent=1, default=str), flush=True)
         if args.json:
             args.json.write_text(json.dumps(records, indent=1, default=str))
+        if args.markdown:
+            args.markdown.write_text(markdown(records) + "\n")
 
 
 if __name__ == "__main__":
