@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import Answering
+from benchmarks.common import Answering, side_by_side
 from benchmarks.probe_report import usable, window
 from tests.shared_data import shared_data
 
@@ -117,30 +116,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         guards["cascade_seq"] = ESIGuard(backend=LlamaCppBackend.default(n_threads=1),
                                          esi_probe=probe, min_variants=rule.min_variants,
                                          stop_constant=rule.constant, **settings)  # fmt: skip
-    args_plain = {"max_new_tokens": answering.max_new_tokens, "top_k": 100}
-    plain.generate(prompts[:1], **args_plain)
-    for guard in guards.values():
-        guard.invoke(prompts[0])
-    seconds: dict[str, list[float]] = {"plain": []} | {key: [] for key in guards}
-    metas: dict[str, list[dict[str, Any]]] = {key: [] for key in guards}
-    for prompt in prompts:
-        start = time.perf_counter()
-        plain.generate([prompt], **args_plain)
-        seconds["plain"].append(time.perf_counter() - start)
-        for key, guard in guards.items():
-            start = time.perf_counter()
-            message = guard.invoke(prompt)
-            seconds[key].append(time.perf_counter() - start)
-            metas[key].append(message.response_metadata["esi"])
-    batched = {}
-    calls = {"plain": lambda chunk: plain.generate(chunk, **args_plain)}
-    calls |= {key: guard.batch for key, guard in guards.items()}
-    for key, call in calls.items():
-        start = time.perf_counter()
-        for i in range(0, len(prompts), BATCH):
-            call(prompts[i : i + BATCH])
-        batched[key] = (time.perf_counter() - start) / len(prompts)
-    one = {key: float(np.mean(values)) for key, values in seconds.items()}
+    timed = side_by_side(plain, guards, prompts, max_new_tokens=answering.max_new_tokens,
+                         batch=BATCH)  # fmt: skip
+    one, batched, metas = timed
     cascades = [key for key in guards if key != "esi"]
     ran = {k: float(np.mean([m["decided_by"] == "esi" for m in metas[k]])) for k in cascades}
     agree = {k: float(np.mean([a["decision"] == b["decision"]
@@ -148,9 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              for k in cascades}  # fmt: skip
     used = [m["variants_used"] for m in metas.get("cascade_seq", []) if m["decided_by"] == "esi"]
     out = {"n": len(prompts), "threshold": threshold, "one_at_a_time": one, "batched": batched,
-           "ratio_one": {k: one[k] / one["plain"] for k in guards},
-           "ratio_batched": {k: batched[k] / batched["plain"] for k in guards},
-           "esi_share": ran, "agreement": agree,
+           **timed.ratios(), "esi_share": ran, "agreement": agree,
            "stop_rule": None if rule is None else {"constant": rule.constant,
                                                    "min_variants": rule.min_variants,
                                                    "disagreement": rule.disagreement},

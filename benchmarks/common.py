@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +19,8 @@ __all__ = [
     "FEW_SHOT_TEMPLATE",
     "Answering",
     "Clock",
+    "SideBySide",
+    "side_by_side",
     "token_entropies",
     "token_logprobs",
 ]
@@ -97,3 +99,59 @@ def token_entropies(gen: Generation) -> list[float]:
     with np.errstate(invalid="ignore"):
         terms = np.where(np.isfinite(logp), -np.exp(logp) * logp, 0.0)
     return [float(x) for x in terms.sum(axis=1)]
+
+
+class SideBySide(NamedTuple):
+    """What :func:`side_by_side` measured: seconds per question, and each guard's metadata."""
+
+    one_at_a_time: dict[str, float]
+    """Mean seconds a question, each question through every arm in turn."""
+    batched: dict[str, float]
+    """Seconds a question in batches of ``batch``."""
+    metas: dict[str, list[dict[str, Any]]]
+    """Each guard's ``response_metadata["esi"]`` per question, one at a time."""
+
+    def ratios(self) -> dict[str, dict[str, float]]:
+        """Guarded/plain, one at a time and batched."""
+        one, batched = self.one_at_a_time, self.batched
+        return {
+            "ratio_one": {k: one[k] / one["plain"] for k in self.metas},
+            "ratio_batched": {k: batched[k] / batched["plain"] for k in self.metas},
+        }
+
+
+def side_by_side(
+    plain: Any, guards: dict[str, Any], prompts: Sequence[Any], *, max_new_tokens: int,
+    batch: int = 8,
+) -> SideBySide:  # fmt: skip
+    """Time a plain backend's answers (with their top-100) against guards, side by side.
+
+    A warm-up call each; then each question through the plain backend and every guard in
+    turn (``invoke``), then each arm's ``batch`` (``generate`` for the plain one) over all
+    questions in chunks of ``batch``.
+    """
+    args = {"max_new_tokens": max_new_tokens, "top_k": 100}
+    plain.generate(prompts[:1], **args)
+    for guard in guards.values():
+        guard.invoke(prompts[0])
+    seconds: dict[str, list[float]] = {"plain": []} | {key: [] for key in guards}
+    metas: dict[str, list[dict[str, Any]]] = {key: [] for key in guards}
+    for prompt in prompts:
+        start = time.perf_counter()
+        plain.generate([prompt], **args)
+        seconds["plain"].append(time.perf_counter() - start)
+        for key, guard in guards.items():
+            start = time.perf_counter()
+            message = guard.invoke(prompt)
+            seconds[key].append(time.perf_counter() - start)
+            metas[key].append(message.response_metadata["esi"])
+    batched = {}
+    calls = {"plain": lambda chunk: plain.generate(chunk, **args)}
+    calls |= {key: guard.batch for key, guard in guards.items()}
+    for key, call in calls.items():
+        start = time.perf_counter()
+        for i in range(0, len(prompts), batch):
+            call(prompts[i : i + batch])
+        batched[key] = (time.perf_counter() - start) / len(prompts)
+    one = {key: float(np.mean(values)) for key, values in seconds.items()}
+    return SideBySide(one, batched, metas)

@@ -180,8 +180,7 @@ def cascade(run: Run, seed: int) -> dict[str, Any]:
 
 def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, Any]:
     """Guarded/plain side by side on the embedded model (see the module's text)."""
-    from benchmarks.cascade_timing import BATCH
-    from benchmarks.common import Answering
+    from benchmarks.common import Answering, side_by_side
     from esi_guard import ESIGuard
     from esi_guard.backends.llamacpp import LlamaCppBackend
     from esi_guard.calibration.data import load_examples
@@ -219,38 +218,14 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
         "cascade": ESIGuard(backend=LlamaCppBackend.default(n_threads=1), combined=full_model,
                             free_score=free_model, probe_band=band, **settings),
     }  # fmt: skip
-    args = {"max_new_tokens": answering.max_new_tokens, "top_k": 100}
-    plain.generate(prompts[:1], **args)
-    for guard in guards.values():
-        guard.invoke(prompts[0])
-    seconds: dict[str, list[float]] = {"plain": []} | {key: [] for key in guards}
-    metas: dict[str, list[dict[str, Any]]] = {key: [] for key in guards}
-    for prompt in prompts:
-        start = time.perf_counter()
-        plain.generate([prompt], **args)
-        seconds["plain"].append(time.perf_counter() - start)
-        for key, guard in guards.items():
-            start = time.perf_counter()
-            message = guard.invoke(prompt)
-            seconds[key].append(time.perf_counter() - start)
-            metas[key].append(message.response_metadata["esi"])
-    batched = {}
-    calls = {"plain": lambda chunk: plain.generate(chunk, **args)}
-    calls |= {key: guard.batch for key, guard in guards.items()}
-    for key, call in calls.items():
-        start = time.perf_counter()
-        for i in range(0, len(prompts), BATCH):
-            call(prompts[i : i + BATCH])
-        batched[key] = (time.perf_counter() - start) / len(prompts)
-    one = {key: float(np.mean(values)) for key, values in seconds.items()}
+    timed = side_by_side(plain, guards, prompts, max_new_tokens=answering.max_new_tokens)
+    one, batched, metas = timed
     decisions = {k: [m["decision"] for m in metas[k]] for k in guards}
     return {
         "dataset": run.name, "n": len(prompts), "threshold": threshold,
         "band": [band.low, band.high], "band_fitted": band.fitted,
-        "one_at_a_time": one, "batched": batched,
-        "ratio_one": {k: one[k] / one["plain"] for k in guards},
-        "ratio_batched": {k: batched[k] / batched["plain"] for k in guards},
-        "batch_over_one": {k: batched[k] / one[k] for k in calls},
+        "one_at_a_time": one, "batched": batched, **timed.ratios(),
+        "batch_over_one": {k: batched[k] / one[k] for k in one},
         "esi_share": float(np.mean([m["decided_by"] == "esi" for m in metas["cascade"]])),
         "agreement_with_esi": {k: float(np.mean([a == b for a, b in zip(decisions["esi"], v,
                                                                          strict=True)]))

@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -38,7 +36,7 @@ from esi_guard.calibration.data import load_examples
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import Answering
+from benchmarks.common import Answering, side_by_side
 from tests.shared_data import shared_data
 
 __all__ = ["main"]
@@ -91,34 +89,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
         guards["transformers"] = ESIGuard(backend=HFBackend.default(), **settings)
-    args_plain = {"max_new_tokens": answering.max_new_tokens, "top_k": 100}
-    plain.generate(prompts[:1], **args_plain)
-    for guard in guards.values():
-        guard.invoke(prompts[0])
-    seconds: dict[str, list[float]] = {"plain": []} | {key: [] for key in guards}
-    metas: dict[str, list[dict[str, Any]]] = {key: [] for key in guards}
-    for prompt in prompts:
-        start = time.perf_counter()
-        plain.generate([prompt], **args_plain)
-        seconds["plain"].append(time.perf_counter() - start)
-        for key, guard in guards.items():
-            start = time.perf_counter()
-            message = guard.invoke(prompt)
-            seconds[key].append(time.perf_counter() - start)
-            metas[key].append(message.response_metadata["esi"])
-    batched = {}
-    calls = {"plain": lambda chunk: plain.generate(chunk, **args_plain)}
-    calls |= {key: guard.batch for key, guard in guards.items()}
-    for key, call in calls.items():
-        start = time.perf_counter()
-        for i in range(0, len(prompts), BATCH):
-            call(prompts[i : i + BATCH])
-        batched[key] = (time.perf_counter() - start) / len(prompts)
-    one = {key: float(np.mean(values)) for key, values in seconds.items()}
+    timed = side_by_side(plain, guards, prompts, max_new_tokens=answering.max_new_tokens,
+                         batch=BATCH)  # fmt: skip
+    one, batched, metas = timed
     out = {"n": len(prompts), "threshold": args.threshold, "reference": args.reference,
-           "one_at_a_time": one, "batched": batched,
-           "ratio_one": {k: one[k] / one["plain"] for k in guards},
-           "ratio_batched": {k: batched[k] / batched["plain"] for k in guards},
+           "one_at_a_time": one, "batched": batched, **timed.ratios(),
            "drift": {}}  # fmt: skip
     for key in guards.keys() - {args.reference, "transformers"}:
         if args.reference not in metas:
