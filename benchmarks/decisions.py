@@ -188,16 +188,15 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
     y = run.labels["wrong"].astype(np.float64)
     states, signals = _states(run), run.signals
     every = range(len(y))
-    full_model = _fit(signals, y, states, FULL, every, seed)
-    free_model = _fit(signals, y, states, NO_ESI, every, seed)
-    found = cascade(run, seed)
-    threshold = float(np.quantile(_p(full_model, signals, states, every), COVERAGE))
     from sklearn.model_selection import StratifiedKFold
 
+    full_model = _fit(signals, y, states, FULL, every, seed)
+    free_model = _fit(signals, y, states, NO_ESI, every, seed)
     splits = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(y, y))
-    band = fit_band(out_of_fold(signals, y, states, NO_ESI, splits, seed=seed),
-                    out_of_fold(signals, y, states, FULL, splits, seed=seed), threshold,
-                    max_disagreement=0.02, delta=0.1, logit=True)  # fmt: skip
+    full_oof = out_of_fold(signals, y, states, FULL, splits, seed=seed)
+    threshold = float(np.quantile(full_oof, COVERAGE))  # as the CLI chooses: out of fold
+    band = fit_band(out_of_fold(signals, y, states, NO_ESI, splits, seed=seed), full_oof,
+                    threshold, max_disagreement=0.02, delta=0.1, logit=True)  # fmt: skip
     if band is None:
         msg = "no band certifies 2% disagreement on this run"
         raise SystemExit(msg)
@@ -230,7 +229,6 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
         "agreement_with_esi": {k: float(np.mean([a == b for a, b in zip(decisions["esi"], v,
                                                                          strict=True)]))
                                for k, v in decisions.items() if k != "esi"},
-        "out_of_fold_cascade": {k: found[k] for k in ("esi_share", "agreement")},
     }  # fmt: skip
 
 
