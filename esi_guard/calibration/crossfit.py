@@ -6,10 +6,11 @@ features (:func:`candidates`: each requested signal alone, the hidden-state prob
 all requested signals, the same without ESI, each with the probe) is fitted ``folds``
 times, each time without one stratified fold, and scores that fold: every answer gets an
 out-of-fold ``p_wrong`` from a model that never saw it (:func:`out_of_fold`). The
-candidate with the best out-of-fold AUROC is kept; among those within ``tolerance`` of
-it, the cheapest (no ESI before ESI, no states before states, fewer signals before
-more), so a probe or ESI that does not pay on the user's data is left out, and the
-choice is never worse out of fold than the best single signal, which is a candidate.
+candidate with the best out-of-fold AUROC is kept, unless one within ``tolerance`` of it
+costs less (no ESI before ESI, then no states before states; the free signals cost
+nothing): then the best of the cheapest such. A probe or ESI that does not pay on the
+user's data is left out, and the choice is never worse out of fold than the best single
+signal by more than ``tolerance``.
 Refitted on every answer, it is the file's score; the threshold is chosen on its
 out-of-fold ``p_wrong``.
 
@@ -57,9 +58,12 @@ class Candidate:
         return "+".join((*self.features, *((HIDDEN,) if self.hidden else ())))
 
     @property
-    def cost(self) -> tuple[bool, bool, int]:
-        """Sorts cheapest first: ESI's variants, then the states, then the signals."""
-        return ("esi" in self.features, self.hidden, len(self.features) + self.hidden)
+    def cost(self) -> tuple[bool, bool]:
+        """Sorts cheapest first: ESI's variants (3-4x an answer), then the states (+~2%).
+
+        The free signals cost nothing: how many a set reads does not count.
+        """
+        return ("esi" in self.features, self.hidden)
 
     def without(self, name: str) -> Candidate:
         """This set less one feature."""
@@ -101,7 +105,7 @@ def candidates(requested: Sequence[str]) -> list[Candidate]:
         if hidden and chosen:
             found.append(Candidate(chosen, hidden=True))
     unique = list(dict.fromkeys(found))
-    return sorted(unique, key=lambda c: c.cost)
+    return sorted(unique, key=lambda c: (c.cost, len(c.parts)))
 
 
 def _splits(y: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -260,8 +264,10 @@ def select(
         raise ConfigurationError(msg)
     fitted = [c for c in candidates(requested) if c.name in table]
     best = max(table[c.name].value for c in fitted)
-    chosen = min((c for c in fitted if table[c.name].value >= best - tolerance),
-                 key=lambda c: c.cost)  # fmt: skip
+    near = [c for c in fitted if table[c.name].value >= best - tolerance]
+    cheapest = min(c.cost for c in near)
+    chosen = max((c for c in near if c.cost == cheapest),
+                 key=lambda c: (table[c.name].value, -len(c.parts)))  # fmt: skip
     model = _fit(signals, y, states, chosen, np.arange(len(y)), seed)
     selection = Selection(chosen, model, oof[chosen.name], fold_of, oof, table, {}, skipped)
     order = tuple(name for name in requested if name != HIDDEN)
