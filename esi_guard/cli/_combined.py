@@ -74,8 +74,7 @@ def _selection(report: dict[str, Any], features: tuple[str, ...]) -> None:
     left = [f for f in features if f not in chosen.split("+")]
     console.print(
         f"kept: {chosen} (the best out of fold, or the best of a cheaper kind within 0.005 "
-        "of it: no ESI, no states)"
-        + (f"; left out: {', '.join(left)}" if left else "")
+        "of it: no ESI, no states)" + (f"; left out: {', '.join(left)}" if left else "")
     )
     for name, e in report["contributions"].items():
         estimate = Estimate(e["value"], e["low"], e["high"])
