@@ -6,9 +6,13 @@ threshold) through every way a user calls it: ``invoke``, ``batch``, ``stream`` 
 ``ainvoke``/``abatch``, ``score`` on the greedy answers, one ``abstain`` and one ``route``,
 and records the child runs each traced call reports (their tags, in order)::
 
-    python benchmarks/same_decisions.py --record before.json
+    python -m tests.regression.same_decisions --record before.json
     # ... the change ...
-    python benchmarks/same_decisions.py --compare before.json
+    python -m tests.regression.same_decisions --compare before.json
+
+``--server`` records ``esi-guard serve``'s responses instead (in memory, the same guard):
+plain, streamed, sized and stopped requests, an abstaining and a routing server, and the
+errors a client can cause (status, body and ``X-ESI-*`` headers; ids and times left out).
 
 ``--compare`` exits 1 and names every difference; scores are compared exactly (the same
 code on the same engine is bit-reproducible).
@@ -81,6 +85,71 @@ def record(n: int) -> dict[str, Any]:
     return out
 
 
+_REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("plain", {}),
+    ("sized", {"max_tokens": 5}),
+    ("stopped", {"stop": ["."]}),
+    ("streamed", {"stream": True}),
+    ("sampled", {"temperature": 0.7, "seed": 3}),
+]
+_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("unknown model", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
+    ("no messages", {"model": "default", "messages": []}),
+    ("n=2", {"model": "default", "n": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("too long", {"model": "default", "messages": [{"role": "user", "content": "word " * 5000}]}),
+]
+
+
+def _response(response: Any) -> dict[str, Any]:
+    """Status, ``X-ESI-*`` headers and body of a response, without ids and times."""
+    headers = {k: v for k, v in sorted(response.headers.items()) if k.startswith("x-esi")}
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        events = [line.removeprefix("data: ") for line in response.text.splitlines()
+                  if line.startswith("data: ")]  # fmt: skip
+        body: Any = [json.loads(e) if e != "[DONE]" else e for e in events]
+    else:
+        body = response.json()
+    return {"status": response.status_code, "headers": headers, "body": _timeless(body)}
+
+
+def _timeless(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items()
+                if k not in ("id", "created", "system_fingerprint", "timings", "seconds")}  # fmt: skip
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
+
+
+def record_server(n: int) -> dict[str, Any]:
+    """``esi-guard serve``'s responses to the same questions, for the same guards."""
+    from tests.unit.serve.servers import client
+
+    data = shared_data() / "sciq" / "test.jsonl"
+    lines = data.read_text(encoding="utf-8").splitlines()[:n]
+    questions = [json.loads(line)["query"] for line in lines]
+    fallback = RunnableLambda(lambda _: AIMessage(content="from the fallback"))
+    guards = {
+        "flag": ESIGuard(),
+        "abstain": ESIGuard(action="abstain", abstain_message="no answer", threshold=0.05),
+        "route": ESIGuard(action="route", fallback=fallback, threshold=0.05),
+    }
+
+    async def ask(guard: ESIGuard) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with client(guard, model_name="default") as c:
+            for i, question in enumerate(questions):
+                name, extra = _REQUESTS[i % len(_REQUESTS)]
+                body = {"model": "default", "messages": [{"role": "user", "content": question}],
+                        **extra}  # fmt: skip
+                out[f"{i}:{name}"] = _response(await c.post("/v1/chat/completions", json=body))
+            for name, body in _BAD:
+                out[name] = _response(await c.post("/v1/chat/completions", json=body))
+        return out
+
+    return {name: asyncio.run(ask(guard)) for name, guard in guards.items()}
+
+
 def differences(before: Any, after: Any, where: str = "") -> list[str]:
     """Every place where ``after`` differs from ``before`` (exact)."""
     if isinstance(before, dict) and isinstance(after, dict):
@@ -99,8 +168,9 @@ def main() -> int:
     mode.add_argument("--record", type=Path, help="write the record here")
     mode.add_argument("--compare", type=Path, help="compare with this record")
     parser.add_argument("--n", type=int, default=20, help="questions (default 20)")
+    parser.add_argument("--server", action="store_true", help="record the server's responses")
     args = parser.parse_args()
-    now = json.loads(json.dumps(record(args.n)))
+    now = json.loads(json.dumps((record_server if args.server else record)(args.n)))
     if args.record:
         args.record.write_text(json.dumps(now, indent=1), encoding="utf-8")
         print(f"recorded {args.n} questions to {args.record}")
@@ -108,6 +178,9 @@ def main() -> int:
     found = differences(json.loads(args.compare.read_text(encoding="utf-8")), now)
     for line in found:
         print(line)
+    if args.server:
+        print(f"same_decisions --server: questions={args.n} differences={len(found)}")
+        return 1 if found else 0
     decisions = [r["decision"] for r in now["invoke"]]
     print(f"same_decisions: questions={args.n} differences={len(found)} "
           f"accepted={decisions.count('accept')} flagged={decisions.count('flag')}")  # fmt: skip
