@@ -178,6 +178,11 @@ class ESIResult:
     (``ESIGuard(hidden_states=...)``); in ``as_dict()`` as ``layers``, ``positions`` and
     nested lists of ``values``, and left out when None."""
 
+    prompt_tokens: int | None = field(default=None, compare=False)
+    """How many tokens the prompt took, when the backend said (set by
+    :meth:`ESIGuard.assess`; a chat message has it as ``usage_metadata``, so it is left out
+    of ``as_dict()``)."""
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy; ``context_reliance`` and ``hidden`` only where asked for."""
         hidden = self.hidden
@@ -185,7 +190,7 @@ class ESIResult:
         for name in ("context_reliance", "decided_by", "probe_score"):
             if out[name] is None:
                 del out[name]
-        del out["hidden"]
+        del out["hidden"], out["prompt_tokens"]
         if hidden is not None:
             out["hidden"] = {"layers": list(hidden.layers), "positions": list(hidden.positions),
                              "values": hidden.values.tolist()}  # fmt: skip

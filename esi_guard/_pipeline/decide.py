@@ -41,6 +41,9 @@ class Rule:
     """Put the answer's hidden states in its result."""
     cascade: Cascade | None = None
     """When set, an answer whose cheap score is outside its band is decided on it."""
+    return_failures: bool = False
+    """A failed step's error is the outcome whatever ``on_error`` (its caller answers it:
+    the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
 
     def decision(
         self, score: float | None, p_wrong: float | None, reliance: float | None
@@ -59,7 +62,7 @@ class Rule:
 
     def failure(self, item: Item, error: BackendError) -> Outcome:
         """A failed step's outcome under ``on_error``: the error itself, or unscored."""
-        if self.on_error == "raise":
+        if self.on_error == "raise" or self.return_failures:
             return error
         return self.result(item, None, reason(error))
 

@@ -115,6 +115,8 @@ class Pipeline:
     """Hidden states to read and keep in each result (beside what ``combined`` reads)."""
     cascade: Cascade | None = None
     """When set, answers whose cheap score is outside its band skip ESI (decided on it)."""
+    return_failures: bool = False
+    """A failed step's error is the item's outcome whatever ``on_error`` (:class:`Rule`)."""
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
@@ -128,7 +130,8 @@ class Pipeline:
         """How results are decided."""
         return Rule(self.threshold, self.action, self.on_error, self.config,
                     self.backend.model_id, self.combined,
-                    self.keep_hidden is not None, self.cascade)  # fmt: skip
+                    self.keep_hidden is not None, self.cascade,
+                    self.return_failures)  # fmt: skip
 
     def order(
         self, items: Sequence[Item], answered: bool = False

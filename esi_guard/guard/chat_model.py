@@ -11,55 +11,40 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models import LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
-from pydantic import (
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
 
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
-from esi_guard.backends.base import Backend, HiddenSpec
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.cascade import Band, Cascade, ESIProbe
-from esi_guard.combined import CombinedScore
+from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
-from esi_guard.guard import _batching, _config, _live, _tracing
+from esi_guard.guard import _assess, _batching, _config, _live, _tracing
+from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
-from esi_guard.guard._probes import cascade_of, check_hidden
-from esi_guard.guard._rules import check_settings
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
-from esi_guard.interventions import Intervention, SkipOneChar
-from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, ESIResult, OnError, ScoringConfig
-from esi_guard.scoring import Distance, Support
+from esi_guard.interventions import Intervention
+from esi_guard.result import ESIResult
 
-__all__ = ["ESIGuard", "GuardInput"]
+__all__ = ["DEFAULT_ABSTAIN_MESSAGE", "ESIGuard", "GuardInput"]
 
 GuardInput: TypeAlias = (
     str | PromptValue | Sequence[BaseMessage | tuple[str, str] | dict[str, Any] | str]
 )
 """What the guard takes: a string, a PromptValue, or a list of messages."""
 
-DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
 
-
-class ESIGuard(BaseChatModel):
+class ESIGuard(GuardFields):
     """Guard a model's answers with the ESI uncertainty score: a guarded chat model.
 
     For each prompt the guard generates the greedy answer, builds ``n_variants``
@@ -90,146 +75,6 @@ class ESIGuard(BaseChatModel):
             guard.invoke("What is the capital of France?").response_metadata["esi"]
     """
 
-    backend: Backend = Field(default_factory=EmbeddedBackend)
-    """The model engine (``HFBackend``, ``OpenAIBackend``...). Default: the small embedded
-    model, loaded on first use and shared by every guard that uses it (for trying the
-    guard; pass your own model with ``llm=`` or ``backend=``)."""
-    llm: Any = Field(default=None, exclude=True, repr=False)
-    """The model object you already have (a model id, a transformers pipeline,
-    ``HuggingFacePipeline``, ``ChatHuggingFace``, ``ChatOpenAI``...): the guard builds its
-    backend from it, sharing the loaded weights (see :mod:`esi_guard.backends.adapters`)."""
-    n_threads: int | None = Field(default=None, ge=1, exclude=True, repr=False)
-    """CPU threads of the model the guard runs (None: the engine's own choice, every core
-    for llama.cpp's teacher forcing), for a model it loads or shares: ``llm=`` a path, a
-    hub id or ``"default"``, a loaded ``llama_cpp.Llama`` (or LangChain's ``ChatLlamaCpp``
-    / ``LlamaCpp``), or no model (the embedded one: guards asking for the same threads
-    share a copy). llama.cpp applies them to every decode of the backend's contexts, its
-    float16 forcing copy's included; transformers (a path it loads, a pipeline, a model
-    and tokenizer) through ``torch.set_num_threads``, for the whole process. A
-    ``backend=`` or an API client (``ChatOpenAI``) is refused with them
-    (:class:`ConfigurationError`): build the backend with its own threads
-    (``LlamaCppBackend.from_path(..., n_threads=N)``). Give fewer than the cores where
-    several guards' processes share them: llama.cpp's waiting threads spin, and
-    processes each using every core slow each other down several times over. Scores do
-    not depend on it (llama.cpp sums each output on one thread: 1 and 2 threads give the
-    embedded model's answers and scores to the bit), so a threshold file ignores it."""
-    threshold: float
-    """Scores strictly above it are untrusted; calibrate it on labelled data. Left out with
-    the embedded default model, it comes from that model's shipped calibration (with the
-    scoring settings it was fitted with); any other model needs one."""
-    intervention: Intervention = Field(default_factory=SkipOneChar)
-    """How variants of the question are made (SOC with p=0.3, M*=3 by default)."""
-    n_variants: int = Field(default=10, ge=1)
-    """L, the number of intervened variants per question (the most, with ``min_variants``)."""
-    min_variants: int | None = Field(default=None, ge=2)
-    """Sequential ESI (off by default): score this many variants first, then twice as many
-    and so on up to ``n_variants``, and stop as soon as the decision is settled (see
-    :mod:`esi_guard.sequential`). Needs ``stop_constant``; ``from_calibration`` reads both
-    from a file written by ``esi-guard calibrate --min-variants``."""
-    stop_constant: float | None = Field(default=None, ge=0)
-    """The sequential stopping rule's constant, fitted by ``esi-guard calibrate``."""
-    top_k: int = Field(default=100, ge=1)
-    """k, the number of tokens kept in each truncated distribution."""
-    distance: Distance = "hellinger"
-    """Distance between truncated distributions."""
-    support: Support = "pair"
-    """The tokens two truncated distributions are compared on: the union of their own
-    top-k sets (``"pair"``), or of all the answer's distributions (``"all"``, as the
-    authors' code). See :func:`~esi_guard.esi_score`."""
-    action: Action = "flag"
-    """What to do with an untrusted answer: ``flag``, ``abstain`` or ``route``."""
-    fallback: Runnable[Any, Any] | None = None
-    """Runnable invoked with the original input when ``action="route"``."""
-    abstain_message: str = DEFAULT_ABSTAIN_MESSAGE
-    """Content returned in place of an untrusted answer when ``action="abstain"``."""
-    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=1, alias="max_tokens")
-    """Most tokens generated per answer (``max_tokens``, LangChain's name, works too)."""
-    seed: int = 0
-    """Seed of the intervention; variants depend only on it and the question."""
-    on_error: OnError = "abstain"
-    """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
-    decide_on: Literal["esi", "context_reliance"] = "esi"
-    """The signal compared with ``threshold``: the ESI ``score`` (default; untrusted
-    above it), or ``context_reliance`` (untrusted *below* it: the answer barely depends
-    on the retrieved context; needs ``with_prompt(..., context_key=...)``, else every
-    answer is unscored)."""
-    combined: CombinedScore | None = None
-    """A combined score (``esi-guard calibrate --score combined`` fits one; a threshold
-    file carries it to ``from_calibration``): decisions are then made on its ``p_wrong``,
-    from ESI and the answer's free signals, and ``threshold`` is a probability. One with a
-    hidden-state probe needs a backend that gives hidden states (transformers, llama.cpp)."""
-    hidden_states: HiddenSpec | None = None
-    """Also read these hidden states with every answer (from its own forward passes) and
-    keep them in its result (``ESIResult.hidden``): what ``esi-guard calibrate --features
-    ...,hidden`` fits a probe on. Needs a backend that gives them."""
-    esi_probe: ESIProbe | None = None
-    """An ESI probe (``esi-guard distill`` writes one; a path is read): a cascade then
-    decides each answer on the probe's estimate of ESI (or, with ``combined``, on
-    ``p_wrong`` with that estimate) where it is outside ``probe_band``, and runs ESI only
-    inside it (``ESIResult.decided_by``). Needs the backend the probe was distilled on."""
-    probe_band: Band | None = None
-    """Where the cascade's cheap score is too close to the threshold and ESI runs. None
-    (deciding on ESI): fitted at the threshold on the probe's held-out distillation
-    answers, so that its decisions differ from full ESI's on at most
-    ``probe_disagreement`` of them with probability 0.9 (no labels needed); a threshold
-    file calibrated with ``--esi-probe`` carries one fitted on labelled answers."""
-    probe_disagreement: float = Field(default=0.02, gt=0, lt=1)
-    """The share of decisions a label-free band may change against full ESI."""
-    free_score: CombinedScore | None = None
-    """A value-of-information cascade's cheap score: a combined score fitted without ESI
-    (``esi-guard calibrate --score combined --cascade`` writes it, with its ``probe_band``,
-    into the threshold file). Where its ``p_wrong`` is outside ``probe_band`` it decides
-    (``decided_by="free"``, no variant forced); inside it, ESI runs and ``combined``
-    decides."""
-
-    stop: list[str] | None = None
-    """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
-    temperature: float | None = None
-    """Only ``0`` or ``None``: ESI scores the greedy answer, so the guard never samples."""
-    stream_mode: Literal["hold", "live"] = "hold"
-    """``hold``: ``stream`` yields the answer once it is scored. ``live``: it yields the
-    answer's text as it is generated, then a last chunk with the score and metadata; only
-    with ``action="flag"`` and ``on_error`` ``"flag"`` or ``"raise"``, since an answer
-    already shown cannot be withheld."""
-    streaming: bool = False
-    """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
-    _warned: bool = PrivateAttr(default=False)
-    _cascade: Cascade | None = PrivateAttr(default=None)
-
-    def __init__(self, **kwargs: Any) -> None:
-        """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
-        kwargs, shipped = _config.given_settings(kwargs)
-        try:
-            super().__init__(**kwargs)
-        except ValidationError as exc:
-            own = set(type(self).model_fields) - set(BaseChatModel.model_fields)
-            raise _config.configuration_error(exc, [*own, "max_tokens"]) from exc
-        if shipped is not None:
-            _config.check_file_match(shipped, self, stacklevel=2)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and {"max_tokens", "max_new_tokens"} <= data.keys():
-            msg = "max_tokens and max_new_tokens are one setting: give one of them"
-            raise ValueError(msg)
-        return data
-
-    @field_validator("esi_probe", mode="before")
-    @classmethod
-    def _read_probe(cls, value: Any) -> Any:
-        return ESIProbe.read(value) if isinstance(value, (str, Path)) else value
-
-    @model_validator(mode="after")
-    def _check(self) -> ESIGuard:
-        """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
-        check_settings(self)
-        check_hidden(self.backend, self.combined, self.hidden_states)
-        self._cascade = cascade_of(self)
-        return self
-
     @classmethod
     def from_calibration(
         cls,
@@ -257,24 +102,6 @@ class ESIGuard(BaseChatModel):
         """
         return _config.from_threshold_file(
             cls, path, backend=backend, intervention=intervention, **kwargs
-        )
-
-    @property
-    def scoring_config(self) -> ScoringConfig:
-        """How this guard computes scores (what a threshold file must match)."""
-        return ScoringConfig(
-            intervention=self.intervention.describe(),
-            n_variants=self.n_variants,
-            top_k=self.top_k,
-            distance=self.distance,
-            support=self.support,
-            values=self.backend.values_kind,
-            approximate=self.backend.approximate,
-            seed=self.seed,
-            max_new_tokens=self.max_new_tokens,
-            decide_on=self.decide_on,
-            min_variants=self.min_variants,
-            stop_constant=self.stop_constant if self.min_variants is not None else None,
         )
 
     # -- public methods ---------------------------------------------------------------------
@@ -396,6 +223,57 @@ class ESIGuard(BaseChatModel):
         """Async :meth:`stream`."""
         async for chunk in _live.astream(lambda: self.ainvoke(input, config, stop=stop, **kwargs)):
             yield chunk
+
+    def assess(
+        self,
+        inputs: Sequence[GuardInput],
+        *,
+        stop: Sequence[str] | None = None,
+        failures: _assess.Failures = "decide",
+    ) -> list[_assess.Assessed]:
+        """Score and decide each input: the results themselves, not chat messages.
+
+        For callers that want results rather than LangChain messages (``esi-guard serve``,
+        the CLI, benchmarks): the same steps, settings and decisions as :meth:`batch`, each
+        step run once for all the inputs, without a chat-model run (no callbacks, traces or
+        cache). In each input's place: its :class:`ESIResult`, decided (an untrusted
+        answer's ``decision`` is the guard's action, an unscored one's ``on_error``'s;
+        ``action="route"``'s fallback is the caller's to run), or the error :meth:`invoke`
+        would raise: :class:`InputError` (not a prompt), a :class:`BackendError` (the
+        backend failed, a prompt over the context), a :class:`ScoringError` holding the
+        unscored result (``on_error="raise"``). Each result carries ``prompt_tokens``.
+        ``failures="return"``: a failed backend call's :class:`BackendError` is returned
+        whatever ``on_error`` (the server answers it as an HTTP error), while answers that
+        cannot be scored are still decided by ``on_error``.
+        """
+        pipeline = self._pipeline(stop, failures == "return")
+        return _assess.run(pipeline, inputs, self._checked, self.on_error)
+
+    async def aassess(
+        self,
+        inputs: Sequence[GuardInput],
+        *,
+        stop: Sequence[str] | None = None,
+        failures: _assess.Failures = "decide",
+    ) -> list[_assess.Assessed]:
+        """Async :meth:`assess`."""
+        pipeline = self._pipeline(stop, failures == "return")
+        return await _assess.arun(pipeline, inputs, self._checked, self.on_error)
+
+    def astream_assess(
+        self,
+        input: GuardInput,
+        *,
+        stop: Sequence[str] | None = None,
+        failures: _assess.Failures = "decide",
+    ) -> AsyncIterator[str | _assess.Assessed]:
+        """One input's answer text as generated, then its result (as :meth:`assess` gives).
+
+        The text goes out before the answer is scored: for callers that show it live and
+        can then only flag (``esi-guard serve``'s live streams).
+        """
+        pipeline = self._pipeline(stop, failures == "return")
+        return _assess.astream(pipeline, input, self._checked, self.on_error)
 
     def score(self, prompt: GuardInput, answer: str) -> ESIResult:
         """Score an answer the user already has, without generating.
@@ -543,7 +421,7 @@ class ESIGuard(BaseChatModel):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _pipeline(self, stop: Sequence[str] | None = None) -> Pipeline:
+    def _pipeline(self, stop: Sequence[str] | None = None, failures: bool = False) -> Pipeline:
         return Pipeline(
             backend=self.backend,
             intervention=self.intervention,
@@ -555,6 +433,7 @@ class ESIGuard(BaseChatModel):
             combined=self.combined,
             keep_hidden=self.hidden_states,
             cascade=self._cascade,
+            return_failures=failures,
         )
 
     def _start(

@@ -1,9 +1,9 @@
-"""What the server does with a request, apart from HTTP: the guards, the batcher, the answers.
+"""What the server does with a request, apart from HTTP: the guard, the batcher, the answers.
 
-The guard the server was given keeps its settings (threshold, action, abstention text);
-the server runs a copy with ``on_error="raise"`` so that a failure comes back as its
-exception, by type: an unscored answer (:class:`ScoringError`, holding its result) gets
-the given guard's ``on_error`` here (withheld or flagged, never accepted), a prompt
+The server runs the guard it was given (its threshold, action, ``on_error`` and
+abstention text) through :meth:`ESIGuard.aassess`, once per prompt: each result comes
+back decided, an answer that could not be scored under the guard's own ``on_error``
+(withheld or flagged, never accepted); a routed answer's fallback runs here. A prompt
 longer than the context becomes a 400, an upstream failure a 502 (:mod:`._errors`).
 """
 
@@ -17,9 +17,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from langchain_core.messages import AIMessage
+from langchain_core.messages import convert_to_messages
 
-from esi_guard.exceptions import APIError, ConfigurationError, ScoringError
+from esi_guard._text import message_text
+from esi_guard.exceptions import APIError, ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ESIResult
 from esi_guard.serve._batcher import MicroBatcher
@@ -29,11 +30,19 @@ from esi_guard.serve._schema import ABSTAIN_FINISH_REASON, esi_info
 from esi_guard.serve._settings import ServeSettings
 from esi_guard.serve._timed import TimedBackend
 
-__all__ = ["Answer", "Service"]
+__all__ = ["Answer", "Routed", "Service"]
 
 log = logging.getLogger("esi_guard.serve")
 
 WARM_UP_PROMPT = "What is the capital of France?"
+
+
+@dataclass(frozen=True)
+class Routed:
+    """An untrusted answer's result and the fallback's answer sent in its place."""
+
+    result: ESIResult
+    fallback: Any
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,10 @@ class Service:
             )
             raise ConfigurationError(msg)
         self.settings = settings
-        self.policy = guard.on_error
         self.abstain_message = guard.abstain_message
         self.metrics = Metrics()
         backend = TimedBackend(guard.backend, self._step)
-        self.guard = guard.model_copy(update={"on_error": "raise", "backend": backend})
+        self.guard = guard.model_copy(update={"backend": backend})
         # A long whole message is each response's warning here, not the server log's.
         self.guard._warned = True
         self.live = guard.action == "flag" and guard.on_error == "flag"
@@ -70,7 +78,7 @@ class Service:
         self.names = tuple(dict.fromkeys((self.name, *settings.model_aliases)))
         """The model names a request may send: the served name first."""
         self.max_tokens = guard.max_new_tokens
-        self._sized: dict[tuple[int, bool], ESIGuard] = {}
+        self._sized: dict[int, ESIGuard] = {}
         self.batcher = MicroBatcher(
             self._run,
             max_batch=settings.max_batch,
@@ -96,7 +104,7 @@ class Service:
         return (
             f"serving model {guard.backend.model_id!r} on engine {guard.backend.engine}: "
             f"threshold {guard.threshold:g}{signal}{source}, action {guard.action}, "
-            f"on error {self.policy}, auth {auth}; requests send model {names}"
+            f"on error {guard.on_error}, auth {auth}; requests send model {names}"
         )
 
     def drain(self) -> None:
@@ -108,57 +116,63 @@ class Service:
     def _step(self, step: str, seconds: float) -> None:
         self.metrics.steps.labels(step).observe(seconds)
 
-    def guard_for(self, limit: int, live: bool = False) -> ESIGuard:
-        """The guard for a token limit (at most the server's), held or live."""
-        key = (min(limit, self.max_tokens), live)
-        if key not in self._sized:
-            update: dict[str, Any] = {"max_new_tokens": key[0]}
-            if live:
-                update["stream_mode"] = "live"
-            self._sized[key] = self.guard.model_copy(update=update)
-        return self._sized[key]
+    def guard_for(self, limit: int) -> ESIGuard:
+        """The guard for a token limit (at most the server's)."""
+        limit = min(limit, self.max_tokens)
+        if limit not in self._sized:
+            self._sized[limit] = self.guard.model_copy(update={"max_new_tokens": limit})
+        return self._sized[limit]
 
     async def _run(self, key: Hashable, prompts: list[Any]) -> Sequence[Any]:
         limit, stop = cast("tuple[int, tuple[str, ...]]", key)
-        extra: dict[str, Any] = {"stop": list(stop)} if stop else {}
         started = time.perf_counter()
         try:
-            return await self.guard_for(limit).abatch(prompts, return_exceptions=True, **extra)
+            results = await self.guard_for(limit).aassess(
+                prompts, stop=stop or None, failures="return"
+            )
+            return [
+                await self._routed(p, result) for p, result in zip(prompts, results, strict=True)
+            ]
         finally:
             self._step("guard", time.perf_counter() - started)
 
+    async def _routed(self, prompt: Any, result: Any) -> Any:
+        """``result``, or with ``action="route"`` the fallback's answer for an untrusted one."""
+        if not isinstance(result, ESIResult) or result.decision != "route":
+            return result
+        assert self.guard.fallback is not None  # the guard requires one for action="route"
+        try:
+            return Routed(result, await self.guard.fallback.ainvoke(convert_to_messages(prompt)))
+        except Exception as exc:  # the fallback's failure is this request's
+            return exc
+
     def answer(self, output: Any) -> Answer:
-        """A guarded call's output as the wire shows it; a failure as its :class:`ServeError`."""
-        if isinstance(output, AIMessage):
-            esi = dict(output.response_metadata["esi"])
-            info = esi_info(esi)
-            finish = esi.get("finish_reason") or "stop"
-            if info["decision"] == "abstain":
-                finish = ABSTAIN_FINISH_REASON
-            elif esi.get("fallback_used"):
-                finish = output.response_metadata.get("finish_reason") or "stop"
-            usage: dict[str, Any] = dict(output.usage_metadata or {})
-            return self._counted(Answer(str(output.content), finish, {
-                "prompt_tokens": usage.get("input_tokens", 0),
-                "completion_tokens": usage.get("output_tokens", 0),
-                "total_tokens": usage.get("total_tokens", 0),
-            }, info))  # fmt: skip
-        if isinstance(output, ScoringError) and isinstance(output.result, ESIResult):
-            return self._counted(self.unscored(output.result))
-        raise self.failure(output)
+        """A guarded prompt's result as the wire shows it; a failure as its :class:`ServeError`.
 
-    def unscored(self, result: ESIResult, *, shown: bool = False) -> Answer:
-        """An answer that could not be scored, under the guard's ``on_error``.
-
-        ``shown``: a live stream sent it already, so it can only be flagged.
+        ``output``: an :class:`ESIResult`, a :class:`Routed` one, or the error in its place.
         """
-        decision = "flag" if shown or self.policy == "flag" else "abstain"
-        info = esi_info({**result.as_dict(), "decision": decision})
-        n = len(result.answer_token_ids)
-        usage = {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n}
-        if decision == "abstain":
-            return Answer(self.abstain_message, ABSTAIN_FINISH_REASON, usage, info)
-        return Answer(result.answer, result.finish_reason or "stop", usage, info)
+        routed = output.fallback if isinstance(output, Routed) else None
+        result = output.result if isinstance(output, Routed) else output
+        if not isinstance(result, ESIResult):
+            raise self.failure(output)
+        esi = result.as_dict()
+        n, prompt_tokens = len(result.answer_token_ids), result.prompt_tokens or 0
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                 "total_tokens": prompt_tokens + n}  # fmt: skip
+        content, finish = result.answer, result.finish_reason or "stop"
+        if result.decision == "abstain":
+            content, finish = self.abstain_message, ABSTAIN_FINISH_REASON
+        elif routed is not None:
+            esi["fallback_used"] = True
+            content = message_text(routed)
+            finish = (getattr(routed, "response_metadata", None) or {}).get(
+                "finish_reason"
+            ) or "stop"
+            extra = getattr(routed, "usage_metadata", None) or {}
+            more = (extra.get("input_tokens", 0), extra.get("output_tokens", 0))
+            usage = {"prompt_tokens": prompt_tokens + more[0], "completion_tokens": n + more[1],
+                     "total_tokens": prompt_tokens + n + sum(more)}  # fmt: skip
+        return self._counted(Answer(content, finish, usage, esi_info(esi)))
 
     @staticmethod
     def noted(answer: Answer, warnings: list[str]) -> Answer:
@@ -185,10 +199,10 @@ class Service:
         """Ask the model once, until it answers; then the server is ready."""
         while True:
             async with self.batcher.slot():
-                (output,) = await self.guard_for(self.max_tokens).abatch(
-                    [WARM_UP_PROMPT], return_exceptions=True
+                (output,) = await self.guard_for(self.max_tokens).aassess(
+                    [WARM_UP_PROMPT], failures="return"
                 )
-            if isinstance(output, (AIMessage, ScoringError)):
+            if isinstance(output, ESIResult):
                 self.ready = not self.draining
                 self.metrics.ready.set(int(self.ready))
                 log.info("ready: %s answered", self.name)

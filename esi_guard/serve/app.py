@@ -33,7 +33,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from esi_guard.exceptions import ScoringError
 from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import LONG_QUESTION
 from esi_guard.serve._batcher import Full
@@ -300,39 +299,28 @@ async def _live_events(
 ) -> AsyncIterator[str]:
     """Tokens as generated, then the scored ending; an error after the start as an event."""
     ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
-    guard = service.guard_for(limit, live=True)
-    stop = list(chat.stops()) or None
+    guard = service.guard_for(limit)
     async with service.batcher.slot():
         yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
-        sent, last = "", None
+        sent, output = "", None
         try:
-            async for piece in guard.astream(chat.chat(), stop=stop):
-                if "esi" in piece.response_metadata:
-                    last = piece
+            async for piece in guard.astream_assess(
+                chat.chat(), stop=chat.stops() or None, failures="return"
+            ):
+                if not isinstance(piece, str):
+                    output = piece
                     break
-                sent += str(piece.content)
-                yield _sse(chunk(ident, model, {"content": piece.content}))
-        except ScoringError as exc:
-            answer = service.unscored(exc.result, shown=True)  # type: ignore[arg-type]
-            service.metrics.decided(answer.esi)
+                sent += piece
+                yield _sse(chunk(ident, model, {"content": piece}))
+            answer = service.answer(output)
         except Exception as exc:  # after the start, an error can only be an event
-            failure = service.failure(exc)
+            failure = exc if isinstance(exc, ServeError) else service.failure(exc)
             yield _sse(failure.body())
             return
-        else:
-            answer = service.answer(_whole(last, sent))
         answer = service.noted(answer, notes)
         rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
         for event in _ending(ident, model, answer, rest, _include_usage(chat)):
             yield event
-
-
-def _whole(last: Any, sent: str) -> Any:
-    """The live stream's whole message: the text sent, and the last chunk."""
-    from langchain_core.messages import AIMessage
-
-    return AIMessage(content=sent + str(last.content), response_metadata=last.response_metadata,
-                     usage_metadata=last.usage_metadata)  # fmt: skip
 
 
 # -- errors and counting ---------------------------------------------------------------------

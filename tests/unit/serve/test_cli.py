@@ -39,7 +39,7 @@ def test_flags_reach_the_guard_and_the_server(launched: list[dict[str, Any]]) ->
     service = run["app"].state.service
     assert service.guard.threshold == 0.25 and service.guard.action == "abstain"
     assert service.guard.n_variants == 3 and service.max_tokens == 16
-    assert service.policy == "abstain" and service.name == "guarded"
+    assert service.guard.on_error == "abstain" and service.name == "guarded"
     settings = service.settings
     assert (settings.max_batch, settings.batch_window_ms, settings.max_queue) == (4, 5.0, 9)
     assert settings.api_key.get_secret_value() == "k3y" and settings.slots == 1

@@ -1,0 +1,198 @@
+"""The guard's settings: every field of :class:`~esi_guard.ESIGuard`, each with what it does.
+
+``ESIGuard`` derives from :class:`GuardFields` (as LangChain's ``ChatOpenAI`` from
+``BaseChatOpenAI``): the settings here, the behaviour in :mod:`esi_guard.guard.chat_model`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import Runnable
+from pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from esi_guard.backends.base import Backend, HiddenSpec
+from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.cascade import Band, Cascade, ESIProbe
+from esi_guard.combined import CombinedScore
+from esi_guard.guard import _config
+from esi_guard.guard._probes import cascade_of, check_hidden
+from esi_guard.guard._rules import check_settings
+from esi_guard.interventions import Intervention, SkipOneChar
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, OnError, ScoringConfig
+from esi_guard.scoring import Distance, Support
+
+__all__ = ["DEFAULT_ABSTAIN_MESSAGE", "GuardFields"]
+
+DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
+
+
+class GuardFields(BaseChatModel):
+    """The settings of :class:`~esi_guard.ESIGuard` and their checks (see its docstring)."""
+
+    backend: Backend = Field(default_factory=EmbeddedBackend)
+    """The model engine (``HFBackend``, ``OpenAIBackend``...). Default: the small embedded
+    model, loaded on first use and shared by every guard that uses it (for trying the
+    guard; pass your own model with ``llm=`` or ``backend=``)."""
+    llm: Any = Field(default=None, exclude=True, repr=False)
+    """The model object you already have (a model id, a transformers pipeline,
+    ``HuggingFacePipeline``, ``ChatHuggingFace``, ``ChatOpenAI``...): the guard builds its
+    backend from it, sharing the loaded weights (see :mod:`esi_guard.backends.adapters`)."""
+    n_threads: int | None = Field(default=None, ge=1, exclude=True, repr=False)
+    """CPU threads of the model the guard runs (None: the engine's own choice, every core
+    for llama.cpp's teacher forcing), for a model it loads or shares: ``llm=`` a path, a
+    hub id or ``"default"``, a loaded ``llama_cpp.Llama`` (or LangChain's ``ChatLlamaCpp``
+    / ``LlamaCpp``), or no model (the embedded one: guards asking for the same threads
+    share a copy). llama.cpp applies them to every decode of the backend's contexts, its
+    float16 forcing copy's included; transformers (a path it loads, a pipeline, a model
+    and tokenizer) through ``torch.set_num_threads``, for the whole process. A
+    ``backend=`` or an API client (``ChatOpenAI``) is refused with them
+    (:class:`ConfigurationError`): build the backend with its own threads
+    (``LlamaCppBackend.from_path(..., n_threads=N)``). Give fewer than the cores where
+    several guards' processes share them: llama.cpp's waiting threads spin, and
+    processes each using every core slow each other down several times over. Scores do
+    not depend on it (llama.cpp sums each output on one thread: 1 and 2 threads give the
+    embedded model's answers and scores to the bit), so a threshold file ignores it."""
+    threshold: float
+    """Scores strictly above it are untrusted; calibrate it on labelled data. Left out with
+    the embedded default model, it comes from that model's shipped calibration (with the
+    scoring settings it was fitted with); any other model needs one."""
+    intervention: Intervention = Field(default_factory=SkipOneChar)
+    """How variants of the question are made (SOC with p=0.3, M*=3 by default)."""
+    n_variants: int = Field(default=10, ge=1)
+    """L, the number of intervened variants per question (the most, with ``min_variants``)."""
+    min_variants: int | None = Field(default=None, ge=2)
+    """Sequential ESI (off by default): score this many variants first, then twice as many
+    and so on up to ``n_variants``, and stop as soon as the decision is settled (see
+    :mod:`esi_guard.sequential`). Needs ``stop_constant``; ``from_calibration`` reads both
+    from a file written by ``esi-guard calibrate --min-variants``."""
+    stop_constant: float | None = Field(default=None, ge=0)
+    """The sequential stopping rule's constant, fitted by ``esi-guard calibrate``."""
+    top_k: int = Field(default=100, ge=1)
+    """k, the number of tokens kept in each truncated distribution."""
+    distance: Distance = "hellinger"
+    """Distance between truncated distributions."""
+    support: Support = "pair"
+    """The tokens two truncated distributions are compared on: the union of their own
+    top-k sets (``"pair"``), or of all the answer's distributions (``"all"``, as the
+    authors' code). See :func:`~esi_guard.esi_score`."""
+    action: Action = "flag"
+    """What to do with an untrusted answer: ``flag``, ``abstain`` or ``route``."""
+    fallback: Runnable[Any, Any] | None = None
+    """Runnable invoked with the original input when ``action="route"``."""
+    abstain_message: str = DEFAULT_ABSTAIN_MESSAGE
+    """Content returned in place of an untrusted answer when ``action="abstain"``."""
+    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=1, alias="max_tokens")
+    """Most tokens generated per answer (``max_tokens``, LangChain's name, works too)."""
+    seed: int = 0
+    """Seed of the intervention; variants depend only on it and the question."""
+    on_error: OnError = "abstain"
+    """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
+    decide_on: Literal["esi", "context_reliance"] = "esi"
+    """The signal compared with ``threshold``: the ESI ``score`` (default; untrusted
+    above it), or ``context_reliance`` (untrusted *below* it: the answer barely depends
+    on the retrieved context; needs ``with_prompt(..., context_key=...)``, else every
+    answer is unscored)."""
+    combined: CombinedScore | None = None
+    """A combined score (``esi-guard calibrate --score combined`` fits one; a threshold
+    file carries it to ``from_calibration``): decisions are then made on its ``p_wrong``,
+    from ESI and the answer's free signals, and ``threshold`` is a probability. One with a
+    hidden-state probe needs a backend that gives hidden states (transformers, llama.cpp)."""
+    hidden_states: HiddenSpec | None = None
+    """Also read these hidden states with every answer (from its own forward passes) and
+    keep them in its result (``ESIResult.hidden``): what ``esi-guard calibrate --features
+    ...,hidden`` fits a probe on. Needs a backend that gives them."""
+    esi_probe: ESIProbe | None = None
+    """An ESI probe (``esi-guard distill`` writes one; a path is read): a cascade then
+    decides each answer on the probe's estimate of ESI (or, with ``combined``, on
+    ``p_wrong`` with that estimate) where it is outside ``probe_band``, and runs ESI only
+    inside it (``ESIResult.decided_by``). Needs the backend the probe was distilled on."""
+    probe_band: Band | None = None
+    """Where the cascade's cheap score is too close to the threshold and ESI runs. None
+    (deciding on ESI): fitted at the threshold on the probe's held-out distillation
+    answers, so that its decisions differ from full ESI's on at most
+    ``probe_disagreement`` of them with probability 0.9 (no labels needed); a threshold
+    file calibrated with ``--esi-probe`` carries one fitted on labelled answers."""
+    probe_disagreement: float = Field(default=0.02, gt=0, lt=1)
+    """The share of decisions a label-free band may change against full ESI."""
+    free_score: CombinedScore | None = None
+    """A value-of-information cascade's cheap score: a combined score fitted without ESI
+    (``esi-guard calibrate --score combined --cascade`` writes it, with its ``probe_band``,
+    into the threshold file). Where its ``p_wrong`` is outside ``probe_band`` it decides
+    (``decided_by="free"``, no variant forced); inside it, ESI runs and ``combined``
+    decides."""
+
+    stop: list[str] | None = None
+    """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
+    temperature: float | None = None
+    """Only ``0`` or ``None``: ESI scores the greedy answer, so the guard never samples."""
+    stream_mode: Literal["hold", "live"] = "hold"
+    """``hold``: ``stream`` yields the answer once it is scored. ``live``: it yields the
+    answer's text as it is generated, then a last chunk with the score and metadata; only
+    with ``action="flag"`` and ``on_error`` ``"flag"`` or ``"raise"``, since an answer
+    already shown cannot be withheld."""
+    streaming: bool = False
+    """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
+    _warned: bool = PrivateAttr(default=False)
+    _cascade: Cascade | None = PrivateAttr(default=None)
+
+    def __init__(self, **kwargs: Any) -> None:
+        """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
+        kwargs, shipped = _config.given_settings(kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:
+            own = set(type(self).model_fields) - set(BaseChatModel.model_fields)
+            raise _config.configuration_error(exc, [*own, "max_tokens"]) from exc
+        if shipped is not None:
+            _config.check_file_match(shipped, self, stacklevel=2)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and {"max_tokens", "max_new_tokens"} <= data.keys():
+            msg = "max_tokens and max_new_tokens are one setting: give one of them"
+            raise ValueError(msg)
+        return data
+
+    @field_validator("esi_probe", mode="before")
+    @classmethod
+    def _read_probe(cls, value: Any) -> Any:
+        return ESIProbe.read(value) if isinstance(value, (str, Path)) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> GuardFields:
+        """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
+        check_settings(self)
+        check_hidden(self.backend, self.combined, self.hidden_states)
+        self._cascade = cascade_of(self)
+        return self
+
+    @property
+    def scoring_config(self) -> ScoringConfig:
+        """How this guard computes scores (what a threshold file must match)."""
+        return ScoringConfig(
+            intervention=self.intervention.describe(),
+            n_variants=self.n_variants,
+            top_k=self.top_k,
+            distance=self.distance,
+            support=self.support,
+            values=self.backend.values_kind,
+            approximate=self.backend.approximate,
+            seed=self.seed,
+            max_new_tokens=self.max_new_tokens,
+            decide_on=self.decide_on,
+            min_variants=self.min_variants,
+            stop_constant=self.stop_constant if self.min_variants is not None else None,
+        )
