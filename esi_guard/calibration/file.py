@@ -7,19 +7,37 @@ and kept under version control beside the application that uses it.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from esi_guard.calibration.metrics import Estimate
+from esi_guard.calibration.thresholds import Choice
 from esi_guard.cascade import Band, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.result import ScoringConfig
 
-__all__ = ["FORMAT", "DatasetInfo", "ThresholdFile"]
+__all__ = ["FORMAT", "DatasetInfo", "ScoredRun", "ThresholdFile"]
 
 FORMAT = "esi-guard/threshold"
+
+
+class ScoredRun(Protocol):
+    """What a scored run says of its model and scoring (``esi-guard calibrate``'s header)."""
+
+    @property
+    def model(self) -> str: ...  # noqa: D102
+    @property
+    def engine(self) -> str | None: ...  # noqa: D102
+    @property
+    def model_sha256(self) -> str | None: ...  # noqa: D102
+    @property
+    def scoring(self) -> ScoringConfig: ...  # noqa: D102
 
 
 class DatasetInfo(BaseModel):
@@ -87,6 +105,28 @@ class ThresholdFile(BaseModel):
     ESI, the cheap score of a value-of-information cascade (ESI runs only where it falls
     inside ``probe_band``, and ``combined`` decides there)."""
 
+    @classmethod
+    def from_run(
+        cls, run: ScoredRun, choice: Choice, *, label_method: str, dataset: DatasetInfo,
+        metrics: Mapping[str, Estimate], version: str, **fitted: Any,
+    ) -> ThresholdFile:  # fmt: skip
+        """The file of a threshold chosen on a run: its model and scoring, the choice, now.
+
+        ``version``: esi-guard's; ``fitted``: what was fitted beside the threshold
+        (``sequential``, ``combined``, ``combined_report``...).
+        """
+        risk = choice.selective_risk
+        return cls(
+            threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,
+            calibration_coverage=choice.coverage,
+            calibration_selective_risk=None if math.isnan(risk) else risk,
+            model=run.model, engine=run.engine, model_sha256=run.model_sha256,
+            scoring=run.scoring, label_method=label_method, dataset=dataset,
+            metrics={name: _no_nan(e) for name, e in metrics.items()},
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            esi_guard_version=version, **fitted,
+        )  # fmt: skip
+
     def write(self, path: str | Path) -> None:
         """Write as indented JSON."""
         Path(path).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
@@ -111,3 +151,9 @@ class ThresholdFile(BaseModel):
         except ValidationError as exc:
             msg = f"threshold file {where} is invalid: {exc}"
             raise ConfigurationError(msg) from exc
+
+
+def _no_nan(estimate: Estimate) -> dict[str, float | None]:
+    """An estimate as the file stores it (NaN as None)."""
+    values = {"value": estimate.value, "low": estimate.low, "high": estimate.high}
+    return {key: None if math.isnan(value) else value for key, value in values.items()}

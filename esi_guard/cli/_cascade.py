@@ -15,7 +15,8 @@ from typing import Any
 
 from esi_guard.calibration.combining import Combined, decode_states
 from esi_guard.cascade import Band, Cascade, ESIProbe, fit_band
-from esi_guard.cli._run import Run, console, fail
+from esi_guard.cli.output import console, fail
+from esi_guard.cli.run import Run
 from esi_guard.exceptions import ESIGuardError
 
 __all__ = ["fit_cascade", "read_probe"]
@@ -38,8 +39,8 @@ def fit_cascade(
     """The threshold file's ``esi_probe`` and ``probe_band``; the command ends if none fits."""
     scoring = run.scoring
     problems = [] if probe.scoring is None else probe.scoring.differences(scoring, ignore=_IGNORED)
-    if probe.model != run.header["model"] and probe.model_sha256 != run.header["model_sha256"]:
-        problems.insert(0, f"model: {probe.model!r} vs {run.header['model']!r}")
+    if probe.model != run.header.model and probe.model_sha256 != run.header.model_sha256:
+        problems.insert(0, f"model: {probe.model!r} vs {run.header.model!r}")
     if problems:
         fail("the ESI probe does not match this run (distilled vs calibrated): "
              + "; ".join(problems))  # fmt: skip

@@ -14,7 +14,8 @@ from typing import Any
 from esi_guard.calibration.combining import Combined, fit_all, fit_on_part
 from esi_guard.calibration.metrics import Estimate
 from esi_guard.cascade import fit_band
-from esi_guard.cli._run import Run, console, fail
+from esi_guard.cli.output import console, fail
+from esi_guard.cli.run import Run
 from esi_guard.exceptions import ESIGuardError
 
 __all__ = ["CROSS_FITTED", "fit_run", "value_band"]

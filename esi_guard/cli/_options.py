@@ -19,15 +19,19 @@ __all__ = [
     "DType",
     "Data",
     "Device",
+    "Distance",
     "IncorrectField",
     "InterventionName",
+    "InterventionOption",
     "Judge",
     "LabelMethod",
     "LabelThreshold",
     "Labels",
     "Limit",
     "LocalBackend",
+    "MaxNewTokens",
     "Model",
+    "NVariants",
     "PromptFile",
     "QuestionField",
     "Resamples",
@@ -37,6 +41,7 @@ __all__ = [
     "Selection",
     "System",
     "Threads",
+    "TopK",
 ]
 
 
@@ -183,3 +188,10 @@ Judge = Annotated[
     str | None, typer.Option(help="module:attribute of a LangChain chat model, for --labels judge.")
 ]
 Resamples = Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")]
+InterventionOption = Annotated[InterventionName, typer.Option()]
+NVariants = Annotated[int, typer.Option(help="L, variants per question.")]
+TopK = Annotated[int, typer.Option(help="k, tokens kept per distribution.")]
+Distance = Annotated[str, typer.Option(help="hellinger, squared_hellinger, kl...")]
+MaxNewTokens = Annotated[
+    int, typer.Option(help="Most tokens per answer (the guard's default too).")
+]

@@ -22,17 +22,22 @@ from esi_guard.calibration.combining import decode_states
 from esi_guard.calibration.data import dataset_hash, load_questions
 from esi_guard.calibration.prompts import run_prompts
 from esi_guard.cascade import PROBE_SIGNALS, ESIProbe, fit_esi_probe, held_out, label_free_band
+from esi_guard.cli import build
 from esi_guard.cli._options import (
     BatchSize,
     Cache,
     ChatTemplateOption,
     Data,
     Device,
+    Distance,
     DType,
     InterventionName,
+    InterventionOption,
     Limit,
     LocalBackend,
+    MaxNewTokens,
     Model,
+    NVariants,
     PromptFile,
     QuestionField,
     Resamples,
@@ -40,12 +45,13 @@ from esi_guard.cli._options import (
     Seed,
     System,
     Threads,
+    TopK,
 )
-from esi_guard.cli._run import _default_cache, _score, console, fail, needs_extra, used_modules
-from esi_guard.cli.commands import _INTERVENTIONS, _guard, _model_request, app
-from esi_guard.cli.runner import complete_cache, run_header
+from esi_guard.cli.output import console, fail, needs_extra, used_modules
+from esi_guard.cli.run.cache import RunHeader, complete_cache, default_cache
+from esi_guard.cli.run.score import score_with_progress
 from esi_guard.exceptions import ESIGuardError
-from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, ScoringConfig
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["distill", "quality"]
 
@@ -72,7 +78,6 @@ def quality(
             "r2": {"value": r2, "low": float(low[1]), "high": float(high[1])}}  # fmt: skip
 
 
-@app.command()
 def distill(
     data: Data,
     out: Annotated[Path, typer.Option(help="Where to write the ESI probe (JSON).")],
@@ -85,15 +90,11 @@ def distill(
     runner: Runner = LocalBackend.auto,
     chat_template: ChatTemplateOption = None,
     threads: Threads = None,
-    intervention: Annotated[InterventionName, typer.Option()] = InterventionName.soc,
-    n_variants: Annotated[int, typer.Option(help="L, variants per question.")] = 10,
-    top_k: Annotated[int, typer.Option(help="k, tokens kept per distribution.")] = 100,
-    distance: Annotated[
-        str, typer.Option(help="hellinger, squared_hellinger, kl...")
-    ] = "hellinger",
-    max_new_tokens: Annotated[
-        int, typer.Option(help="Most tokens per answer (the guard's default too).")
-    ] = DEFAULT_MAX_NEW_TOKENS,
+    intervention: InterventionOption = InterventionName.soc,
+    n_variants: NVariants = 10,
+    top_k: TopK = 100,
+    distance: Distance = "hellinger",
+    max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS,
     system: System = None,
     prompt: PromptFile = None,
     coverage: Annotated[
@@ -114,26 +115,25 @@ def distill(
         system, template = run_prompts(examples, system, prompt, None)
     except ESIGuardError as exc:
         fail(str(exc))
-    request = {
-        **_model_request(model, None, "auto", device, runner, chat_template, dtype),
-        "intervention": _INTERVENTIONS[intervention.value]().describe(), "n_variants": n_variants,
-        "top_k": top_k, "distance": distance, "max_new_tokens": max_new_tokens,
-        "hidden_states": True, "system_prompt": system, "prompt_template": template,
-    }  # fmt: skip
+    chosen = build.ModelOptions(model, None, "auto", device, runner, chat_template, dtype,
+                                threads)  # fmt: skip
+    scoring = build.ScoringOptions(intervention.value, n_variants, top_k, distance,
+                                   max_new_tokens)  # fmt: skip
+    request = {**chosen.request(), **scoring.request(), "hidden_states": True,
+               "system_prompt": system, "prompt_template": template}  # fmt: skip
     digest = dataset_hash(examples)
-    cache = cache or _default_cache(data, request, digest)
+    cache = cache or default_cache(data, request, digest)
     try:
         found = complete_cache(cache, request, digest, len(examples))
         if found is not None:
             header, records = found
             console.print(f"all {len(records)} questions found in {cache}: no model loaded")
         else:
-            guard = _guard(model, None, "auto", device, runner, chat_template, intervention.value,
-                           n_variants, top_k, distance, max_new_tokens, 0, dtype, True,
-                           threads)  # fmt: skip
-            header = run_header(guard, digest, system, template, request)
-            records = _score(guard, examples, cache=cache, header=header, system=system,
-                             template=template, batch_size=batch_size)  # fmt: skip
+            guard = build.guard(chosen, scoring, hidden=True)
+            header = RunHeader.of(guard, digest, system, template, request)
+            records = score_with_progress(guard, examples, cache=cache, header=header,
+                                          system=system, template=template,
+                                          batch_size=batch_size)  # fmt: skip
             console.print(f"per-question results: {cache}")
     except (ESIGuardError, ImportError) as exc:
         fail(str(exc))
@@ -144,7 +144,7 @@ def distill(
 
 
 def _fit(
-    records: list[dict[str, Any]], header: dict[str, Any], coverage: float, folds: int,
+    records: list[dict[str, Any]], header: RunHeader, coverage: float, folds: int,
     seed: int, resamples: int,
 ) -> ESIProbe:  # fmt: skip
     """Fit on every scored answer; held-out quality by nested cross-validation."""
@@ -164,8 +164,8 @@ def _fit(
     measured = quality(estimates, esi, resamples, seed)
     measured["signals_only"] = quality(free, esi, resamples, seed)
     return probe.model_copy(update={
-        "model": header["model"], "model_sha256": header.get("model_sha256"),
-        "engine": header.get("engine"), "scoring": ScoringConfig(**header["scoring"]),
+        "model": header.model, "model_sha256": header.model_sha256,
+        "engine": header.engine, "scoring": header.scoring,
         "quality": measured, "held_out_estimates": tuple(map(float, estimates)),
         "held_out_esi": tuple(map(float, esi)),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

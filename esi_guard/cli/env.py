@@ -34,7 +34,6 @@ from esi_guard.backends.llamacpp._cpu import (
     missing_features,
     system_features,
 )
-from esi_guard.cli.commands import app
 
 __all__ = ["DecodeCheck", "decode_check", "env"]
 
@@ -122,7 +121,6 @@ def _repacking(features: dict[str, str]) -> str:
     return "on (llama.cpp's default; it has no AMX kernels)"
 
 
-@app.command()
 def env(
     cmake: Annotated[
         bool,

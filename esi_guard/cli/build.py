@@ -1,0 +1,144 @@
+"""What the commands build from their options: the backend, the guard, the labeller.
+
+Every command builds its backend through :func:`backend` (tests replace it with a fake).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from esi_guard.backends.adapters import auto_engine, local_backend
+from esi_guard.backends.base import FINAL, Backend, HiddenSpec
+from esi_guard.calibration import labels as label_methods
+from esi_guard.cli._options import LabelMethod, LocalBackend
+from esi_guard.cli.output import fail
+from esi_guard.combined import probe_window
+from esi_guard.guard import ESIGuard
+from esi_guard.interventions import SkipOneChar, Typo
+
+__all__ = [
+    "INTERVENTIONS",
+    "ModelOptions",
+    "ScoringOptions",
+    "backend",
+    "guard",
+    "labeller",
+    "local_threads",
+    "template_text",
+]
+
+INTERVENTIONS = {"soc": SkipOneChar, "typo": Typo}
+"""The interventions ``--intervention`` names."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The options that choose the model: run here (``--backend``...) or on a server."""
+
+    model: str
+    api_base: str | None = None
+    api_mode: str = "auto"
+    device: str | None = None
+    runner: LocalBackend = LocalBackend.auto
+    chat_template: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+
+    def request(self) -> dict[str, Any]:
+        """The options as the cache header records them (no loading)."""
+        template = template_text(self.chat_template)
+        if template not in (None, "completion"):
+            template = "sha256:" + hashlib.sha256(template.encode()).hexdigest()
+        if self.api_base:
+            return {"model": self.model, "api_base": self.api_base, "api_mode": self.api_mode,
+                    "chat_template": template}  # fmt: skip
+        engine = self.runner.value
+        if self.runner is LocalBackend.auto:
+            engine = auto_engine(self.model, device=self.device, dtype=self.dtype)
+        return {"model": self.model, "engine": engine, "dtype": self.dtype,
+                "chat_template": template}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """The options of ESI itself: the intervention, L, k, the distance, the answer's length."""
+
+    intervention: str
+    n_variants: int
+    top_k: int
+    distance: str
+    max_new_tokens: int
+
+    def request(self) -> dict[str, Any]:
+        """The options as the cache header records them."""
+        return {"intervention": INTERVENTIONS[self.intervention]().describe(),
+                "n_variants": self.n_variants, "top_k": self.top_k, "distance": self.distance,
+                "max_new_tokens": self.max_new_tokens}  # fmt: skip
+
+
+def backend(options: ModelOptions) -> Backend:
+    """The backend the options choose: the server's, or a model loaded here."""
+    if options.api_base:
+        from esi_guard.backends.openai import OpenAIBackend
+
+        return OpenAIBackend(options.model, base_url=options.api_base,
+                             mode=options.api_mode)  # type: ignore[arg-type]  # fmt: skip
+    engine = None if options.runner is LocalBackend.auto else options.runner.value
+    return local_backend(options.model, engine=engine, device=options.device,
+                         n_threads=options.threads,
+                         chat_template=template_text(options.chat_template),
+                         dtype=options.dtype)  # fmt: skip
+
+
+def local_threads(threads: int | None, server: str | None, option: str = "--api-base") -> None:
+    """``--threads`` is for a model run here: with a server's URL the command ends at once."""
+    if threads is not None and server:
+        fail(f"--threads sets the CPU threads of a model run here; {option} {server} runs it")
+
+
+def template_text(chat_template: str | None) -> str | None:
+    """The chat template's source (``completion`` and None as they are)."""
+    if chat_template is None or chat_template == "completion":
+        return chat_template
+    try:
+        return Path(chat_template).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot read the chat template {chat_template}: {exc.strerror}")
+
+
+def labeller(method: LabelMethod, threshold: float | None, judge: str | None) -> Any:
+    """The labeller ``--labels`` names."""
+    if method is LabelMethod.containment:
+        return label_methods.Containment()
+    if method is LabelMethod.exact:
+        return label_methods.ExactMatch()
+    if method is LabelMethod.f1:
+        return label_methods.TokenF1(threshold or 0.5)
+    if method is LabelMethod.semantic:
+        return label_methods.Semantic(threshold or 0.7)
+    if not judge or ":" not in judge:
+        msg = "--labels judge needs --judge module:attribute"
+        raise typer.BadParameter(msg, param_hint="judge")
+    module, _, attribute = judge.partition(":")
+    return label_methods.LLMJudge(getattr(importlib.import_module(module), attribute))
+
+
+def guard(model: ModelOptions, scoring: ScoringOptions, *, hidden: bool = False) -> ESIGuard:
+    """The guard a run scores with; ``hidden``: it keeps the probe's candidate states."""
+    chosen = backend(model)
+    states = None
+    if hidden:
+        if chosen.hidden_layers is None:
+            chosen.check_hidden(HiddenSpec((FINAL,)))  # the backend's own refusal
+        states = probe_window(chosen.hidden_layers or ())
+    return ESIGuard(
+        backend=chosen, threshold=0.0, intervention=INTERVENTIONS[scoring.intervention](),
+        n_variants=scoring.n_variants, top_k=scoring.top_k, distance=scoring.distance,
+        max_new_tokens=scoring.max_new_tokens, seed=0, hidden_states=states,
+    )  # fmt: skip

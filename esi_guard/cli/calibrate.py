@@ -1,0 +1,356 @@
+r"""``esi-guard calibrate``: score a labelled QA set, report it, and write a threshold file.
+
+    esi-guard calibrate --data docs/examples/my_qa.jsonl --select risk --alpha 0.35 \\
+        --out threshold.json --plot calibration.png
+    esi-guard calibrate --data data/sciq/test.jsonl \\
+        --data data/triviaqa/subset.jsonl --limit 200 --select coverage \\
+        --out threshold.json
+
+The threshold is chosen on ESI, or with ``--score combined`` on a fitted P(wrong)
+(:mod:`esi_guard.cli._combined`); ``--min-variants`` fits sequential ESI's stopping rule
+and ``--esi-probe`` a cascade's band (:mod:`esi_guard.cli._cascade`) beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from esi_guard import __version__
+from esi_guard.calibration.combining import Combined, parse_features
+from esi_guard.calibration.file import DatasetInfo, ThresholdFile
+from esi_guard.calibration.metrics import Estimate
+from esi_guard.calibration.thresholds import (
+    Choice,
+    by_coverage,
+    by_f1,
+    by_risk,
+    by_youden,
+    fit_stop_constant,
+    min_accepted,
+    min_examples,
+    risk_search,
+    risk_tests,
+)
+from esi_guard.cli import build
+from esi_guard.cli._cascade import fit_cascade, read_probe
+from esi_guard.cli._combined import CROSS_FITTED, fit_run, value_band
+from esi_guard.cli._options import (
+    AnswersField,
+    AnswersSep,
+    ApiBase,
+    ApiMode,
+    BatchSize,
+    Cache,
+    ChatTemplateOption,
+    Data,
+    Device,
+    Distance,
+    DType,
+    IncorrectField,
+    InterventionName,
+    InterventionOption,
+    Judge,
+    LabelMethod,
+    Labels,
+    LabelThreshold,
+    Limit,
+    LocalBackend,
+    MaxNewTokens,
+    Model,
+    NVariants,
+    PromptFile,
+    QuestionField,
+    Resamples,
+    Runner,
+    ScoreName,
+    Seed,
+    Selection,
+    System,
+    Threads,
+    TopK,
+)
+from esi_guard.cli.output import console, data_name, fail, needs_extra, stderr, used_modules, warn
+from esi_guard.cli.run import Run, Source, report, score_run
+from esi_guard.combined import FEATURES, HIDDEN
+from esi_guard.exceptions import ESIGuardError
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
+
+__all__ = ["SMALL_SET", "calibrate"]
+
+SMALL_SET = 100
+"""Fewer scored examples than this get a warning, whatever the rule."""
+
+
+def _stop_rule(
+    records: list[dict[str, Any]], threshold: float, min_variants: int, most: float, delta: float
+) -> dict[str, Any] | None:
+    """Fit sequential ESI's stopping constant on the run's variant scores, and say so."""
+    rows = [r["variant_scores"] for r in records if r["scored"] and r.get("variant_scores")]
+    rule = fit_stop_constant(
+        rows, threshold, min_variants=min_variants, max_disagreement=most, delta=delta
+    )
+    if rule is None:
+        warn(
+            f"sequential ESI: no stopping constant keeps early decisions within "
+            f"{most:g} of the full-L ones with probability >= {1 - delta:g} on these "
+            f"{len(rows)} answers; the file holds no stopping rule. Raise "
+            "--max-disagreement or calibrate on more examples."
+        )
+        return None
+    console.print(
+        f"sequential ESI: stop constant {rule.constant:g} from {rule.min_variants} variants: "
+        f"{rule.variants_used_mean:.2f} variants per answer, early decision differs from the "
+        f"full-L one on {rule.disagreement:.3f} of {len(rows)} answers (<= {rule.bound:.3f} "
+        f"with probability {1 - delta:g})"
+    )
+    return asdict(rule)
+
+
+def calibrate(
+    data: Data,
+    out: Annotated[Path, typer.Option(help="Where to write the threshold file (JSON).")],
+    question_field: QuestionField = None,
+    answers_field: AnswersField = None,
+    incorrect_field: IncorrectField = None,
+    answers_sep: AnswersSep = "; ",
+    limit: Limit = None,
+    seed: Seed = None,
+    model: Model = "default",
+    api_base: ApiBase = None,
+    api_mode: ApiMode = "auto",
+    device: Device = None,
+    dtype: DType = None,
+    runner: Runner = LocalBackend.auto,
+    chat_template: ChatTemplateOption = None,
+    threads: Threads = None,
+    intervention: InterventionOption = InterventionName.soc,
+    n_variants: NVariants = 10,
+    top_k: TopK = 100,
+    distance: Distance = "hellinger",
+    max_new_tokens: MaxNewTokens = DEFAULT_MAX_NEW_TOKENS,
+    system: System = None,
+    prompt: PromptFile = None,
+    labels: Labels = LabelMethod.containment,
+    label_threshold: LabelThreshold = None,
+    judge: Judge = None,
+    select: Annotated[
+        Selection, typer.Option(help="How to choose the threshold.")
+    ] = Selection.risk,
+    alpha: Annotated[float, typer.Option(help="Target selective risk (--select risk).")] = 0.3,
+    delta: Annotated[float, typer.Option(help="Allowed failure probability (risk).")] = 0.1,
+    coverage: Annotated[float, typer.Option(help="Target coverage (--select coverage).")] = 0.8,
+    plot: Annotated[Path | None, typer.Option(help="PNG with ROC and risk-coverage.")] = None,
+    cache: Cache = None,
+    batch_size: BatchSize = 8,
+    resamples: Resamples = 1000,
+    min_variants: Annotated[
+        int | None,
+        typer.Option(help="Also fit sequential ESI's stopping rule, first round of N variants."),
+    ] = None,
+    max_disagreement: Annotated[
+        float,
+        typer.Option(help="Sequential / cascade: most decisions differing from full-L ones."),
+    ] = 0.05,
+    stop_delta: Annotated[
+        float, typer.Option(help="Sequential / cascade: allowed failure probability of that bound.")
+    ] = 0.1,
+    esi_probe: Annotated[
+        Path | None,
+        typer.Option(help="An ESI probe (esi-guard distill): fit the cascade's band too."),
+    ] = None,
+    score: Annotated[
+        ScoreName,
+        typer.Option(help="esi, or combined: P(wrong) from ESI and the answer's free signals."),
+    ] = ScoreName.esi,
+    fit_fraction: Annotated[
+        float | None,
+        typer.Option(help="Combined: fit on this share of the answers, choose the threshold "
+                     "on the rest (default: cross-fit on all, choose out of fold)."),
+    ] = None,
+    cascade: Annotated[
+        bool,
+        typer.Option("--cascade", help="Combined with esi: also fit it without ESI and the "
+                     "band where ESI can change the decision; the guard runs ESI only there."),
+    ] = False,
+    features: Annotated[
+        str,
+        typer.Option(help="Combined: its signals, of esi, nll, entropy, max_nll, repetition, "
+                     "and hidden (a probe on the model's hidden states; transformers or "
+                     "llama.cpp); cross-fitting keeps those that pay."),
+    ] = ",".join(FEATURES),
+) -> None:  # fmt: skip
+    """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
+    _check_targets(select, alpha, delta, coverage)
+    build.local_threads(threads, api_base)
+    fits = score is ScoreName.combined or esi_probe is not None
+    needs_extra("calibrate", used_modules(labels=labels.value, plot=plot is not None, fits=fits))
+    names = _check_fits(score, min_variants, features, cascade, fit_fraction, esi_probe)
+    probe = None if esi_probe is None else read_probe(esi_probe)
+    hidden = HIDDEN in names or probe is not None
+    chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template, dtype,
+                                threads)  # fmt: skip
+    scoring = build.ScoringOptions(intervention.value, n_variants, top_k, distance,
+                                   max_new_tokens)  # fmt: skip
+    request = {**chosen.request(), **scoring.request()}
+    if hidden:
+        request["hidden_states"] = True  # another cache: its records carry the states
+    run = score_run(
+        lambda: build.guard(chosen, scoring, hidden=hidden),
+        Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
+        request=request, labeller=lambda: build.labeller(labels, label_threshold, judge),
+        cache=cache, system=system, prompt_file=prompt, batch_size=batch_size,
+    )  # fmt: skip
+    scores, wrong = run.scores, run.wrong
+    metrics = report(run, data, resamples)
+    combined = None
+    if score is ScoreName.combined:
+        combined = fit_run(run, fit_fraction, seed or 0, names, cascade=cascade,
+                           resamples=resamples)  # fmt: skip
+        scores, wrong = combined.p_wrong, combined.wrong  # the threshold is chosen on these
+    _warn_if_small(len(scores), select, alpha, delta)
+    choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
+    title = f"{'P(wrong)' if combined else 'ESI'} on {data_name(data)}"
+    if choice is None:
+        _refuse(scores, wrong, alpha, delta)
+        if plot is not None:
+            _plot(plot, scores, wrong, None, f"{title}: no threshold meets risk <= {alpha:g}")
+        raise typer.Exit(1)
+    sequential = None
+    if min_variants is not None:
+        sequential = _stop_rule(run.records, choice.threshold, min_variants, max_disagreement,
+                                stop_delta)  # fmt: skip
+    dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
+                          n=len(run.examples), limit=limit, seed=seed or 0)  # fmt: skip
+    if combined is not None and choice.guarantee and combined.report["fit"] == "cross":
+        statement = choice.guarantee["statement"] + CROSS_FITTED
+        choice = replace(choice, guarantee={**choice.guarantee, "statement": statement})
+    result = _threshold_file(run, choice, metrics, combined, sequential, dataset)
+    if cascade and combined is not None and combined.free is None:
+        console.print(f"no cascade: the kept score ({combined.report['chosen']}) reads no "
+                      "ESI, so its guard forces no variant on any answer")  # fmt: skip
+    elif cascade and combined is not None:
+        result = result.model_copy(update=value_band(combined, choice.threshold,
+                                                     max_disagreement, stop_delta))  # fmt: skip
+    if probe is not None:
+        result = result.model_copy(update=fit_cascade(
+            run, probe, choice.threshold, combined, max_disagreement, stop_delta))  # fmt: skip
+    result.write(out)
+    console.print(
+        f"threshold {choice.threshold:.4f} ({choice.method}): calibration coverage "
+        f"{choice.coverage:.3f}, selective risk {choice.selective_risk:.3f}"
+    )
+    if choice.guarantee:
+        console.print(f"guarantee: {choice.guarantee['statement']}")
+    console.print(f"wrote {out}")
+    if plot is not None:
+        _plot(plot, scores, wrong, choice.threshold, title)
+
+
+def _check_fits(
+    score: ScoreName, min_variants: int | None, features: str, cascade: bool,
+    fit_fraction: float | None, esi_probe: Path | None,
+) -> tuple[str, ...]:  # fmt: skip
+    """The combined score's features; options that do not go together end the command."""
+    if score is ScoreName.combined and min_variants is not None:
+        fail("--score combined and --min-variants: choose one")
+    try:
+        names = parse_features(features)
+    except ESIGuardError as exc:
+        fail(str(exc))
+    if score is not ScoreName.combined:
+        for given, option in (
+            (names != FEATURES, "--features"),
+            (cascade, "--cascade"),
+            (fit_fraction is not None, "--fit-fraction"),
+        ):
+            if given:
+                fail(f"{option} is for --score combined")
+    if cascade and (esi_probe is not None or fit_fraction is not None):
+        fail(
+            "--cascade cross-fits its band on every answer: not with --esi-probe or --fit-fraction"
+        )
+    return names
+
+
+def _threshold_file(
+    run: Run, choice: Choice, metrics: dict[str, Estimate], combined: Combined | None,
+    sequential: dict[str, Any] | None, dataset: DatasetInfo,
+) -> ThresholdFile:  # fmt: skip
+    """The file: the choice, and the model and scoring the run's cache header names."""
+    return ThresholdFile.from_run(
+        run.header, choice, label_method=run.labeller.name, dataset=dataset, metrics=metrics,
+        version=__version__, sequential=sequential, combined=combined and combined.model,
+        combined_report=combined and combined.report,
+    )  # fmt: skip
+
+
+def _check_targets(select: Selection, alpha: float, delta: float, coverage: float) -> None:
+    """Bad targets end the command before any model is loaded."""
+    if select is Selection.risk and not (0 < alpha < 1 and 0 < delta < 1):
+        fail(f"--alpha and --delta must be in (0, 1), got {alpha:g} and {delta:g}")
+    if select is Selection.coverage and not 0 < coverage <= 1:
+        fail(f"--coverage must be in (0, 1], got {coverage:g}")
+
+
+def _warn_if_small(m: int, select: Selection, alpha: float, delta: float) -> None:
+    """A threshold chosen on few examples says so, whatever the rule."""
+    if select is Selection.risk and m < min_examples(alpha, delta):
+        warn(
+            f"{m} scored examples: selective risk <= {alpha:g} with probability >= "
+            f"{1 - delta:g} needs at least {min_examples(alpha, delta)} even if every answer "
+            "is right; no threshold can qualify. Calibrate on more examples."
+        )
+    elif m < SMALL_SET:
+        warn(
+            f"only {m} scored examples: a threshold and metrics from so few move a lot from "
+            "one sample to the next; calibrate on a few hundred of the questions you serve."
+        )
+
+
+def _refuse(scores: list[float], wrong: list[int], alpha: float, delta: float) -> None:
+    """Say what failed when the risk rule found no threshold: the best bound it reached."""
+    tested = risk_search(scores, wrong, alpha, delta)
+    best = min(tested, key=lambda test: (test.bound, -test.accepted))
+    tests, m = risk_tests(len(scores)), len(scores)
+    needed, smallest = min_accepted(alpha, delta, tests), min_examples(alpha, delta)
+    few = ""
+    if m < smallest:
+        few = (f" ({m} examples are too few: even with none wrong the rule needs at least "
+               f"{smallest}, as its search tests the median score first)")  # fmt: skip
+    elif best.accepted < needed:
+        few = f" (even with none wrong, a bound that low needs at least {needed} accepted)"
+    stderr.print(
+        f"no threshold keeps the upper confidence bound of the accepted error rate at or "
+        f"below alpha={alpha:g} with delta={delta:g} on these {m} examples: the best bound "
+        f"is {best.bound:.3f} at {best.accepted} accepted ({best.errors} wrong, error rate "
+        f"{best.errors / best.accepted:.3f}){few}, of the {len(tested)} thresholds "
+        f"the search tested (Clopper-Pearson at delta/{tests} each); no threshold file "
+        "written. Calibrate on more examples, raise --alpha, or raise --delta."
+    )
+
+
+def _plot(
+    path: Path, scores: list[float], wrong: list[int], threshold: float | None, title: str
+) -> None:
+    from esi_guard.calibration.plot import plot_calibration
+
+    plot_calibration(path, scores, wrong, threshold=threshold, title=title)
+    console.print(f"wrote {path}" + ("" if threshold is not None else
+                                      " (no threshold line: no threshold qualified)"))  # fmt: skip
+
+
+def _select(
+    select: Selection, scores: list[float], wrong: list[int], *, alpha: float, delta: float,
+    coverage: float,
+) -> Choice | None:  # fmt: skip
+    if select is Selection.risk:
+        return by_risk(scores, wrong, alpha, delta)
+    if select is Selection.coverage:
+        return by_coverage(scores, wrong, coverage)
+    if select is Selection.f1:
+        return by_f1(scores, wrong)
+    return by_youden(scores, wrong)

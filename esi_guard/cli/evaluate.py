@@ -1,0 +1,122 @@
+"""``esi-guard evaluate``: a threshold file's metrics, coverage and selective risk on another set.
+
+``esi-guard evaluate --threshold threshold.json --data data/sciq/test.jsonl``
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error
+from esi_guard.cli import build
+from esi_guard.cli._options import (
+    AnswersField,
+    AnswersSep,
+    ApiBase,
+    ApiMode,
+    BatchSize,
+    Cache,
+    ChatTemplateOption,
+    Data,
+    Device,
+    DType,
+    IncorrectField,
+    Judge,
+    LabelMethod,
+    Labels,
+    LabelThreshold,
+    Limit,
+    LocalBackend,
+    Model,
+    QuestionField,
+    Resamples,
+    Runner,
+    Seed,
+    Threads,
+)
+from esi_guard.cli.output import console, data_name, fail, needs_extra, used_modules
+from esi_guard.cli.run import Source, report, score_run
+from esi_guard.exceptions import ESIGuardError
+from esi_guard.guard import ESIGuard
+
+__all__ = ["evaluate"]
+
+
+def evaluate(
+    threshold: Annotated[Path, typer.Option("--threshold", help="A threshold file.")],
+    data: Data,
+    question_field: QuestionField = None,
+    answers_field: AnswersField = None,
+    incorrect_field: IncorrectField = None,
+    answers_sep: AnswersSep = "; ",
+    limit: Limit = None,
+    seed: Seed = None,
+    model: Model = "default",
+    api_base: ApiBase = None,
+    api_mode: ApiMode = "auto",
+    device: Device = None,
+    dtype: DType = None,
+    runner: Runner = LocalBackend.auto,
+    chat_template: ChatTemplateOption = None,
+    threads: Threads = None,
+    labels: Labels = LabelMethod.containment,
+    label_threshold: LabelThreshold = None,
+    judge: Judge = None,
+    cache: Cache = None,
+    batch_size: BatchSize = 8,
+    resamples: Resamples = 1000,
+) -> None:
+    """Metrics, realised coverage and selective risk of a threshold file on another set."""
+    build.local_threads(threads, api_base)
+    needs_extra("evaluate", used_modules(labels=labels.value))
+    try:
+        calibrated = ThresholdFile.read(threshold)
+    except ESIGuardError as exc:
+        fail(str(exc))
+    chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template, dtype,
+                                threads)  # fmt: skip
+    request = {
+        **chosen.request(),
+        "threshold": calibrated.model_dump(mode="json",
+                                           include={"scoring", "sequential", "combined",
+                                                    "esi_probe", "probe_band", "free_score"}),
+    }  # fmt: skip
+    run = score_run(
+        lambda: ESIGuard.from_calibration(threshold, backend=build.backend(chosen)),
+        Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
+        request=request, labeller=lambda: build.labeller(labels, label_threshold, judge),
+        cache=cache, system=calibrated.scoring.system_prompt or "", prompt_file=None,
+        batch_size=batch_size, template=calibrated.scoring.prompt_template,
+    )  # fmt: skip
+    scores, wrong = run.scores, run.wrong
+    if all(r["score"] is not None for r in run.records if r["scored"]):
+        report(run, data, resamples)
+    else:  # some decided without ESI: there is no ESI score to report on
+        console.print(f"{data_name(data)}: n={len(wrong)}, accuracy "
+                      f"{1 - sum(wrong) / len(wrong):.3f}, labels {run.labeller.name}")  # fmt: skip
+    if calibrated.combined is not None:  # the threshold is on P(wrong)
+        scores = [float(r["p_wrong"]) for r in run.records if r["scored"]]
+        ece = expected_calibration_error(scores, wrong)
+        estimate = bootstrap(auroc, scores, wrong, n_resamples=resamples)
+        console.print(f"P(wrong): AUROC [95% CI] {estimate}, ECE {ece:.3f}")
+    accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
+    realised_risk = sum(accepted) / len(accepted) if accepted else float("nan")
+    console.print(
+        f"threshold {calibrated.threshold:.4f} ({calibrated.method}): coverage "
+        f"{len(accepted) / len(scores):.3f}, selective risk {realised_risk:.3f}"
+        + (f" (unscored, withheld: {run.unscored})" if run.unscored else "")
+    )
+    if calibrated.guarantee:
+        console.print(f"calibrated guarantee: {calibrated.guarantee['statement']}")
+    paths = [r["decided_by"] for r in run.records if r.get("decided_by")]
+    if paths and calibrated.combined is not None and not calibrated.combined.uses_esi:
+        console.print(f"no ESI: {len(paths)} answers decided on P(wrong), no variant forced")
+    elif paths:
+        console.print(
+            f"cascade: full ESI ran on {paths.count('esi')} of {len(paths)} answers "
+            f"({paths.count('esi') / len(paths):.1%}); the cheap score decided the others"
+        )

@@ -1,0 +1,231 @@
+"""Scoring examples with a guard (``ESIGuard.assess``) into the run's cache, in batches.
+
+Each scored example is appended to the cache as one JSON line as soon as its batch is
+done, so a run killed halfway resumes where it stopped: a rerun skips the examples already
+there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from esi_guard.backends.base import HiddenStates
+from esi_guard.calibration.combining import encode_states
+from esi_guard.calibration.data import Example
+from esi_guard.cli.output import console
+from esi_guard.cli.run.cache import Records, RunHeader, open_cache
+from esi_guard.combined import CombinedScore
+from esi_guard.exceptions import ConfigurationError, ESIGuardError
+from esi_guard.guard import ESIGuard
+from esi_guard.guard._templates import TemplatedPrompt
+from esi_guard.result import ESIResult
+
+__all__ = ["fill_states", "score_examples", "score_with_progress"]
+
+_READER = CombinedScore(features=("nll",), mean=(0.0,), scale=(1.0,), weights=(0.0,),
+                        intercept=0.0, strength=0.0, n_fit=0)  # fmt: skip
+"""A combined score that reads no ESI: a guard with it answers and reads the states
+without forcing any variant (:func:`fill_states`; its decision is not used)."""
+
+
+def _assess(
+    guard: ESIGuard, examples: Sequence[Example], chunk: Sequence[int],
+    system_prompt: str | None, template: str | None,
+) -> list[ESIResult | BaseException]:  # fmt: skip
+    """The guard's results (or errors) for the examples ``chunk``, asked as a run asks.
+
+    With ``template`` each example is rendered through :class:`TemplatedPrompt`
+    (``{question}``, and ``{context}`` from the example's passage), so only the question
+    is intervened on; an example that does not render has its error in its place.
+    """
+    if template is None:
+        prompts: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
+        return list(guard.assess(prompts))
+    renderer = _renderer(guard, system_prompt, template)
+    out: list[Any] = []
+    for i in chunk:
+        try:
+            out.append(renderer.render(_variables(examples[i])))
+        except Exception as exc:  # in the example's place, as batch returns it
+            out.append(exc)
+    rendered = [value for value in out if not isinstance(value, BaseException)]
+    results = iter(guard.assess(rendered))
+    return [value if isinstance(value, BaseException) else next(results) for value in out]
+
+
+def _renderer(guard: ESIGuard, system_prompt: str | None, template: str) -> TemplatedPrompt:
+    from langchain_core.prompts import ChatPromptTemplate
+
+    messages = [("system", system_prompt)] if system_prompt else []
+    prompt = ChatPromptTemplate.from_messages([*messages, ("human", template)])
+    context = "context" if "context" in prompt.input_variables else None
+    if guard.decide_on == "context_reliance" and context is None:
+        msg = "decide_on='context_reliance' needs with_prompt(..., context_key=...)"
+        raise ConfigurationError(msg)
+    return TemplatedPrompt(prompt=prompt, question_key="question", context_key=context)
+
+
+def _prompt(question: str, system_prompt: str | None) -> list[tuple[str, str]]:
+    return ([("system", system_prompt)] if system_prompt else []) + [("human", question)]
+
+
+def _variables(example: Example) -> dict[str, str]:
+    values = {"question": example.question}
+    if example.context is not None:
+        values["context"] = example.context
+    return values
+
+
+def _appending(cache: Path) -> Any:
+    """The cache opened to append, a line a kill cut short ended first."""
+    out = cache.open("a", encoding="utf-8")
+    if cache.read_bytes()[-1:] != b"\n":
+        out.write("\n")  # so the next record starts clean
+    return out
+
+
+def score_examples(
+    guard: ESIGuard,
+    examples: Sequence[Example],
+    *,
+    cache: Path,
+    header: RunHeader,
+    system_prompt: str | None = None,
+    template: str | None = None,
+    batch_size: int = 8,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per example (index, question, answers, prediction, score, scored, reason).
+
+    Examples already in ``cache`` are not scored again. ``on_batch(n)`` is called after
+    each batch with the number of examples it added (for a progress bar); it is also
+    called once at the start with the number found in the cache.
+    """
+    done = open_cache(cache, header)
+    if on_batch is not None:
+        on_batch(len(done))
+    todo = [i for i in range(len(examples)) if i not in done]
+    with _appending(cache) as out:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            results = _assess(guard, examples, chunk, system_prompt, template)
+            for index, result in zip(chunk, results, strict=True):
+                record = _record(index, examples[index], result)
+                done[index] = record
+                out.write(json.dumps(record) + "\n")
+            out.flush()
+            if on_batch is not None:
+                on_batch(len(chunk))
+    return [done[i] for i in range(len(examples))]
+
+
+def score_with_progress(
+    guard: ESIGuard,
+    examples: list[Example],
+    *,
+    cache: Path,
+    header: RunHeader,
+    system: str | None,
+    template: str | None,
+    batch_size: int,
+) -> list[dict[str, Any]]:
+    """:func:`score_examples` under a progress bar (its rate counts this run's answers)."""
+    columns = (
+        TextColumn("[bold]scoring"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )  # fmt: skip
+    start, scored, resumed = time.monotonic(), 0, False
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("score", total=len(examples), rate="")
+
+        def advance(count: int) -> None:
+            nonlocal scored, resumed
+            if resumed:  # the first call reports what the cache already held
+                scored += count
+            resumed = True
+            rate = scored / max(time.monotonic() - start, 1e-9)
+            progress.update(task, advance=count, rate=f"{rate:.2f} q/s" if scored else "")
+
+        return score_examples(
+            guard, examples, cache=cache, header=header, system_prompt=system,
+            template=template, batch_size=batch_size, on_batch=advance,
+        )  # fmt: skip
+
+
+def fill_states(
+    guard: ESIGuard,
+    examples: Sequence[Example],
+    donor: Records,
+    *,
+    cache: Path,
+    header: RunHeader,
+    system_prompt: str | None = None,
+    template: str | None = None,
+    batch_size: int = 8,
+) -> int:
+    """Write ``donor``'s scored records into ``cache`` with their hidden states added.
+
+    Each answer is generated again with its states read (no variant forced: ESI and the
+    signals are the donor's); one whose answer comes out otherwise is left for full
+    scoring. Returns how many records were written.
+    """
+    done = open_cache(cache, header)
+    todo = [i for i, r in sorted(donor.items())
+            if i < len(examples) and i not in done and r.get("scored")]  # fmt: skip
+    reader = guard.model_copy(update={"combined": _READER})
+    written = 0
+    with _appending(cache) as out:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            results = _assess(reader, examples, chunk, system_prompt, template)
+            for index, result in zip(chunk, results, strict=True):
+                if not isinstance(result, ESIResult) or result.hidden is None:
+                    continue
+                if result.answer != donor[index]["prediction"]:
+                    continue
+                record = {**donor[index], "hidden": _encoded(result.hidden)}
+                out.write(json.dumps(record) + "\n")
+                written += 1
+            out.flush()
+    return written
+
+
+def _encoded(hidden: HiddenStates) -> dict[str, Any]:
+    """The states as a cache line keeps them (:func:`encode_states`)."""
+    return encode_states({"layers": hidden.layers, "positions": hidden.positions,
+                          "values": hidden.values})  # fmt: skip
+
+
+def _record(index: int, example: Example, result: ESIResult | BaseException) -> dict[str, Any]:
+    base: dict[str, Any] = {"index": index, "question": example.question,
+                            "answers": list(example.answers)}  # fmt: skip
+    if example.context is not None:
+        base["answerable"] = example.answerable
+    if isinstance(result, ESIGuardError):
+        return {**base, "prediction": None, "score": None, "scored": False,
+                "reason": f"{type(result).__name__}: {result}"}  # fmt: skip
+    if isinstance(result, BaseException):
+        raise result
+    if result.hidden is not None:
+        base["hidden"] = _encoded(result.hidden)
+    if result.decided_by is not None:  # a cascade: which path decided, the probe's estimate
+        base |= {"decided_by": result.decided_by, "probe_score": result.probe_score}
+    return {**base, "prediction": result.answer, "score": result.score,
+            "scored": result.scored, "reason": result.reason,
+            "context_reliance": result.context_reliance,
+            "variant_scores": list(result.variant_scores), "signals": dict(result.signals),
+            "p_wrong": result.p_wrong, "variants_used": result.variants_used}  # fmt: skip
