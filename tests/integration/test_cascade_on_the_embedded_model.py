@@ -22,8 +22,7 @@ from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cascade import Band, ESIProbe
-from esi_guard.cli import app
-from esi_guard.cli import commands as cli_module
+from esi_guard.cli import app, build
 from esi_guard.combined import free_signals
 from esi_guard.exceptions import ConfigurationError
 
@@ -46,7 +45,7 @@ def files(
                                 + "\n" for e in examples[32:]))  # fmt: skip
     probe, threshold = folder / "probe.json", folder / "threshold.json"
     patch = pytest.MonkeyPatch()
-    patch.setattr(cli_module, "_backend", lambda *args: white_box)
+    patch.setattr(build, "backend", lambda *args: white_box)
     try:
         distilled = CliRunner().invoke(app, [
             "distill", "--data", str(questions), "--out", str(probe), *SCORING,

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from esi_guard import ESIGuard, HFBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -24,7 +25,7 @@ def flat(text: str) -> str:
 def test_calibrate_resume_and_evaluate(
     tmp_path: Path, shared_data: Path, hf_backend: HFBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_module, "_backend", lambda *args: hf_backend)  # loaded once
+    monkeypatch.setattr(build, "backend", lambda *args: hf_backend)  # loaded once
     runner = CliRunner()
     data = shared_data / "nq_open" / "dev.jsonl"
     out, plot, cache = tmp_path / "threshold.json", tmp_path / "cal.png", tmp_path / "run.jsonl"
@@ -108,7 +109,7 @@ def test_the_default_engine_runs_the_embedded_gguf_and_a_rerun_needs_no_model(
     def no_model(*args: object) -> None:
         raise AssertionError("a rerun from a complete cache loaded the model")
 
-    monkeypatch.setattr(cli_module, "_backend", no_model)
+    monkeypatch.setattr(build, "backend", no_model)
     again = runner.invoke(cli_module.app, ["calibrate", *common, "--select", "f1",
                                            "--out", str(tmp_path / "f1.json")])  # fmt: skip
     assert again.exit_code == 0, again.output

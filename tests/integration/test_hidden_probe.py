@@ -21,6 +21,7 @@ from esi_guard.backends.base import Backend
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.combining import decode_states
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 from esi_guard.exceptions import ConfigurationError
 
@@ -36,7 +37,7 @@ def calibrated(
     folder = tmp_path_factory.mktemp("probe")
     out, cache = folder / "threshold.json", folder / "run.jsonl"
     patch = pytest.MonkeyPatch()
-    patch.setattr(cli_module, "_backend", lambda *args: white_box)
+    patch.setattr(build, "backend", lambda *args: white_box)
     try:
         result = CliRunner().invoke(cli_module.app, [
             "calibrate", "--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "64",
@@ -121,7 +122,7 @@ def test_a_file_without_esi_decides_with_no_variant_forced(
     ``p_wrong`` is the file's score of its own signals and states."""
     first, cache = calibrated
     out = first.with_name("free.json")
-    monkeypatch.setattr(cli_module, "_backend", lambda *args: white_box)
+    monkeypatch.setattr(build, "backend", lambda *args: white_box)
     result = CliRunner().invoke(cli_module.app, [
         "calibrate", "--data", str(shared_data / "sciq" / "test.jsonl"), "--limit", "64",
         "--cache", str(cache), *SCORING, "--score", "combined",

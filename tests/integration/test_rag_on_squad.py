@@ -16,6 +16,7 @@ from esi_guard.backends.hf._force import Rendered, _shared, pack
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.prompts import RAG_TEMPLATE
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -83,7 +84,7 @@ def test_context_first_variants_share_the_passage_prefix(
 def test_cli_calibrates_on_a_squad_slice(
     tmp_path: Path, shared_data: Path, hf_backend: HFBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_module, "_backend", lambda *args: hf_backend)
+    monkeypatch.setattr(build, "backend", lambda *args: hf_backend)
     runner = CliRunner()
     data = shared_data / "squad2" / "dev.json"
     out, cache = tmp_path / "threshold.json", tmp_path / "run.jsonl"

@@ -191,8 +191,7 @@ def test_distill_then_calibrate_with_the_probe_then_the_guard(
     in the file), labels for calibrate; the guard from the file runs the cascade."""
     from typer.testing import CliRunner
 
-    from esi_guard.cli import app
-    from esi_guard.cli import commands as cli_module
+    from esi_guard.cli import app, build
 
     rng = np.random.default_rng(3)
     questions = [f"What is the name of thing number {i}?" for i in range(120)]
@@ -200,7 +199,7 @@ def test_distill_then_calibrate_with_the_probe_then_the_guard(
     answers = {q: ("Atlantis" if levels[q] > 0.5 else f"city{i}") for i, q in
                enumerate(questions)}  # fmt: skip
     backend = FakeBackend(answers, sensitivity=levels)
-    monkeypatch.setattr(cli_module, "_backend", lambda *args: backend)
+    monkeypatch.setattr(build, "backend", lambda *args: backend)
     unlabelled = tmp_path / "questions.jsonl"
     unlabelled.write_text("".join(json.dumps({"question": q}) + "\n" for q in questions[:60]))
     labelled = tmp_path / "qa.jsonl"

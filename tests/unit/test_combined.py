@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.metrics import expected_calibration_error
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 from esi_guard.combined import CombinedScore, fit_combined, free_signals
 from esi_guard.scoring import TopK, truncated_entropy
@@ -112,7 +113,7 @@ def test_calibrate_with_a_combined_score_then_evaluate(
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     backend = FakeBackend(answers, sensitivity=sensitivity)
-    monkeypatch.setattr(cli_module, "_backend", lambda *args: backend)
+    monkeypatch.setattr(build, "backend", lambda *args: backend)
     out = tmp_path / "threshold.json"
     common = ["--data", str(data), "--resamples", "50"]
     runner = CliRunner()

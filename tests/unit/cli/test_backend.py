@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from esi_guard import ConfigurationError, FakeBackend
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 
 
@@ -25,7 +26,7 @@ def loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any
         recorded.append({"model": model, **kwargs})
         return FakeBackend()
 
-    monkeypatch.setattr(cli_module, "local_backend", local_backend)
+    monkeypatch.setattr(build, "local_backend", local_backend)
     monkeypatch.chdir(tmp_path)  # where the default caches go
     return recorded
 
@@ -108,7 +109,7 @@ def test_distill_and_serve_load_the_local_model_with_the_threads_given(
         loads.append(kwargs)
         raise ConfigurationError("stop here")  # the command ends, naming it
 
-    monkeypatch.setattr(cli_module, "local_backend", local_backend)
+    monkeypatch.setattr(build, "local_backend", local_backend)
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"question": "q?"}) + "\n")

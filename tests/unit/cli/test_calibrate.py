@@ -21,6 +21,7 @@ from esi_guard.calibration.thresholds import (
     risk_search,
     risk_tests,
 )
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
 
@@ -60,7 +61,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[FakeBackend]:
         loaded.append(DigestBackend(answers, default_sensitivity=0.5))
         return loaded[-1]
 
-    monkeypatch.setattr(cli_module, "_backend", backend)
+    monkeypatch.setattr(build, "backend", backend)
     return loaded
 
 
@@ -181,7 +182,7 @@ def test_a_refused_risk_target_names_the_bound_that_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows, answers = questions(75)  # a third wrong: no threshold gets its bound to 0.2
-    monkeypatch.setattr(cli_module, "_backend", lambda *a: FakeBackend(answers))
+    monkeypatch.setattr(build, "backend", lambda *a: FakeBackend(answers))
     data, cache = write(tmp_path / "qa.jsonl", rows), tmp_path / "c.jsonl"
     result = calibrate("--data", str(data), "--alpha", "0.2", "--delta", "0.1",
                        "--out", str(tmp_path / "t.json"), "--cache", str(cache))  # fmt: skip
@@ -255,7 +256,7 @@ def test_a_missing_extra_is_an_error_naming_it(
     def backend(*args: Any) -> FakeBackend:
         raise ImportError("LlamaCppBackend needs llama-cpp-python: pip install esi-guard[llamacpp]")
 
-    monkeypatch.setattr(cli_module, "_backend", backend)
+    monkeypatch.setattr(build, "backend", backend)
     data = write(tmp_path / "qa.jsonl", questions(5)[0])
     result = calibrate("--data", str(data), "--out", str(tmp_path / "t.json"),
                        "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip

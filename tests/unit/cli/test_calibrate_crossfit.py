@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from esi_guard import ESIGuard, FakeBackend
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 
 LOOP = "Atlantis Atlantis Atlantis Atlantis Atlantis"
@@ -34,7 +35,7 @@ def setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeBacken
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     backend = FakeBackend(answers, sensitivity=levels)
-    monkeypatch.setattr(cli_module, "_backend", lambda *args: backend)
+    monkeypatch.setattr(build, "backend", lambda *args: backend)
     return backend, data, questions
 
 

@@ -43,7 +43,7 @@ def test_the_docs_show_commands() -> None:
 
 @pytest.mark.parametrize(("where", "line"), documented_commands())
 def test_a_documented_command_names_options_that_exist(where: str, line: str) -> None:
-    from esi_guard.cli.commands import app
+    from esi_guard.cli import app
 
     group = typer.main.get_command(app)
     words = shlex.split(line.replace("$(", "").replace(")", ""))

@@ -18,6 +18,7 @@ from esi_guard import ESIGuard, FakeBackend
 from esi_guard.backends.base import FINAL, POSITIONS, Generation, HiddenSpec, Messages
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.file import ThresholdFile
+from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 from esi_guard.combined import CombinedScore, fit_combined, probe_window
 from esi_guard.exceptions import BackendError, ConfigurationError
@@ -155,7 +156,7 @@ def test_calibrate_fits_a_probe_with_features_hidden_and_refuses_bad_features(
     questions, levels, wrong = bank(60)
     answers = {q: ("Atlantis" if w else f"city{i}") for i, (q, w) in
                enumerate(zip(questions, wrong, strict=True))}  # fmt: skip
-    monkeypatch.setattr(cli_module, "_backend",
+    monkeypatch.setattr(build, "backend",
                         lambda *args: FakeBackend(answers, sensitivity=levels))  # fmt: skip
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answers": [f"city{i}"]}) + "\n"

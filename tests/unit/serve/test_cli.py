@@ -13,15 +13,14 @@ from typer.testing import CliRunner
 
 import esi_guard.serve
 from esi_guard import FakeBackend, OpenAIBackend
-from esi_guard.cli import app
-from esi_guard.cli import serve as serve_module
+from esi_guard.cli import app, build
 
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """What `serve` would run: the app and where, with a fake backend for the model."""
     runs: list[dict[str, Any]] = []
-    monkeypatch.setattr(serve_module, "_backend", lambda *args: FakeBackend())
+    monkeypatch.setattr(build, "backend", lambda *args: FakeBackend())
     monkeypatch.setattr(esi_guard.serve, "run", lambda a, **kw: runs.append({"app": a, **kw}))
     return runs
 
