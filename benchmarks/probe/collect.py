@@ -1,6 +1,6 @@
 r"""Data for the hidden-state probe (issue 37): per question, what a probe and its rivals see.
 
-    OMP_NUM_THREADS=1 python benchmarks/probe.py collect --data ../shared/data/sciq/test.jsonl \\
+    OMP_NUM_THREADS=1 python -m benchmarks.probe collect --data ../shared/data/sciq/test.jsonl \\
         --limit 1000 --cache .bench-cache/probe --shard 0/2        # and 1/2 beside it
 
 ``collect`` runs one data set on one model with the **llama.cpp engine**
@@ -15,13 +15,13 @@ For each question, in one pass:
   the last block and :data:`~esi_guard.backends.base.FINAL`, at every position of
   :data:`~esi_guard.backends.base.POSITIONS`), read from the same decodes;
 * ESI(SOC) at the paper's defaults (L=10, k=100, Hellinger), the answer teacher-forced
-  after the variants as :func:`benchmarks.closed_book.force` does (the generation gives
+  after the variants as :func:`benchmarks.results.closed_book.force` does (the generation gives
   the original distributions, so no original row);
 * the free signals (``nll``, ``entropy``, ``max_nll``: the largest token NLL) and the
   tokens' log-probabilities and entropies;
 * the labels: ``wrong`` as ``closed_book.report`` labels it (containment; semantic for
-  TruthfulQA's CSV); on SQuAD 2.0, asked with the CLI's RAG template as ``benchmarks/rag.py``
-  does and intervened on the question only, ``wrong`` by
+  TruthfulQA's CSV); on SQuAD 2.0, asked with the CLI's RAG template as
+  ``benchmarks/results/rag.py`` does and intervened on the question only, ``wrong`` by
   :class:`~esi_guard.calibration.labels.Declines` and ``unanswerable``;
 * each stage's seconds (``generate`` with the hidden states, ``force``); and once per run
   (shard 0, the first 30 questions) plain generation against generation with hidden
@@ -34,44 +34,26 @@ states beside them in ``<name>-hidden/``, one ``.npz`` per batch (``index``: the
 questions' indices, ``values``: float16, (batch, layers, positions, d)), written to a
 temporary file and renamed before its records are appended. A record names its file
 (``"hidden"``), so a batch cut short by a kill leaves at most an unreferenced file, and
-its questions are run again. :func:`load` reads a run back.
+its questions are run again. :func:`benchmarks.probe.data.load` reads a run back.
 
-``report`` (issue 37's evaluation) is :mod:`benchmarks.probe_report`'s, run from here::
-
-    OMP_NUM_THREADS=1 python benchmarks/probe.py report --cache .bench-cache/probe \\
-        --json probe.json --markdown probe.md
+``report`` (issue 37's evaluation) is :mod:`benchmarks.probe.report`'s; both run from
+``python -m benchmarks.probe`` (:mod:`benchmarks.probe.__main__`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from esi_guard import SkipOneChar, esi_score
-from esi_guard.backends import Generation
-from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, HiddenStates, Messages
-from esi_guard.backends.llamacpp import LlamaCppBackend
-from esi_guard.calibration.data import Example, load_examples
-from esi_guard.calibration.labels import Containment, Declines, Labeller, Semantic
-from esi_guard.calibration.prompts import RAG_TEMPLATE
-from esi_guard.combined import free_signals
-from esi_guard.guard import GuardedPrompt
-
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.cache import Cache
-from benchmarks.closed_book import K_MAX, L_MAX, _force_some
 from benchmarks.common import (
     FEW_SHOT_TEMPLATE,
     Answering,
@@ -79,16 +61,19 @@ from benchmarks.common import (
     token_entropies,
     token_logprobs,
 )
-from benchmarks.rag import templated
-from tests.shared_data import shared_data
+from benchmarks.results.closed_book import K_MAX, L_MAX, _force_some
+from benchmarks.results.rag import templated
+from esi_guard import SkipOneChar, esi_score
+from esi_guard.backends import Generation
+from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, Messages
+from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.calibration.data import Example, load_examples
+from esi_guard.calibration.labels import Containment, Declines, Labeller, Semantic
+from esi_guard.calibration.prompts import RAG_TEMPLATE
+from esi_guard.combined import free_signals
+from esi_guard.guard import GuardedPrompt
 
-__all__ = [
-    "Collected",
-    "collect",
-    "hidden_spec",
-    "load",
-    "runs",
-]
+__all__ = ["TIMING_QUESTIONS", "collect", "hidden_spec"]
 
 TIMING_QUESTIONS = 30
 """Questions timed plain against with hidden states, once per run."""
@@ -128,7 +113,7 @@ class _Task:
         )
 
     def asking(self, example: Example) -> Any:
-        """What :func:`benchmarks.closed_book.force` asks ``.messages(question)`` of."""
+        """What :func:`benchmarks.results.closed_book.force` asks ``.messages(question)`` of."""
         return _Passage(templated(example)) if self.rag else self.answering
 
     def generate_args(self) -> dict[str, Any]:
@@ -331,120 +316,3 @@ def collect(
     cache.fill(shard, todo, batch,
                lambda chunk: _score_batch(backend, task, spec, folder, shard, chunk))  # fmt: skip
     return name
-
-
-class Collected(NamedTuple):
-    """A run read back by :func:`load`, in question order (the questions with states)."""
-
-    records: list[dict[str, Any]]
-    """The cached records (``scores``: ``nll``, ``entropy``, ``max_nll``, and ``esi`` where
-    SOC changed the question; ``labels``; ``seconds``; ``answer``...)."""
-    hidden: np.ndarray
-    """float32, (questions, layers, positions, d)."""
-    labels: dict[str, np.ndarray]
-    """``wrong`` (and ``unanswerable`` on SQuAD 2.0): 0/1 per question."""
-    spec: HiddenSpec
-    """The layers and positions of ``hidden``'s axes 1 and 2."""
-
-    def states(self) -> list[HiddenStates]:
-        """Each question's states as the backends return them (a probe's input)."""
-        layers, positions = self.spec.layers, self.spec.positions
-        return [HiddenStates(layers, positions, values) for values in self.hidden]
-
-
-def load(cache_dir: Path, name: str) -> Collected:
-    """Every shard's records of run ``name`` (``sciq-smollm2``...) with their states."""
-    rows = _done(cache_dir, name)
-    records = [rows[i] for i in sorted(rows) if "hidden" in rows[i]]
-    files: dict[str, dict[int, np.ndarray]] = {}
-    hidden = []
-    for record in records:
-        file = record["hidden"]
-        if file not in files:
-            with np.load(cache_dir / f"{name}-hidden" / file) as data:
-                files[file] = dict(zip(data["index"].tolist(), data["values"], strict=True))
-        hidden.append(files[file][record["index"]].astype(np.float32))
-    header = _header(cache_dir, name)
-    spec = HiddenSpec(tuple(header["layers"]), tuple(header["positions"]))
-    keys = records[0]["labels"] if records else {}
-    labels = {key: np.array([r["labels"][key] for r in records]) for key in keys}
-    return Collected(records, np.stack(hidden) if hidden else np.zeros((0,)), labels, spec)
-
-
-def _done(cache_dir: Path, name: str) -> dict[int, dict[str, Any]]:
-    """Every shard's records, as :meth:`Cache.done` reads them (header of the first file)."""
-    return Cache(cache_dir, name, _header(cache_dir, name)).done()
-
-
-def runs(cache_dir: Path) -> list[str]:
-    """The runs in ``cache_dir`` with every shard's file and their states' folder."""
-    shards: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    for path in cache_dir.glob("*-*of*.jsonl"):
-        found = re.fullmatch(r"(.+)-(\d+)of(\d+)\.jsonl", path.name)
-        if found:
-            shards[found[1]].add((int(found[2]), int(found[3])))
-    return sorted(name for name, have in shards.items()
-                  if (cache_dir / f"{name}-hidden").is_dir()
-                  and all((k, n) in have for _, n in have for k in range(n)))  # fmt: skip
-
-
-def _header(cache_dir: Path, name: str) -> dict[str, Any]:
-    """The header of run ``name``'s first shard file."""
-    first = next(iter(cache_dir.glob(f"{name}-*of*.jsonl")), None)
-    if first is None:
-        msg = f"no run {name!r} in {cache_dir}"
-        raise SystemExit(msg)
-    with first.open(encoding="utf-8") as lines:
-        return dict(json.loads(lines.readline()))
-
-
-def main() -> None:
-    """``collect``: one data set on one model, this shard's questions; ``report``: the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("collect", help="answers, states, ESI, signals and labels")
-    run.add_argument("--data", type=Path, required=True,
-                     help="a data file, or its path in the shared data (sciq/...)")  # fmt: skip
-    run.add_argument("--limit", type=int, default=1000)
-    run.add_argument("--model", default="default",
-                     help="'default' (the embedded SmolLM2), 'gemma3-270m' or a .gguf")  # fmt: skip
-    run.add_argument("--few-shot", action="store_true",
-                     help="a base model: worked examples, answers cut at a newline")  # fmt: skip
-    run.add_argument("--batch", type=int, default=8, help="questions per cached batch")
-    run.add_argument("--cache", type=Path, default=Path(".bench-cache/probe"))
-    run.add_argument("--shard", default="0/1", metavar="K/N")
-    run.add_argument("--timing", type=int, default=TIMING_QUESTIONS,
-                     help="shard 0: questions timed plain vs with states (0: none)")  # fmt: skip
-    tables = commands.add_parser("report", help="every method out of fold, paired, transfer")
-    tables.add_argument("--cache", type=Path, default=Path(".bench-cache/probe"))
-    tables.add_argument("--name", action="append", default=[],
-                        help="a run (sciq-smollm2...); default: every run in --cache")  # fmt: skip
-    tables.add_argument("--json", type=Path, help="write the records here (run.py --table)")
-    tables.add_argument("--markdown", type=Path)
-    tables.add_argument("--folds", type=int, default=5, help="outer and inner folds")
-    tables.add_argument("--repeats", type=int, default=2, help="outer k-fold repeats")
-    tables.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    if args.command == "report":
-        from benchmarks.probe_report import markdown, report
-
-        start = time.perf_counter()
-        records = report(args.cache, args.name or runs(args.cache), folds=args.folds,
-                         repeats=args.repeats, seed=args.seed)  # fmt: skip
-        if args.json:
-            args.json.write_text(json.dumps(records, indent=1))
-        table = markdown(records)
-        print(f"{table}\n\n(report: {time.perf_counter() - start:.0f} s)", flush=True)
-        if args.markdown:
-            args.markdown.write_text(table + "\n")
-        return
-    k, _, n = args.shard.partition("/")
-    data = args.data if args.data.exists() else shared_data() / args.data
-    name = collect(data, model=args.model, few_shot=args.few_shot, limit=args.limit,
-                   batch=args.batch, cache_dir=args.cache, shard=(int(k), int(n)),
-                   timing=args.timing)  # fmt: skip
-    print(f"  {name}: shard {args.shard} done", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """What a user of the default guard waits for: first call, later calls, first streamed chunk.
 
-    python benchmarks/streaming.py --data <questions.jsonl> --limit 10
+    python -m benchmarks.timing streaming --data <questions.jsonl> --limit 10
 
 In one fresh process, on the embedded model: the first guarded call of
 ``ESIGuard(threshold=...)`` (it loads the model), the later calls, and, with
@@ -18,16 +18,20 @@ from pathlib import Path
 from esi_guard import ESIGuard
 from esi_guard.calibration.data import load_examples
 
+__all__ = ["add_arguments", "measure"]
+
 SYSTEM = "Please directly answer the following question with one or few words."
 
 
-def main() -> None:
-    """Print the timings."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    args = parser.parse_args()
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Print the timings."""
     prompts = [
         [("system", SYSTEM), ("human", e.question)]
         for e in load_examples(args.data, limit=args.limit + 1)
@@ -57,7 +61,3 @@ def main() -> None:
     print(f"live stream, first chunk, mean      : {mean(to_first):6.2f} s")
     print(f"live stream, scored last chunk, mean: {mean(to_last):6.2f} s")
     print(f"first chunk / full scored answer    : {mean(to_first) / mean(to_last):6.2f}x")
-
-
-if __name__ == "__main__":
-    main()

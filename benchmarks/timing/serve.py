@@ -1,10 +1,11 @@
-"""``esi-guard serve`` under load: micro-batching's throughput ratio, p99, and a soak run.
+r"""``esi-guard serve`` under load: micro-batching's throughput ratio, p99, and a soak run.
 
-    python benchmarks/serve.py throughput --backend embedded --requests 256 --clients 32
-    python benchmarks/serve.py throughput --backend transformers --requests 256 --clients 32
-    python benchmarks/serve.py soak --backend fake --requests 10000 --clients 32
-    python benchmarks/serve.py soak --backend embedded --requests 500 --clients 32
-    python benchmarks/serve.py soak --backend proxy --requests 300 --clients 16 --n-variants 4
+    python -m benchmarks.timing serve throughput --backend embedded --requests 256 --clients 32
+    python -m benchmarks.timing serve throughput --backend transformers --requests 256 --clients 32
+    python -m benchmarks.timing serve soak --backend fake --requests 10000 --clients 32
+    python -m benchmarks.timing serve soak --backend embedded --requests 500 --clients 32
+    python -m benchmarks.timing serve soak --backend proxy --requests 300 --clients 16 \
+        --n-variants 4
 
 Each run starts the server in a subprocess of its own (``server`` below: the app
 ``esi-guard serve`` runs, on the fake backend, or the embedded model through llama.cpp or,
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -44,14 +44,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/
-
 import httpx
 
 from esi_guard import ESIGuard, FakeBackend, HFBackend, LlamaCppBackend, OpenAIBackend
 from esi_guard.serve import ServeSettings, create_app, run
 from integrations.llamacpp.server import free_port
 
+__all__ = ["add_arguments", "measure"]
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout's root, where the server subprocess runs ``-m benchmarks.timing serve``."""
 SYSTEM = "Answer in a few words."
 PROXY_TIMEOUT = 20.0
 """Seconds per upstream HTTP attempt in proxy mode (a ``hang`` fault outlasts it)."""
@@ -102,12 +104,13 @@ class Server:
         self, backend: str, max_batch: int, n_variants: int, requests: int, upstream: str = ""
     ) -> None:
         self.port = free_port()
-        command = [sys.executable, __file__, "server", "--backend", backend,
+        command = [sys.executable, "-m", "benchmarks.timing", "serve", "server",
+                   "--backend", backend,
                    "--port", str(self.port), "--max-batch", str(max_batch),
                    "--n-variants", str(n_variants), "--requests", str(requests),
                    "--upstream", upstream]  # fmt: skip
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
         )
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -185,7 +188,7 @@ async def load(url: str, indices: list[int], clients: int, rss: Any = None) -> d
 # -- the runs --------------------------------------------------------------------------------
 
 
-def throughput(args: argparse.Namespace) -> int:
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Micro-batching on, then off, on the same requests; the ratio of their throughputs."""
     indices = list(range(args.requests))
     out = {}
@@ -201,9 +204,7 @@ def throughput(args: argparse.Namespace) -> int:
     print(f"serve: backend={args.backend} clients={args.clients} requests={args.requests} "
           f"ratio_on_off={ratio:.2f} p99_on_ms={out['on']['p99'] * 1000:.0f} "
           f"p99_off_ms={out['off']['p99'] * 1000:.0f}")  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps({**out, "ratio": ratio}, indent=2))
-    return 0
+    return {**out, "ratio": ratio}
 
 
 def soak(args: argparse.Namespace) -> int:
@@ -286,9 +287,8 @@ class Upstream:
         self.server.stop()
 
 
-def main() -> None:
-    """The command line (see the module)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("what", choices=["throughput", "soak", "server"])
     parser.add_argument("--backend", choices=["fake", "embedded", "transformers", "proxy"],
                         default="fake")  # fmt: skip
@@ -300,14 +300,16 @@ def main() -> None:
     parser.add_argument("--fault-rate", type=float, default=0.08, help="proxy: of upstream calls")
     parser.add_argument("--seed", type=int, default=0, help="proxy: the faults' seed")
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--json", help="Write the throughput figures here.")
-    args = parser.parse_args()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``server``: serve until SIGTERM; ``throughput``: its figures; ``soak``: exit 1 if bad."""
     if args.what == "server":
         serve(args.backend, args.port, args.max_batch, args.n_variants, args.requests,
               args.upstream)  # fmt: skip
-        return
-    sys.exit(throughput(args) if args.what == "throughput" else soak(args))
-
-
-if __name__ == "__main__":
-    main()
+        return None
+    if args.what == "throughput":
+        return throughput(args)
+    if soak(args):
+        sys.exit(1)
+    return None

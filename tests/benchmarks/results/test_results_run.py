@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.run import markdown
+from benchmarks.results.run import markdown
 
 
 def _record(method: str, auroc: float | None, seconds: float, extra: float) -> dict[str, Any]:

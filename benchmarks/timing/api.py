@@ -1,6 +1,6 @@
 """The API backend on the local llama.cpp server: AUROC at several k, and time per mode.
 
-    python benchmarks/api_backend.py --limit 200 --n-variants 5 --timing 10 --json out.json
+    python -m benchmarks.timing api --limit 200 --n-variants 5 --timing 10 --json out.json
 
 Starts two llama.cpp servers with the embedded GGUF
 (``integrations.llamacpp.server.LlamaServer``, one per core) and, in ONE run on the same
@@ -21,18 +21,17 @@ import json
 import re
 import statistics
 import string
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/, tests/
-
 from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
 from integrations.llamacpp.server import LlamaServer
 from tests.shared_data import shared_data
+
+__all__ = ["add_arguments", "measure"]
 
 SYSTEM = "Answer in a few words."
 KS = (5, 10, 20)
@@ -116,9 +115,8 @@ def timing_run(guards: dict[str, ESIGuard], questions: list[str]) -> dict[str, f
     return {name: statistics.mean(times) for name, times in per_mode.items()}
 
 
-def main() -> None:
-    """Run the AUROC and timing measurements and print them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument(
         "--data", type=Path, default=None, help="default: sciq/test.jsonl of the shared data"
     )
@@ -126,9 +124,10 @@ def main() -> None:
     parser.add_argument("--n-variants", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--timing", type=int, default=10, help="questions timed per mode")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the AUROC and timing measurements; print them and return the record."""
     from sklearn.metrics import roc_auc_score
 
     servers = [LlamaServer.start(n_threads=1), LlamaServer.start(n_threads=1)]
@@ -160,12 +159,7 @@ def main() -> None:
             print(f"n={out['n']} accuracy={out['accuracy']:.3f} "
                   + " ".join(f"AUROC@k={k}: {v:.3f}" for k, v in out["auroc"].items()))  # fmt: skip
             out["records"] = records
-        if args.json:
-            args.json.write_text(json.dumps(out, indent=1))
     finally:
         for server in servers:
             server.stop()
-
-
-if __name__ == "__main__":
-    main()
+    return out

@@ -1,6 +1,6 @@
 r"""One guarded question's forcing on each engine's kernels: what the forcing pass costs.
 
-    python benchmarks/forward_kernels.py --repeats 6
+    python -m benchmarks.timing kernels --repeats 6
 
 The forcing the guard runs for one question on the embedded SmolLM2 (``--question``, the
 QA instruction as system message, L = ``--variants`` Skip-One-Char variants, the original
@@ -19,21 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import Answering
 from esi_guard import SkipOneChar
 from esi_guard.backends import Backend, ForcingRequest, HFBackend, LlamaCppBackend
 
-__all__ = ["main"]
+__all__ = ["add_arguments", "measure"]
 
 QUESTION = (
     "What type of organism is commonly used in preparation of foods such as cheese and "
@@ -42,15 +37,16 @@ QUESTION = (
 ANSWER = "Bacteria, through lactic acid fermentation of the milk sugar lactose by microbes."
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Time every arm, alternating; print median seconds a question, ratios and drift."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--question", default=QUESTION)
     parser.add_argument("--answer", default=ANSWER)
     parser.add_argument("--variants", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time every arm, alternating; print median seconds a question, ratios and drift."""
     import torch
 
     backends: dict[str, Backend] = {
@@ -92,9 +88,4 @@ def main(argv: Sequence[str] | None = None) -> None:
                name: float(np.abs(values - reference).max())
                for name, values in top.items() if name.startswith("llama.cpp")}}  # fmt: skip
     print(json.dumps(out, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return out

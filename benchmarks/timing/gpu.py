@@ -1,7 +1,7 @@
 """ESI's overhead beyond generation on a Llama-3-8B-shaped model, as the paper times it.
 
-    python benchmarks/gpu.py                       # on a GPU: 8B shape, bf16
-    python benchmarks/gpu.py --tiny --device cpu   # the same code at a tiny shape (tests)
+    python -m benchmarks.timing gpu                       # on a GPU: 8B shape, bf16
+    python -m benchmarks.timing gpu --tiny --device cpu   # the same code at a tiny shape (tests)
 
 The model has random weights: what a forward pass costs does not depend on what the
 weights are, and no checkpoint can be downloaded where this runs. ~40-token prompts,
@@ -19,13 +19,13 @@ memory.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from esi_guard import ESIGuard, HFBackend
+
+__all__ = ["add_arguments", "measure"]
 
 EIGHT_B = {
     "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -106,7 +106,7 @@ def _timed(call: Any, sync: Any) -> float:
     return time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Times per batch size; returns the record written to ``--json``."""
     import torch
 
@@ -170,9 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "dtype": args.dtype, "words": args.words, "rows": rows}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse the arguments, run, print and (with ``--json``) write the record."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (tests, CPU)")
@@ -180,13 +179,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 32])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--words", type=int, default=36, help="words per question (~40 tokens)")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    record = run(args)
-    if args.json:
-        args.json.write_text(json.dumps(record, indent=2))
-    return record
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Seconds per agent question with and without ESIMiddleware, side by side in one run.
 
-    OMP_NUM_THREADS=1 python benchmarks/agent_overhead.py [--limit 10] [--scoring transformers]
+    OMP_NUM_THREADS=1 python -m benchmarks.timing agent [--limit 10] [--scoring transformers]
 
 The agent of ``examples/agent_middleware.py`` (the embedded GGUF in process through
 ``ChatLlamaCpp``, one encyclopedia tool, ESI scored on the agent's own ``Llama`` through
@@ -16,35 +16,33 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+from esi_guard import HFBackend
 
-from agent_middleware import QUESTIONS, build_agent, chat_model  # noqa: E402
-from langchain_core.messages import HumanMessage  # noqa: E402
-
-from esi_guard import HFBackend  # noqa: E402
-from esi_guard.agents import ESIMiddleware  # noqa: E402
+__all__ = ["add_arguments", "measure"]
 
 
 def timed(agent: Any, question: str) -> tuple[float, Any]:
     """Seconds the agent takes on ``question``, and its final messages."""
+    from langchain_core.messages import HumanMessage
+
     start = time.perf_counter()
     messages = agent.invoke({"messages": [HumanMessage(question)]})["messages"]
     return time.perf_counter() - start, messages
 
 
-def main() -> None:
-    """Time both agents on each question and print the table and the ratio."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--limit", type=int, default=10)
-    parser.add_argument("--json", type=Path)
     parser.add_argument("--scoring", choices=["own", "transformers"], default="own")
-    args = parser.parse_args()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time both agents on each question; print the table and the ratio, return them."""
+    from esi_guard.agents import ESIMiddleware
+    from examples.agent_middleware import QUESTIONS, build_agent, chat_model
 
     model = chat_model()
     backend = {"backend": HFBackend.default()} if args.scoring == "transformers" else {}
@@ -89,9 +87,4 @@ def main() -> None:
             "scored_guarded_over_plain": guarded_scored / plain_scored,
         }
     print(json.dumps(summary, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "records": records}, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return {"summary": summary, "records": records}

@@ -1,4 +1,4 @@
-"""The closed-book half of ``benchmarks/run.py``: every method on the QA sets without passages.
+"""The closed-book half of ``benchmarks.results.run``: every method on the QA sets without passages.
 
 Each question's scores, per-variant ESI scores and stage times go to a JSONL cache
 (:mod:`benchmarks.cache`, ``<dataset>-closed-<k>of<n>.jsonl``) as soon as its batch is done,
@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks.cache import Cache
 from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
-from benchmarks.sequential import sequential_row
+from benchmarks.results.sequential import sequential_row
 from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
 from esi_guard.baselines import (

@@ -1,6 +1,6 @@
-r"""The ESI probe and the ESI cascade (issue 38), from the runs ``benchmarks/probe.py`` collected.
+r"""The ESI probe and the ESI cascade (issue 38), from the runs ``benchmarks/probe/`` collected.
 
-    OMP_NUM_THREADS=1 python benchmarks/cascade.py --cache .bench-cache/probe \\
+    OMP_NUM_THREADS=1 python -m benchmarks.results.cascade --cache .bench-cache/probe \\
         --json cascade.json --markdown cascade.md
 
 Every collected question holds its greedy answer's free signals and hidden states, its
@@ -23,14 +23,13 @@ swap. Reported per set:
   "(quantile band)" uses the threshold +- the probe's 98% quantile of ``|ESI - estimate|``;
 * the cost: guarded/plain from the run's stage timings (``generate`` with the states,
   ``force``: ESI's teacher-forcing): full ESI ``(g + f) / g``, the cascade ``(g + share *
-  f) / g``. ``benchmarks/cascade_timing.py`` times the guards themselves side by side.
+  f) / g``. ``python -m benchmarks.timing cascade`` times the guards themselves side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from benchmarks.probe.data import load, runs, usable, window
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
 from esi_guard.cascade import Band, fit_esi_probe, held_out, label_free_band
-
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.probe import load, runs
-from benchmarks.probe_report import usable, window
 
 __all__ = ["evaluate", "markdown"]
 

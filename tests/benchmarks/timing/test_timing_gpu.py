@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py at a tiny shape on the CPU: the code the GPU run uses works end to end."""
+"""``python -m benchmarks.timing gpu`` at a tiny shape on the CPU: the GPU run, end to end."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from benchmarks import gpu
+from benchmarks.timing import main
 
 
 def test_the_gpu_benchmark_runs_at_a_tiny_shape(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    record = gpu.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1", "4",
+    record = main(["gpu", "--tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1", "4",
                        "--repeats", "1", "--json", str(out)])  # fmt: skip
     assert json.loads(out.read_text()) == record
     assert record["shape"] == "tiny" and [r["batch"] for r in record["rows"]] == [1, 4]

@@ -1,19 +1,21 @@
-"""``benchmarks/decisions.py`` on a synthetic run: every answer is scored by fits that
-never saw it, and the tables render."""
+"""``python -m benchmarks.results.decisions`` on a synthetic run: every answer is scored by
+fits that never saw it, and the tables render."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import decisions
-from benchmarks.probe_report import usable
-from tests.unit.test_probe_report import _write_run
+from benchmarks.probe.data import usable
+from benchmarks.results import decisions
 
 
-def test_calibration_and_the_value_cascade_on_a_synthetic_run(tmp_path: Path) -> None:
-    _write_run(tmp_path, "sciq-fake", np.random.default_rng(0), rag=False, n=120)
+def test_calibration_and_the_value_cascade_on_a_synthetic_run(
+    tmp_path: Path, write_run: Callable[..., None]
+) -> None:
+    write_run(tmp_path, "sciq-fake", np.random.default_rng(0), rag=False, n=120)
     run = usable(tmp_path, "sciq-fake")
     cal = decisions.calibration(run, 60, repeats=1, seed=0)
     (one,) = cal["rounds"]

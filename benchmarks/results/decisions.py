@@ -1,13 +1,14 @@
 r"""Decisions worth their cost (issue 50): calibration at a user's sizes, the value cascade, cost.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.decisions calibration --cache .bench-cache/probe \
-        --name triviaqa-smollm2 --name sciq-smollm2 --sizes 150 300 --repeats 3 --json cal.json
-    OMP_NUM_THREADS=1 python -m benchmarks.decisions cascade --cache .bench-cache/probe \
+    OMP_NUM_THREADS=1 python -m benchmarks.results.decisions calibration \
+        --cache .bench-cache/probe --name triviaqa-smollm2 --name sciq-smollm2 \
+        --sizes 150 300 --repeats 3 --json cal.json
+    OMP_NUM_THREADS=1 python -m benchmarks.results.decisions cascade --cache .bench-cache/probe \
         --name triviaqa-smollm2 --name sciq-smollm2 --json cascade.json
-    OMP_NUM_THREADS=1 python -m benchmarks.decisions cost --cache .bench-cache/probe \
+    OMP_NUM_THREADS=1 python -m benchmarks.results.decisions cost --cache .bench-cache/probe \
         --name triviaqa-smollm2 --data triviaqa/subset.jsonl --limit 24 --json cost.json
 
-All three read the runs ``benchmarks/probe.py collect`` left (the embedded model on
+All three read the runs ``python -m benchmarks.probe collect`` left (the embedded model on
 llama.cpp: each question's greedy answer, its free signals, ESI(SOC) L=10 k=100, its
 hidden states, containment labels); ``repetition`` comes from the answer's text.
 
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.probe_report import Run, usable, window
+from benchmarks.probe.data import Run, usable, window
 from esi_guard.calibration.crossfit import Candidate, out_of_fold, select
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_difference
 from esi_guard.cascade import fit_band
@@ -200,7 +201,7 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
     if band is None:
         msg = "no band certifies 2% disagreement on this run"
         raise SystemExit(msg)
-    from benchmarks.probe import load
+    from benchmarks.probe.data import load
 
     asked = {r["question"] for r in load(cache, run.name).records}  # timed: the set's others
     examples = [e for e in load_examples(data, seed=7) if e.question not in asked][:limit]
@@ -293,9 +294,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.what == "cascade":
             records.append(cascade(run, args.seed))
         else:
-            from tests.shared_data import shared_data
+            from benchmarks.common import data_file
 
-            path = Path(args.data) if Path(args.data).is_file() else shared_data() / args.data
+            path = data_file(args.data)
             records.append(cost(run, args.cache, path, args.limit, args.seed))
         print(json.dumps(records[-1], indent=1, default=str), flush=True)
         if args.json:

@@ -1,9 +1,9 @@
 r"""The hidden-state probe's report (issue 37): every method on the same questions, out of fold.
 
-    OMP_NUM_THREADS=1 python benchmarks/probe.py report --cache .bench-cache/probe \\
+    OMP_NUM_THREADS=1 python -m benchmarks.probe report --cache .bench-cache/probe \\
         --name sciq-smollm2 --name squad2-smollm2 --json probe.json --markdown probe.md
 
-Reads the runs ``benchmarks/probe.py collect`` left (:func:`benchmarks.probe.load`) and
+Reads the runs ``python -m benchmarks.probe collect`` left (:func:`benchmarks.probe.data.load`) and
 scores every method on the same questions (those with ESI): the raw signals (ESI(SOC),
 greedy NLL, mean token entropy, max token NLL) and, out of fold (repeated stratified
 k-fold, :func:`out_of_fold`), the fitted scores of :data:`FITTED`
@@ -21,7 +21,6 @@ probe.json`` or ``run.py --probe-cache DIR`` renders them.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -30,24 +29,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from esi_guard.backends.base import FINAL, HiddenSpec, HiddenStates
+from benchmarks.probe.data import RAW, Run, usable, window
+from esi_guard.backends.base import FINAL, HiddenStates
 from esi_guard.calibration.metrics import (
     auroc,
     bootstrap,
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.combined import FEATURES, fit_combined, repetition
+from esi_guard.combined import FEATURES, fit_combined
 
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.probe import _header, load
+__all__ = ["markdown", "out_of_fold", "report"]
 
-__all__ = ["markdown", "out_of_fold", "report", "usable", "window"]
-
-RAW = {"ESI(SOC) L=10": "esi", "NLL (greedy)": "nll", "mean token entropy": "entropy",
-       "max token NLL": "max_nll"}  # fmt: skip
-"""The raw signals by method name (higher = more likely wrong)."""
 FREE = ("NLL (greedy)", "mean token entropy", "max token NLL")
 """What a user gets free with the answer: the best of them on each set is the baseline."""
 COMBINED, HIDDEN_PROBE, WITH_HIDDEN = "combined", "hidden probe", "combined + hidden"
@@ -77,50 +70,6 @@ FITTED = {
     NO_ESI: Method(("nll", "entropy", "max_nll"), "window"),
 }
 """The fitted scores on every set; :data:`BEFORE` joins them on SQuAD 2.0."""
-
-
-def window(spec: HiddenSpec, which: str) -> HiddenSpec:
-    """The candidate states of a :class:`Method`: collected blocks at 40-80% depth, FINAL.
-
-    Depth is block / blocks (blocks: the last collected block + 1): on the embedded
-    model's 30 blocks, 12, 15, 18, 21, 24; on Gemma-3-270M's 18, 9, 11, 13, 14.
-    """
-    if which == "final":
-        return HiddenSpec((FINAL,), spec.positions)
-    blocks = [layer for layer in spec.layers if layer != FINAL]
-    depth = max(blocks) + 1
-    mid = tuple(b for b in blocks if 4 * depth <= 10 * b <= 8 * depth)
-    positions = ("prompt_last",) if which == "prompt" else spec.positions
-    return HiddenSpec((*mid, FINAL), positions)
-
-
-class Run(NamedTuple):
-    """A collected run's questions that every method scores (ESI defined)."""
-
-    name: str
-    header: dict[str, Any]
-    signals: list[dict[str, float]]
-    states: list[HiddenStates]
-    labels: dict[str, np.ndarray]
-    generate: np.ndarray
-    """Each question's ``seconds.generate`` (its batch's, per question)."""
-    spec: HiddenSpec
-
-
-def usable(cache_dir: Path, name: str) -> Run:
-    """Run ``name``'s questions with all four raw signals.
-
-    ESI is absent where SOC changed nothing: those questions are left out of every method.
-    """
-    c = load(cache_dir, name)
-    keep = [i for i, r in enumerate(c.records) if all(k in r["scores"] for k in RAW.values())]
-    states = c.states()
-    signals = [{**c.records[i]["scores"], "repetition": repetition(c.records[i].get("answer", ""))}
-               for i in keep]  # fmt: skip
-    return Run(name, _header(cache_dir, name), signals,
-               [states[i] for i in keep], {k: v[keep] for k, v in c.labels.items()},
-               np.array([c.records[i]["seconds"].get("generate", 0.0) for i in keep]),
-               c.spec)  # fmt: skip
 
 
 class Fold(NamedTuple):

@@ -1,6 +1,6 @@
 r"""llama.cpp's forcing on the file's weights or on a float copy: speed and score drift.
 
-    OMP_NUM_THREADS=1 python benchmarks/forcing_precision.py --data sciq/test.jsonl \\
+    OMP_NUM_THREADS=1 python -m benchmarks.timing forcing --data sciq/test.jsonl \\
         --limit 40 --json forcing.json
 
 The embedded model (Q4_1) on llama.cpp, one thread (``--threads``; 0: each engine's own
@@ -23,30 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
 
+from benchmarks.common import Answering, data_file, side_by_side
 from esi_guard import ESIGuard
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.data import load_examples
 
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import Answering, side_by_side
-from tests.shared_data import shared_data
-
-__all__ = ["main"]
+__all__ = ["add_arguments", "measure"]
 
 BATCH = 8
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Time the three side by side; print and write the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--data", default="sciq/test.jsonl")
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--skip", type=int, default=0, help="questions to leave out first")
@@ -58,9 +51,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads per engine; 0: each engine's own defaults")  # fmt: skip
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    path = Path(args.data) if Path(args.data).is_file() else shared_data() / args.data
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the guards side by side; print the figures and return them."""
+    path = data_file(args.data)
     examples = load_examples(path, seed=7)[args.skip : args.skip + args.limit]
     answering = Answering()
     prompts = [answering.messages(e.question) for e in examples]
@@ -113,9 +108,4 @@ def main(argv: Sequence[str] | None = None) -> None:
             "decision_agreement": float(np.mean(same)),
         }
     print(json.dumps(out, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return out

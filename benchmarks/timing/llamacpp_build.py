@@ -1,6 +1,6 @@
 r"""Two llama-cpp-python builds side by side: the default guard's speed and answers on each.
 
-    python -m benchmarks.llamacpp_build --python .venv/bin/python \\
+    python -m benchmarks.timing llamacpp-build --python .venv/bin/python \\
         --python /tmp/native/bin/python --limit 16 --rounds 3
 
 Each ``--python`` is an interpreter with esi_guard and its own llama-cpp-python build (the
@@ -25,15 +25,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["add_arguments", "child", "measure"]
 
 BATCH = 8
-ROOT = Path(__file__).resolve().parent.parent
-"""The checkout's root, where the children run ``-m benchmarks.llamacpp_build``."""
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout's root, where the children run ``-m benchmarks.timing llamacpp-build``."""
 
 
 def child(limit: int, threads: int) -> dict[str, Any]:
@@ -70,26 +69,27 @@ def child(limit: int, threads: int) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the children interleaved and print the comparison."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--python", action="append", default=[], dest="pythons")
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Run the children interleaved; print the comparison and return it (a child: its own)."""
     if args.child:
         print(json.dumps(child(args.limit, args.threads)))
-        return
+        return None
     if not args.pythons:
-        parser.error("give at least one --python")
+        sys.exit("give at least one --python")
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.pythons}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     for round_ in range(args.rounds):
         for python in args.pythons:
-            command = [python, "-m", "benchmarks.llamacpp_build", "--child",
+            command = [python, "-m", "benchmarks.timing", "llamacpp-build", "--child",
                        "--limit", str(args.limit), "--threads", str(args.threads)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, env=env,
                                   cwd=ROOT, check=False)  # fmt: skip
@@ -127,9 +127,4 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"batched {many:.3f} ({many / many0:.3f}x)\n"
               f"  answers alike the first build's: {row['answers_alike']}; largest score "
               f"difference where alike: {row['max_score_difference']:.2e}")  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return report

@@ -1,6 +1,6 @@
 r"""Per-call cost of guarding a RAG prompt: context first vs question first, in ONE run.
 
-    python benchmarks/rag_overhead.py --limit 20
+    python -m benchmarks.timing rag --limit 20
 
 On the same SQuAD 2.0 questions and passages, the same model and max_new_tokens, for
 each of two templates (the CLI's RAG template, passage before the question; and the same
@@ -26,24 +26,39 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from langchain_core.prompts import ChatPromptTemplate
 
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.guard_overhead import plain_call
 from esi_guard import Backend, ESIGuard, HFBackend
+from esi_guard.backends import ChatMessage
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.prompts import RAG_TEMPLATE
 from esi_guard.guard import chat_messages
 
+__all__ = ["add_arguments", "measure", "plain_call"]
+
 QUESTION_FIRST = RAG_TEMPLATE.replace("Passage: {context}\n\nQuestion: {question}",
                                       "Question: {question}\n\nPassage: {context}")  # fmt: skip
 MODES = ("plain", "with_prompt", "+ context reliance", "whole message")
+
+
+def plain_call(backend: HFBackend, messages: list[ChatMessage], max_new_tokens: int) -> str:
+    """A plain greedy transformers call on the same model, no guard."""
+    import torch
+
+    ids = torch.tensor([backend.render(messages)])
+    with torch.inference_mode():
+        out = backend.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=backend.tokenizer.eos_token_id,
+        )
+    return str(backend.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
 
 
 def call(mode: str, guard: ESIGuard, prompt: ChatPromptTemplate, values: dict[str, Any]) -> None:
@@ -62,9 +77,8 @@ def call(mode: str, guard: ESIGuard, prompt: ChatPromptTemplate, values: dict[st
         (prompt | guard).invoke(values)
 
 
-def main() -> None:
-    """Parse the arguments; run on transformers or on a local llama.cpp server."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--data", type=Path, default=Path("../shared/data/squad2/dev.json"))
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=24)
@@ -74,8 +88,10 @@ def main() -> None:
         help="the same on a local llama.cpp server (OpenAI-compatible, echo mode) instead of "
         "transformers: does the server reuse the passage's prefix across the variants?",
     )
-    args = parser.parse_args()
 
+
+def measure(args: argparse.Namespace) -> None:
+    """Run on transformers or on a local llama.cpp server."""
     with contextlib.ExitStack() as stack:
         if args.api:
             from integrations.llamacpp.server import LlamaServer
@@ -112,7 +128,3 @@ def run(backend: Backend, args: argparse.Namespace) -> None:
         cells = [f"{mean[m]:.2f}" for m in MODES]
         cells += [f"{mean[m] / mean['plain']:.2f}x" for m in MODES[1:]]
         print(f"| {name} | " + " | ".join(cells) + " |")
-
-
-if __name__ == "__main__":
-    main()

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks import closed_book
 from benchmarks.cache import Cache
 from benchmarks.common import Answering
+from benchmarks.results import closed_book
 from esi_guard.calibration.labels import Semantic
 
 HEADER = {"data": "x.jsonl", "model": "m"}
@@ -179,7 +179,7 @@ def test_a_larger_sampling_limit_tops_up_the_cached_questions_without_rescoring(
 def test_sequential_rows_resume_from_their_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from benchmarks.sequential import sequential_row
+    from benchmarks.results.sequential import sequential_row
     from esi_guard import ESIGuard, FakeBackend, SkipOneChar
 
     n = 100  # each half's rule needs ~45 answers to bound its disagreement at 5%

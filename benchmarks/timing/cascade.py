@@ -1,12 +1,12 @@
 r"""Guarded/plain, side by side in one run: no guard, full-L ESI, the ESI cascade.
 
-    OMP_NUM_THREADS=1 python benchmarks/cascade_timing.py --cache .bench-cache/probe \\
+    OMP_NUM_THREADS=1 python -m benchmarks.timing cascade --cache .bench-cache/probe \\
         --name sciq-smollm2 --data sciq/test.jsonl --limit 40 --json timing.json
 
 The embedded model on llama.cpp, one thread, three backends of their own (so none pays
 for another's hidden-state taps): ``plain`` (the backend's greedy answer with its top-k,
 no guard), ``esi`` (``ESIGuard``, L=10, k=100, SOC) and ``cascade`` (the same guard with
-``esi_probe``). The probe is distilled from the run ``benchmarks/probe.py`` collected
+``esi_probe``). The probe is distilled from the run ``benchmarks/probe/`` collected
 (``--name``: its questions' ESI and states; no label), its label-free band certified on
 its held-out estimates; the threshold is ESI's value accepting 80% of those questions.
 The questions timed are others from the same set (``--data``, not among the collected).
@@ -28,25 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.common import Answering, data_file, side_by_side
+from benchmarks.probe.data import load, usable, window
 from esi_guard import ESIGuard
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.thresholds import fit_stop_constant
 from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
 
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import Answering, side_by_side
-from benchmarks.probe_report import usable, window
-from tests.shared_data import shared_data
-
-__all__ = ["distilled", "main"]
+__all__ = ["add_arguments", "distilled", "measure"]
 
 BATCH = 8
 
@@ -67,14 +62,11 @@ def distilled(cache: Path, name: str) -> tuple[ESIProbe, float, set[str]]:
 
 
 def _records(cache: Path, name: str) -> list[dict[str, Any]]:
-    from benchmarks.probe import load
-
     return load(cache, name).records
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Time the three side by side; print and write the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """This subject's options."""
     parser.add_argument("--cache", type=Path, help="a collected run's folder (or --probe)")
     parser.add_argument("--probe", type=Path, help="a probe file `esi-guard distill` wrote")
     parser.add_argument("--skip", type=int, default=0, help="with --probe: questions it saw")
@@ -83,9 +75,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data", default="sciq/test.jsonl")
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--min-variants", type=int, help="add the cascade with sequential ESI")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    path = Path(args.data) if Path(args.data).is_file() else shared_data() / args.data
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the three side by side; print the figures and return them."""
+    path = data_file(args.data)
     if args.probe is not None:
         probe = ESIProbe.read(args.probe)
         threshold = float(np.quantile(probe.held_out_esi, 0.8))
@@ -134,9 +128,4 @@ def main(argv: Sequence[str] | None = None) -> None:
            "probe": {"layer": probe.hidden.layers if probe.hidden else None,
                      "n_fit": probe.n_fit}}  # fmt: skip
     print(json.dumps(out, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return out

@@ -1,6 +1,6 @@
-r"""The RAG half of ``benchmarks/run.py``: SQuAD 2.0 passages with their questions.
+r"""The RAG half of ``benchmarks/results/run.py``: SQuAD 2.0 passages with their questions.
 
-    python benchmarks/run.py --data ../shared/data/squad2/dev.json --limit 1000 \\
+    python -m benchmarks.results.run --data ../shared/data/squad2/dev.json --limit 1000 \\
         --json squad2.json --cache .bench-cache --shard 0/2      # and 1/2 beside it
 
 Every question is asked with the CLI's RAG template (``esi_guard.calibration.prompts.RAG_TEMPLATE``:

