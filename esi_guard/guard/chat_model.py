@@ -42,7 +42,7 @@ from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import _batching, _config, _live, _tracing
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
-from esi_guard.guard._probes import cascade_of, check_hidden
+from esi_guard.guard._probes import check_hidden, guard_cascade
 from esi_guard.guard._rules import check_settings
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention, SkipOneChar
@@ -227,7 +227,7 @@ class ESIGuard(BaseChatModel):
         """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
         check_settings(self)
         check_hidden(self.backend, self.combined, self.hidden_states)
-        self._cascade = cascade_of(self)
+        self._cascade = guard_cascade(self)
         return self
 
     @classmethod
