@@ -36,9 +36,10 @@ import numpy as np
 
 from esi_guard import ESIGuard
 from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.calibration.cascade_fit import fit_esi_probe, held_out
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.thresholds import fit_stop_constant
-from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
+from esi_guard.cascade import ESIProbe
 
 if not __package__:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
