@@ -119,7 +119,14 @@ def fit_esi_probe(
         band = float(np.quantile(np.abs(errors[strength]), coverage))
         return ESIProbe(**common, weights=tuple(map(float, w)), intercept=b,
                         strength=strength, band=band)  # fmt: skip
-    return _fit_with_states(x, y, splits, list(hidden), common)
+    # Candidates (layer, positions) x PCA size x strength by held-out squared error.
+    found = search_states(x, y, splits, list(hidden), strengths=RIDGE_STRENGTHS, fit=_ridge,
+                          error=lambda held, z: held - z,
+                          score=lambda r: float(np.mean(r**2)))  # fmt: skip
+    band = float(np.quantile(np.abs(found.errors), coverage))
+    return ESIProbe(**common, weights=tuple(map(float, found.weights)),
+                    intercept=found.intercept, strength=found.strength, hidden=found.probe,
+                    band=band)  # fmt: skip
 
 
 def _cv_errors(
@@ -130,23 +137,6 @@ def _cv_errors(
         w, b = _ridge(x[train], y[train], strength)
         out[test] = y[test] - (x[test] @ w + b)
     return out
-
-
-def _fit_with_states(
-    x: np.ndarray,
-    y: np.ndarray,
-    splits: list[tuple[np.ndarray, np.ndarray]],
-    hidden: list[HiddenStates],
-    common: dict[str, Any],
-) -> ESIProbe:
-    """Candidates (layer, positions) x PCA size x strength by held-out squared error."""
-    found = search_states(x, y, splits, hidden, strengths=RIDGE_STRENGTHS, fit=_ridge,
-                          error=lambda held, z: held - z,
-                          score=lambda r: float(np.mean(r**2)))  # fmt: skip
-    band = float(np.quantile(np.abs(found.errors), common["coverage"]))
-    return ESIProbe(**common, weights=tuple(map(float, found.weights)),
-                    intercept=found.intercept, strength=found.strength, hidden=found.probe,
-                    band=band)  # fmt: skip
 
 
 def held_out(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -147,7 +146,17 @@ def fit_combined(
         weights, intercept = _fit(x, y, strength)
         return CombinedScore(**common, weights=tuple(float(max(w, 0.0)) for w in weights),
                              intercept=intercept, strength=strength)  # fmt: skip
-    return _fit_probe(x, y, splits, list(hidden), common)
+    # The probe: (layer, positions) x PCA size x strength by held-out log-loss, the signals'
+    # weights >= 0 and the components' free.
+    free = x.shape[1]
+    found = search_states(
+        x, y, splits, list(hidden), strengths=STRENGTHS,
+        fit=lambda xa, ya, c: _fit(xa, ya, c, free), error=_log_loss,
+        score=lambda r: sum(float(np.sum(r[test])) for _, test in splits) / len(y),
+    )  # fmt: skip
+    return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in found.weights),
+                         intercept=found.intercept, strength=found.strength,
+                         hidden=found.probe)  # fmt: skip
 
 
 def _held_out(
@@ -165,22 +174,3 @@ def _held_out(
 
 def _log_loss(y: np.ndarray, z: np.ndarray) -> np.ndarray:
     return np.asarray(np.logaddexp(0.0, z) - y * z)
-
-
-def _fit_probe(
-    x: np.ndarray,
-    y: np.ndarray,
-    splits: list[tuple[np.ndarray, np.ndarray]],
-    hidden: list[HiddenStates],
-    common: dict[str, Any],
-) -> CombinedScore:
-    """The probe: candidates (layer, positions) x PCA size x strength by held-out log-loss."""
-    free = x.shape[1]
-    found = search_states(
-        x, y, splits, hidden, strengths=STRENGTHS,
-        fit=lambda xa, ya, c: _fit(xa, ya, c, free), error=_log_loss,
-        score=lambda r: sum(float(np.sum(r[test])) for _, test in splits) / len(y),
-    )  # fmt: skip
-    return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in found.weights),
-                         intercept=found.intercept, strength=found.strength,
-                         hidden=found.probe)  # fmt: skip
