@@ -7,14 +7,14 @@ Reads the runs ``python -m benchmarks.probe collect`` left (:func:`benchmarks.pr
 scores every method on the same questions (those with ESI): the raw signals (ESI(SOC),
 greedy NLL, mean token entropy, max token NLL) and, out of fold (repeated stratified
 k-fold, :func:`out_of_fold`), the fitted scores of :data:`FITTED`
-(:func:`~esi_guard.combined.fit_combined`: today's combined score, the hidden-state probe
-alone, both together, both with the final layer only); on SQuAD 2.0, for wrong-vs-right
-and unanswerable-vs-answerable, and a probe on the last prompt token (before answering)
-with an abstain-before-generating guard (:func:`abstain`). AUROC with 95% bootstrap
-intervals, paired differences against the best free signal and the combined score
-(pooled over the closed-book sets), held-out ECE, the layer and positions each fold
-chose, a transfer table (fitted on one set, measured on each other) and the seconds
-hidden states add. Records in ``run.py``'s shape (``"probe": True``): ``run.py --table
+(:func:`~esi_guard.calibration.combined_fit.fit_combined`: today's combined score, the
+hidden-state probe alone, both together, both with the final layer only); on SQuAD 2.0,
+for wrong-vs-right and unanswerable-vs-answerable, and a probe on the last prompt token
+(before answering) with an abstain-before-generating guard (:func:`abstain`). AUROC with
+95% bootstrap intervals, paired differences against the best free signal and the combined
+score (pooled over the closed-book sets), held-out ECE, the layer and positions each fold
+chose, a transfer table (fitted on one set, measured on each other) and the seconds hidden
+states add. Records in ``run.py``'s shape (``"probe": True``): ``run.py --table
 probe.json`` or ``run.py --probe-cache DIR`` renders them.
 """
 
@@ -31,13 +31,14 @@ import numpy as np
 
 from benchmarks.probe.data import RAW, Run, usable, window
 from esi_guard.backends.base import FINAL, HiddenStates
+from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.metrics import (
     auroc,
     bootstrap,
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.combined import FEATURES, fit_combined
+from esi_guard.combined import FEATURES
 
 __all__ = ["markdown", "out_of_fold", "report"]
 

@@ -7,20 +7,21 @@ Every collected question holds its greedy answer's free signals and hidden state
 full-L ESI (SOC, L=10, k=100; llama.cpp) and its label, so both rows are measured on the
 same questions without running the model again. Cross-fitting, repeated: each set is
 split in two halves (stratified on the label); on one half the ESI probe is distilled
-(:func:`~esi_guard.cascade.fit_esi_probe`, on the questions' ESI only, no label), the
-guard's threshold chosen (ESI's value accepting ``--coverage`` of the half: label-free, as
-``calibrate --select coverage``) and the cascade's band fitted
-(:func:`~esi_guard.cascade.label_free_band` on the half's out-of-fold estimates, at most 2%
-disagreement with probability 0.9); on the other half they are measured, and the halves
-swap. Reported per set:
+(:func:`~esi_guard.calibration.cascade_fit.fit_esi_probe`, on the questions' ESI only, no
+label), the guard's threshold chosen (ESI's value accepting ``--coverage`` of the half:
+label-free, as ``calibrate --select coverage``) and the cascade's band fitted
+(:func:`~esi_guard.calibration.cascade_fit.label_free_band` on the half's out-of-fold
+estimates, at most 2% disagreement with probability 0.9); on the other half they are
+measured, and the halves swap. Reported per set:
 
 * "ESI probe": held-out Spearman and R^2 with ESI; its AUROC for wrong answers, paired
   against full-L ESI on the same questions;
 * "ESI cascade": each question scored by the probe where it decided and by ESI where ESI
   ran; AUROC paired against ESI, decision agreement with full-L ESI at the threshold, the
   share of answers that ran ESI. Its band is the guard's label-free one
-  (:func:`~esi_guard.cascade.label_free_band`: certified on the half's held-out estimates);
-  "(quantile band)" uses the threshold +- the probe's 98% quantile of ``|ESI - estimate|``;
+  (:func:`~esi_guard.calibration.cascade_fit.label_free_band`: certified on the half's
+  held-out estimates); "(quantile band)" uses the threshold +- the probe's 98% quantile of
+  ``|ESI - estimate|``;
 * the cost: guarded/plain from the run's stage timings (``generate`` with the states,
   ``force``: ESI's teacher-forcing): full ESI ``(g + f) / g``, the cascade ``(g + share *
   f) / g``. ``python -m benchmarks.timing cascade`` times the guards themselves side by side.
@@ -38,8 +39,9 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from benchmarks.probe.data import load, runs, usable, window
+from esi_guard.calibration.cascade_fit import fit_esi_probe, held_out, label_free_band
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
-from esi_guard.cascade import Band, fit_esi_probe, held_out, label_free_band
+from esi_guard.cascade import Band
 
 __all__ = ["evaluate", "markdown"]
 

@@ -32,6 +32,7 @@ from esi_guard.baselines import (
     semantic_entropy,
     sentence_sar,
 )
+from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
 from esi_guard.calibration.metrics import (
@@ -40,7 +41,6 @@ from esi_guard.calibration.metrics import (
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.combined import fit_combined
 from esi_guard.nli import NLIModel
 
 __all__ = ["run_closed"]

@@ -26,7 +26,7 @@ question instead (each fold's selection on the other four).
 ``p_wrong`` (5 folds) of the full combined + hidden score (``esi,nll,entropy,max_nll``
 and the probe) and of the same without ESI; for each fold, the threshold (the full
 score's value accepting 80% of the other folds' questions) and the band
-(:func:`esi_guard.cascade.fit_band`: decisions within 2% of the full score's with
+(:func:`esi_guard.calibration.cascade_fit.fit_band`: decisions within 2% of the full score's with
 probability 0.9, logit scale) are fitted on the other folds and applied to it. Reported:
 the share of questions that run ESI, decision agreement with the full score, and the
 AUROC of the cascade's score (the no-ESI ``p_wrong`` outside the band, the full one
@@ -53,10 +53,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.probe.data import Run, usable, window
+from esi_guard.calibration.cascade_fit import fit_band
+from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.crossfit import Candidate, out_of_fold, select
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_difference
-from esi_guard.cascade import fit_band
-from esi_guard.combined import CombinedScore, fit_combined
+from esi_guard.combined import CombinedScore
 
 __all__ = ["main"]
 

@@ -37,9 +37,10 @@ from benchmarks.common import Answering, data_file, side_by_side
 from benchmarks.probe.data import load, usable, window
 from esi_guard import ESIGuard
 from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.calibration.cascade_fit import fit_esi_probe, held_out
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.thresholds import fit_stop_constant
-from esi_guard.cascade import ESIProbe, fit_esi_probe, held_out
+from esi_guard.cascade import ESIProbe
 
 __all__ = ["add_arguments", "distilled", "measure"]
 

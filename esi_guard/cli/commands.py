@@ -31,7 +31,7 @@ from esi_guard import __version__
 from esi_guard.backends.adapters import auto_engine, local_backend
 from esi_guard.backends.base import FINAL, Backend, HiddenSpec
 from esi_guard.calibration import labels as label_methods
-from esi_guard.calibration.combining import Combined, parse_features
+from esi_guard.calibration.calibrate_combined import Combined, parse_features
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, expected_calibration_error
 from esi_guard.calibration.thresholds import (

@@ -26,7 +26,7 @@ from typing import Any
 
 from langchain_core.runnables import Runnable
 
-from esi_guard.calibration.combining import encode_states
+from esi_guard.calibration.calibrate_combined import encode_states
 from esi_guard.calibration.data import Example
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError, ESIGuardError

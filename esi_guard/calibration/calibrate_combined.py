@@ -18,16 +18,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from esi_guard.backends.base import HiddenStates
+from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.crossfit import Candidate, Selection, out_of_fold, select
 from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error
-from esi_guard.combined import (
-    FEATURES,
-    HIDDEN,
-    SIGNALS,
-    CombinedScore,
-    fit_combined,
-    repetition,
-)
+from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, repetition
 from esi_guard.exceptions import ConfigurationError
 
 __all__ = [
