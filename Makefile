@@ -77,9 +77,11 @@ demo: install-demo
 test: install-test install-litellm-proxy
 	$(BIN)/python -m pytest
 
-## Unit tests only (no model).
+## The developer's loop: unit tests only, on every core, loading no model (a test that
+## loads one fails there: mark it `integration`). Under 3 minutes on two cores.
 test-fast: install-test
-	$(BIN)/python -m pytest -m "not integration"
+	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "not integration and not server and not slow" \
+	  -n auto -p no:cacheprovider tests/unit tests/benchmarks
 
 ## >= 10,000 adversarial inputs on the fake backend and 300 on the embedded model.
 ## Ends with `fuzz: inputs=N crashes=N hangs=N unmarked=N`; fails unless the last three are 0.

@@ -1,4 +1,8 @@
-"""What the benchmark scripts share: how a question is asked, stage timing, log-probabilities."""
+"""What the benchmarks share: how a question is asked, stage timing, log-probabilities.
+
+Also where a data file is (:func:`data_file`) and :func:`side_by_side`, the one
+guarded/plain timing loop.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,14 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from esi_guard.backends import ChatMessage, Generation
 from esi_guard.calibration.prompts import DEFAULT_SYSTEM
+from tests.shared_data import shared_data
 
 __all__ = [
     "FEW_SHOT",
@@ -20,6 +26,7 @@ __all__ = [
     "Answering",
     "Clock",
     "SideBySide",
+    "data_file",
     "side_by_side",
     "token_entropies",
     "token_logprobs",
@@ -65,6 +72,11 @@ class Answering:
         """What a cache header records of it (the default's as before ``stop`` existed)."""
         out: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "system": self.system}
         return out | ({"stop": list(self.stop)} if self.stop else {})
+
+
+def data_file(name: str) -> Path:
+    """``name`` if it is a file, else its path in the shared data (``sciq/test.jsonl``...)."""
+    return Path(name) if Path(name).is_file() else shared_data() / name
 
 
 class Clock:

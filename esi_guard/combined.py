@@ -4,9 +4,11 @@ The guarded pass already holds, beside ESI, the greedy answer's distributions: i
 tokens' negative log-likelihood and the entropy of each position cost nothing more. A
 :class:`CombinedScore` maps them to the probability that the answer is wrong with a
 logistic model whose weights are all >= 0 on standardised signals, so ``p_wrong`` never
-falls when a signal rises (monotone in each), fitted by :func:`fit_combined` with its L2
-strength chosen by stratified cross-validation. It is small enough to live in a threshold
-file as plain numbers (no pickle): ``esi-guard calibrate --score combined``.
+falls when a signal rises (monotone in each), fitted by
+:func:`~esi_guard.calibration.combined_fit.fit_combined` with its L2 strength chosen by
+stratified cross-validation. It is small enough to live in a threshold file as plain
+numbers (no pickle): ``esi-guard calibrate --score combined``. This module is the score at
+run time; the fitting lives in :mod:`esi_guard.calibration`.
 
 Signals (:data:`SIGNALS`; :data:`FEATURES` is the default set): ``esi`` (the score),
 ``nll`` (the answer's negative log-probability, its tokens' summed, each normalised over
@@ -29,7 +31,6 @@ folded into one weight vector over the raw states (:class:`HiddenProbe`): ``p_wr
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
@@ -48,7 +49,6 @@ __all__ = [
     "SIGNALS",
     "CombinedScore",
     "HiddenProbe",
-    "fit_combined",
     "free_signals",
     "probe_window",
     "repetition",
@@ -63,22 +63,8 @@ SIGNALS = ("esi", "nll", "entropy", "max_nll", "repetition")
 HIDDEN = "hidden"
 """The feature name of the hidden-state probe (``--features ...,hidden``)."""
 
-POSITION_SETS: tuple[tuple[Position, ...], ...] = (
-    ("prompt_last",),
-    ("answer_mean",),
-    ("prompt_last", "answer_mean"),
-    ("answer_last",),
-)
-"""The positions a probe may read, tried by cross-validation."""
-
 DEPTHS = (0.4, 0.5, 0.6, 0.7, 0.8)
 """Where in the model's depth the probe's candidate layers sit (plus the final norm's)."""
-
-COMPONENTS = (8, 16, 32)
-"""PCA sizes cross-validation chooses from (capped by the answers at hand)."""
-
-STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
-"""The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
 
 
 def repetition(text: str) -> float:
@@ -256,229 +242,3 @@ class CombinedScore(BaseModel):
 
 def _sigmoid(z: Any) -> Any:
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z)))
-
-
-def _fit(
-    x: np.ndarray, y: np.ndarray, strength: float, bounded: int | None = None
-) -> tuple[np.ndarray, float]:
-    """Weights and an intercept minimising mean log-loss + strength/2 * |w|^2.
-
-    The first ``bounded`` weights (all by default) are >= 0; the others are free. Solved
-    by projected Newton steps (a few dozen features: each step is one small linear solve;
-    cross-validating a probe runs thousands of these fits), with L-BFGS-B to finish
-    should they not converge.
-    """
-    n, d = x.shape
-    bounded = d if bounded is None else bounded
-    problem = _Problem(np.hstack([x, np.ones((n, 1))]), y, np.append(np.full(d, strength), 0.0))
-    lower = np.append(np.zeros(bounded), np.full(d - bounded + 1, -np.inf))
-    theta = np.append(np.zeros(d), math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
-    current, grad = problem(theta)
-    for _ in range(_NEWTON_STEPS):
-        held = (theta <= lower) & (grad > 0)  # at a bound and pushed against it
-        if np.max(np.abs(np.where(held, 0.0, grad))) < _TOLERANCE:
-            return theta[:-1], float(theta[-1])
-        free = ~held
-        step = np.zeros_like(theta)
-        step[free] = -np.linalg.solve(problem.hessian(theta, free), grad[free])
-        for _ in range(30):  # backtracking along the projected path
-            trial = np.maximum(theta + step, lower)
-            after, after_grad = problem(trial)
-            if after <= current + 1e-4 * float(grad @ (trial - theta)):
-                break
-            step *= 0.5
-        else:
-            break
-        theta, current, grad = trial, after, after_grad
-    from scipy.optimize import minimize
-
-    bounds = [(0.0, None)] * bounded + [(None, None)] * (d - bounded + 1)
-    out = minimize(problem, theta, jac=True, method="L-BFGS-B", bounds=bounds)
-    return out.x[:-1], float(out.x[-1])
-
-
-_NEWTON_STEPS = 50
-"""Most projected Newton steps :func:`_fit` takes before L-BFGS-B finishes the fit."""
-_TOLERANCE = 1e-9
-"""Largest projected-gradient entry at which :func:`_fit` stops."""
-
-
-class _Problem:
-    """:func:`_fit`'s objective on ``theta = (w, b)``: its value and gradient, its Hessian."""
-
-    def __init__(self, xb: np.ndarray, y: np.ndarray, ridge: np.ndarray) -> None:
-        self.xb, self.y, self.ridge = xb, y, ridge
-
-    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        z = self.xb @ theta
-        value = np.mean(np.logaddexp(0.0, z) - self.y * z) + 0.5 * float(self.ridge @ theta**2)
-        grad = self.xb.T @ (_sigmoid(z) - self.y) / len(self.y) + self.ridge * theta
-        return float(value), grad
-
-    def hessian(self, theta: np.ndarray, free: np.ndarray) -> np.ndarray:
-        """The Hessian's rows and columns ``free``."""
-        p = _sigmoid(self.xb @ theta)
-        cols = self.xb[:, free]
-        h = (cols * (p * (1 - p) / len(self.y))[:, None]).T @ cols
-        h[np.diag_indices_from(h)] += self.ridge[free] + 1e-12
-        return np.asarray(h)
-
-
-def fit_combined(
-    signals: Sequence[Mapping[str, float]],
-    wrong: Sequence[int],
-    *,
-    features: Sequence[str] = FEATURES,
-    hidden: Sequence[HiddenStates] | None = None,
-    folds: int = 5,
-    seed: int = 0,
-) -> CombinedScore:
-    """Fit a :class:`CombinedScore` on answers' signals and wrong-answer labels.
-
-    ``features``: the scalar signals to use (:data:`SIGNALS`). ``hidden``: each answer's
-    hidden states (the same layers and positions for all), for a probe; its layer, positions,
-    PCA size and the L2 strength are chosen by stratified ``folds``-fold cross-validation
-    (held-out log-loss) on these answers only.
-
-    Raises:
-        ConfigurationError: An unknown signal, no signal and no states, too few answers, or
-            only one class among them.
-    """
-    from sklearn.model_selection import StratifiedKFold
-
-    names = tuple(features)
-    unknown = [name for name in names if name not in SIGNALS]
-    if unknown:
-        msg = f"unknown signals {unknown}; known: {list(SIGNALS)} and {HIDDEN!r}"
-        raise ConfigurationError(msg)
-    if not names and hidden is None:
-        msg = "a combined score needs at least one signal or the hidden states"
-        raise ConfigurationError(msg)
-    y = np.asarray(wrong, dtype=np.float64)
-    raw = np.array([[s[name] for name in names] for s in signals], dtype=np.float64)
-    raw = raw.reshape(len(y), len(names))
-    counts = int(y.sum()), int(len(y) - y.sum())
-    if min(counts) < folds:
-        msg = (
-            f"a combined score needs at least {folds} wrong and {folds} right answers to "
-            f"fit; got {counts[0]} wrong and {counts[1]} right"
-        )
-        raise ConfigurationError(msg)
-    mean, scale = _standard(raw)
-    x = (raw - mean) / scale
-    splits = list(StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y))
-    common = {"features": names, "mean": tuple(map(float, mean)),
-              "scale": tuple(map(float, scale)), "n_fit": len(y)}  # fmt: skip
-    if hidden is None:
-        strength = min(STRENGTHS, key=lambda c: _held_out(x, y, splits, c))
-        weights, intercept = _fit(x, y, strength)
-        return CombinedScore(**common, weights=tuple(float(max(w, 0.0)) for w in weights),
-                             intercept=intercept, strength=strength)  # fmt: skip
-    return _fit_probe(x, y, splits, list(hidden), common)
-
-
-def _standard(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and standard deviations (1 where a column is constant)."""
-    mean, scale = raw.mean(axis=0), raw.std(axis=0)
-    return mean, np.where(scale > 1e-12 * (1.0 + np.abs(mean)), scale, 1.0)
-
-
-def _held_out(
-    x: np.ndarray, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]], strength: float,
-    free: int | None = None,
-) -> float:  # fmt: skip
-    """Mean held-out log-loss of :func:`_fit` at ``strength`` over ``splits``."""
-    total = 0.0
-    for train, test in splits:
-        w, b = _fit(x[train], y[train], strength, free)
-        z = x[test] @ w + b
-        total += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
-    return total / len(y)
-
-
-class _Reduced:
-    """Standardise then PCA, fitted on some answers' states; applied to any."""
-
-    def __init__(self, states: np.ndarray, components: int) -> None:
-        self.mean, self.scale = _standard(states)
-        z = (states - self.mean) / self.scale
-        self.center = z.mean(axis=0)
-        self.basis = _principal_axes(z - self.center, components)
-
-    def __call__(self, states: np.ndarray, components: int) -> np.ndarray:
-        z = (states - self.mean) / self.scale - self.center
-        return np.asarray(z @ self.basis[:components].T)
-
-
-def _principal_axes(centred: np.ndarray, components: int) -> np.ndarray:
-    """The ``components`` leading principal axes (rows) of centred data.
-
-    From the eigenvectors of the smaller of its two Gram matrices, not a full SVD: a
-    probe's fit has a few hundred answers and a few thousand state columns, and needs
-    only the leading 8-32 axes, thousands of times over.
-    """
-    n, d = centred.shape
-    if n >= d:
-        values, vectors = np.linalg.eigh(centred.T @ centred)
-        order = np.argsort(values)[::-1][:components]
-        return np.asarray(vectors[:, order].T)
-    values, vectors = np.linalg.eigh(centred @ centred.T)
-    order = np.argsort(values)[::-1][:components]
-    singular = np.sqrt(np.maximum(values[order], 0.0))
-    axes = (centred.T @ vectors[:, order]) / np.where(singular > 1e-12, singular, 1.0)
-    return np.asarray(axes.T)
-
-
-def _fit_probe(
-    x: np.ndarray,
-    y: np.ndarray,
-    splits: list[tuple[np.ndarray, np.ndarray]],
-    hidden: list[HiddenStates],
-    common: dict[str, Any],
-) -> CombinedScore:
-    """The probe: candidates (layer, positions) x PCA size x strength by held-out log-loss."""
-    layers, positions = hidden[0].layers, hidden[0].positions
-    if any(h.layers != layers or h.positions != positions for h in hidden):
-        msg = "every answer's hidden states must have the same layers and positions"
-        raise ConfigurationError(msg)
-    values = np.stack([np.asarray(h.values, dtype=np.float64) for h in hidden])
-    smallest = min(len(train) for train, _ in splits)
-    sizes = sorted({min(k, max(1, smallest // 8)) for k in COMPONENTS})
-    free = x.shape[1]
-    scores: dict[tuple[int, tuple[Position, ...], int, float], float] = {}
-    for li, layer in enumerate(layers):
-        for chosen in POSITION_SETS:
-            if not set(chosen) <= set(positions):
-                continue
-            pi = [positions.index(p) for p in chosen]
-            states = values[:, li, pi, :].reshape(len(y), -1)
-            losses = {(k, c): 0.0 for k in sizes for c in STRENGTHS}
-            for train, test in splits:
-                reduce = _Reduced(states[train], max(sizes))
-                for k in sizes:
-                    xa = np.hstack([x[train], reduce(states[train], k)])
-                    xb = np.hstack([x[test], reduce(states[test], k)])
-                    for c in STRENGTHS:
-                        w, b = _fit(xa, y[train], c, free)
-                        z = xb @ w + b
-                        losses[k, c] += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
-            for (k, c), loss in losses.items():
-                scores[layer, chosen, k, c] = loss / len(y)
-    layer, chosen, k, strength = min(scores, key=scores.__getitem__)
-    li, pi = layers.index(layer), [positions.index(p) for p in chosen]
-    states = values[:, li, pi, :].reshape(len(y), -1)
-    reduce = _Reduced(states, k)
-    w, b = _fit(np.hstack([x, reduce(states, k)]), y, strength, free)
-    # Fold standardising, PCA and the components' weights into weights on the raw states.
-    direction = reduce.basis[:k].T @ w[free:]
-    weights = direction / reduce.scale
-    intercept = b - float(np.dot(reduce.mean / reduce.scale + reduce.center, direction))
-    best: dict[str, float] = {}
-    for (lay, pos, _, _), loss in scores.items():
-        key = f"{lay}/{'+'.join(pos)}"
-        best[key] = min(loss, best.get(key, math.inf))
-    probe = HiddenProbe(layers=(layer,), positions=chosen, hidden_size=values.shape[-1],
-                        weights=tuple(map(float, weights)), components=k,
-                        selection=best)  # fmt: skip
-    return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in w[:free]),
-                         intercept=intercept, strength=strength, hidden=probe)  # fmt: skip

@@ -4,6 +4,7 @@ and a valid threshold file to change one field of."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,39 @@ if TYPE_CHECKING:
     from esi_guard import HFBackend
     from esi_guard.backends import Backend
     from esi_guard.calibration.file import ThresholdFile
+
+
+NO_MODEL = "ESI_GUARD_TEST_NO_MODEL"
+"""Set by ``make test-fast``: any test that loads a real model fails, naming the marker."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under :data:`NO_MODEL`, loading a GGUF (llama.cpp) or pretrained weights fails."""
+    if not os.environ.get(NO_MODEL):
+        return
+    msg = "the fast tier loads no model: mark this test `integration` (or give it a stand-in)"
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(msg)
+
+    try:
+        import llama_cpp
+    except ImportError:
+        pass
+    else:
+        config.add_cleanup(_patched(llama_cpp.Llama, "__init__", refuse))
+    try:
+        from transformers import modeling_utils
+    except ImportError:
+        return
+    config.add_cleanup(_patched(modeling_utils.PreTrainedModel, "from_pretrained", refuse))
+
+
+def _patched(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    """Replace ``owner.name`` with ``value``; the function that puts it back."""
+    old = owner.__dict__[name]
+    setattr(owner, name, value if name == "__init__" else classmethod(value))
+    return lambda: setattr(owner, name, old)
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from esi_guard.backends.hidden import HiddenStates
+from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_difference
-from esi_guard.combined import HIDDEN, CombinedScore, fit_combined
+from esi_guard.combined import HIDDEN, CombinedScore
 from esi_guard.exceptions import ConfigurationError
 
 __all__ = ["Candidate", "Selection", "candidates", "out_of_fold", "select"]

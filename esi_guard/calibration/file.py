@@ -6,20 +6,19 @@ and kept under version control beside the application that uses it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from esi_guard._files import read_model
 from esi_guard.calibration.metrics import Estimate
 from esi_guard.calibration.thresholds import Choice
 from esi_guard.cascade import Band, ESIProbe
 from esi_guard.combined import CombinedScore
-from esi_guard.exceptions import ConfigurationError
 from esi_guard.result import ScoringConfig
 
 __all__ = ["FORMAT", "DatasetInfo", "ScoredRun", "ThresholdFile"]
@@ -133,24 +132,9 @@ class ThresholdFile(BaseModel):
 
     @classmethod
     def read(cls, path: str | Path) -> ThresholdFile:
-        """Read and validate; every problem is a :class:`ConfigurationError` naming the file."""
-        where = Path(path)
-        try:
-            raw = json.loads(where.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            msg = f"threshold file not found: {where}"
-            raise ConfigurationError(msg) from exc
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            msg = f"threshold file {where} is not readable JSON: {exc}"
-            raise ConfigurationError(msg) from exc
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            msg = f"{where} is not an esi-guard threshold file (format {FORMAT!r} expected)"
-            raise ConfigurationError(msg)
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            msg = f"threshold file {where} is invalid: {exc}"
-            raise ConfigurationError(msg) from exc
+        """Read and validate; every problem is a ConfigurationError naming the file."""
+        return read_model(cls, path, name="threshold file",
+                          kind="an esi-guard threshold file", file_format=FORMAT)  # fmt: skip
 
 
 def _no_nan(estimate: Estimate) -> dict[str, float | None]:

@@ -1,9 +1,9 @@
 """``calibrate --esi-probe FILE``: the cascade's band, fitted on the calibration answers.
 
 Every calibration answer ran full ESI; the probe's cheap score is computed for each from
-its signals and states, and :func:`~esi_guard.cascade.fit_band` finds the narrowest band
-whose decisions differ from full-ESI ones on at most ``--max-disagreement`` of the answers
-with probability ``1 - --stop-delta``. With ``--score combined`` the band is on the
+its signals and states, and :func:`~esi_guard.calibration.cascade_fit.fit_band` finds the
+narrowest band whose decisions differ from full-ESI ones on at most ``--max-disagreement``
+of the answers with probability ``1 - --stop-delta``. With ``--score combined`` the band is on the
 combined score's ``p_wrong`` (the probe's estimate in ESI's place), fitted on the answers
 the threshold was chosen on.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from esi_guard.calibration.combining import Combined, decode_states
-from esi_guard.cascade import Band, Cascade, ESIProbe, fit_band
+from esi_guard.calibration.calibrate_combined import Combined, decode_states
+from esi_guard.calibration.cascade_fit import fit_band
+from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.cli.output import console, fail
 from esi_guard.cli.run import Run
 from esi_guard.exceptions import ESIGuardError

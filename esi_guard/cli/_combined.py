@@ -3,7 +3,7 @@
 Cross-fitted by default or on a split (``--fit-fraction``); the value-of-information
 cascade's band with ``--cascade``.
 
-The fitting is :mod:`esi_guard.calibration.combining`'s; this module prints what it found
+The fitting is :mod:`esi_guard.calibration.calibrate_combined`'s; this module prints what it found
 and turns refusals into the command's errors.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from esi_guard.calibration.combining import Combined, fit_all, fit_on_part
+from esi_guard.calibration.calibrate_combined import Combined, fit_all, fit_on_part
+from esi_guard.calibration.cascade_fit import fit_band
 from esi_guard.calibration.metrics import Estimate
-from esi_guard.cascade import fit_band
 from esi_guard.cli.output import console, fail
 from esi_guard.cli.run import Run
 from esi_guard.exceptions import ESIGuardError

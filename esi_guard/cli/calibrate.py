@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from esi_guard import __version__
-from esi_guard.calibration.combining import Combined, parse_features
+from esi_guard.calibration.calibrate_combined import Combined, parse_features
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate
 from esi_guard.calibration.thresholds import (

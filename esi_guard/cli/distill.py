@@ -18,10 +18,11 @@ import numpy as np
 import typer
 
 from esi_guard import __version__
-from esi_guard.calibration.combining import decode_states
+from esi_guard.calibration.calibrate_combined import decode_states
+from esi_guard.calibration.cascade_fit import fit_esi_probe, held_out, label_free_band
 from esi_guard.calibration.data import dataset_hash, load_questions
 from esi_guard.calibration.prompts import run_prompts
-from esi_guard.cascade import PROBE_SIGNALS, ESIProbe, fit_esi_probe, held_out, label_free_band
+from esi_guard.cascade import PROBE_SIGNALS, ESIProbe
 from esi_guard.cli import build
 from esi_guard.cli._options import (
     BatchSize,

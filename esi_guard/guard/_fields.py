@@ -25,7 +25,7 @@ from esi_guard.backends.default import EmbeddedBackend
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.guard import _config
-from esi_guard.guard._probes import cascade_of, check_hidden
+from esi_guard.guard._probes import check_hidden, guard_cascade
 from esi_guard.guard._rules import check_settings
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, OnError, ScoringConfig
@@ -176,7 +176,7 @@ class GuardFields(BaseChatModel):
         """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
         check_settings(self)
         check_hidden(self.backend, self.combined, self.hidden_states)
-        self._cascade = cascade_of(self)
+        self._cascade = guard_cascade(self)
         return self
 
     @property

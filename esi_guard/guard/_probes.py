@@ -1,7 +1,7 @@
 """The guard's probes checked against its backend: the combined score's and the cascade's.
 
 ``ESIGuard``'s validator calls :func:`check_hidden` (the backend gives the states a
-combined score's hidden-state probe and ``hidden_states`` read) and :func:`cascade_of`
+combined score's hidden-state probe and ``hidden_states`` read) and :func:`guard_cascade`
 (when ``esi_probe`` is set: refuses a probe distilled on another model or engine, for
 another ESI, or one that needs hidden states from a backend that gives none, and builds
 the :class:`~esi_guard.cascade.Cascade` the pipeline routes with). Each refusal is a
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from esi_guard._pipeline.steps import merged
 from esi_guard.backends.base import states_engine
-from esi_guard.cascade import Band, Cascade, ESIProbe, label_free_band
+from esi_guard.calibration.cascade_fit import label_free_band
+from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard._config import model_difference
 
@@ -23,13 +24,13 @@ if TYPE_CHECKING:
     from esi_guard.combined import CombinedScore
     from esi_guard.result import ScoringConfig
 
-__all__ = ["cascade_for", "cascade_of", "check_hidden"]
+__all__ = ["check_hidden", "guard_cascade", "probe_cascade"]
 
 _IGNORED = ("system_prompt", "prompt_template", "min_variants", "stop_constant", "decide_on")
 """Settings that do not change the ESI score a probe estimates."""
 
 
-def cascade_for(
+def probe_cascade(
     probe: ESIProbe,
     band: Band | None,
     *,
@@ -39,7 +40,7 @@ def cascade_for(
     combined: CombinedScore | None,
     max_disagreement: float = 0.02,
 ) -> Cascade:
-    """The cascade of a guard with these settings, or a ConfigurationError naming the misfit."""
+    """An ESI-probe cascade for these settings, or a ConfigurationError naming the misfit."""
     problems = []
     if (other := model_difference(probe, backend)) is not None:
         problems.append(other)
@@ -112,8 +113,8 @@ def check_hidden(backend: Backend, combined: CombinedScore | None, keep: HiddenS
         raise ConfigurationError(msg)
 
 
-def cascade_of(guard: Any) -> Cascade | None:
-    """The cascade of an ``ESIGuard`` (its ``esi_probe``, ``probe_band``...); None: none."""
+def guard_cascade(guard: Any) -> Cascade | None:
+    """The cascade (of either kind) an ``ESIGuard``'s fields describe; None: none."""
     combined = guard.combined
     if combined is not None and not combined.uses_esi and (guard.esi_probe or guard.free_score):
         msg = (
@@ -130,10 +131,10 @@ def cascade_of(guard: Any) -> Cascade | None:
     if guard.decide_on != "esi":
         msg = "a cascade estimates ESI: decide_on must stay 'esi'"
         raise ConfigurationError(msg)
-    return cascade_for(guard.esi_probe, guard.probe_band, backend=guard.backend,
-                       scoring=guard.scoring_config, threshold=guard.threshold,
-                       combined=guard.combined,
-                       max_disagreement=guard.probe_disagreement)  # fmt: skip
+    return probe_cascade(guard.esi_probe, guard.probe_band, backend=guard.backend,
+                         scoring=guard.scoring_config, threshold=guard.threshold,
+                         combined=guard.combined,
+                         max_disagreement=guard.probe_disagreement)  # fmt: skip
 
 
 def _free_cascade(guard: Any) -> Cascade:

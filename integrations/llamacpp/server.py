@@ -11,8 +11,14 @@
 
 The model name the server reports is the GGUF's absolute path, so ``OpenAIBackend`` reads
 the chat template from the file. Needs ``pip install 'llama-cpp-python[server]'`` (part of the
-project's test set-up). ``integrations/llamacpp/serve.py`` runs the same server in the
-foreground.
+project's test set-up). From the checkout's root, ``python -m integrations.llamacpp.server``
+runs the same server in the foreground::
+
+    python -m integrations.llamacpp.server            # http://127.0.0.1:8000/v1
+    python -m integrations.llamacpp.server --port 0   # a free port, printed first
+
+Its first stdout line is ``ESI_GUARD_SERVER_URL=<base_url> MODEL=<model>``; then the process
+*becomes* the server (``exec``), so stopping it stops the server.
 
 This launcher is for the project's tests, examples and benchmarks (and for trying the API
 backend locally), so it lives beside the library, not in the wheel: import it from a
@@ -21,6 +27,8 @@ checkout, with the checkout's root on ``sys.path``.
 
 from __future__ import annotations
 
+import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -37,7 +45,7 @@ from esi_guard.exceptions import BackendError
 if TYPE_CHECKING:
     from esi_guard.backends.openai import OpenAIBackend
 
-__all__ = ["LlamaServer", "embedded_gguf", "free_port", "server_command"]
+__all__ = ["LlamaServer", "embedded_gguf", "free_port", "main", "server_command"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -167,3 +175,27 @@ class LlamaServer:
 
     def __repr__(self) -> str:
         return f"LlamaServer(base_url={self.base_url!r}, model={self.model!r})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Run llama.cpp's OpenAI-compatible server on loopback."
+    )
+    parser.add_argument("--model", type=Path, help="a .gguf file (default: the embedded one)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--n-ctx", type=int, default=2048)
+    parser.add_argument("--n-threads", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    model = (args.model or embedded_gguf()).resolve()
+    port = args.port or free_port(args.host)
+    command = server_command(
+        model, host=args.host, port=port, n_ctx=args.n_ctx, n_threads=args.n_threads
+    )
+    print(f"ESI_GUARD_SERVER_URL=http://{args.host}:{port}/v1 MODEL={model}", flush=True)
+    os.execv(sys.executable, command)
+
+
+if __name__ == "__main__":
+    main()

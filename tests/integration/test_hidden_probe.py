@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from esi_guard import ESIGuard
 from esi_guard.backends.base import Backend
 from esi_guard.backends.openai import OpenAIBackend
-from esi_guard.calibration.combining import decode_states
+from esi_guard.calibration.calibrate_combined import decode_states
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module

@@ -112,10 +112,13 @@ def _response(response: Any) -> dict[str, Any]:
     return {"status": response.status_code, "headers": headers, "body": _timeless(body)}
 
 
+_TIMES = ("id", "created", "system_fingerprint", "timings", "seconds")
+"""What differs between two runs of the same request."""
+
+
 def _timeless(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items()
-                if k not in ("id", "created", "system_fingerprint", "timings", "seconds")}  # fmt: skip
+        return {k: _timeless(v) for k, v in value.items() if k not in _TIMES}
     if isinstance(value, list):
         return [_timeless(v) for v in value]
     return value

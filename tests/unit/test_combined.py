@@ -1,4 +1,6 @@
-"""The combined score: monotone, calibrated, fitted on one part and chosen on another."""
+"""The combined score at run time: its free signals, a guard deciding on ``p_wrong``, and
+``calibrate --score combined`` fitted on one part and chosen on another. (Fitting it:
+tests/unit/calibration/test_combined_fit.py.)"""
 
 from __future__ import annotations
 
@@ -12,53 +14,10 @@ from typer.testing import CliRunner
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.calibration.metrics import expected_calibration_error
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
-from esi_guard.combined import CombinedScore, fit_combined, free_signals
+from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.scoring import TopK, truncated_entropy
-
-
-def synthetic(n: int, seed: int) -> tuple[list[dict[str, float]], list[int]]:
-    """Wrong answers more likely with higher ESI and NLL; entropy is noise."""
-    rng = np.random.default_rng(seed)
-    esi, nll, entropy = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
-    p = 1 / (1 + np.exp(-(-1.0 + 1.5 * esi + 0.8 * nll)))
-    wrong = (rng.random(n) < p).astype(int)
-    signals = [
-        {"esi": a, "nll": b, "entropy": c} for a, b, c in zip(esi, nll, entropy, strict=True)
-    ]
-    return signals, wrong.tolist()
-
-
-def test_the_fit_is_monotone_and_calibrated_on_held_out_answers() -> None:
-    signals, wrong = synthetic(3000, seed=1)
-    model = fit_combined(signals[:2000], wrong[:2000])
-    assert all(w >= 0 for w in model.weights)
-    weights = dict(zip(model.features, model.weights, strict=True))
-    assert weights["esi"] > weights["nll"] > weights["entropy"]
-    held = [model.p_wrong(s) for s in signals[2000:]]
-    assert expected_calibration_error(held, wrong[2000:]) < 0.05
-    # Monotone: raising any one signal never lowers p_wrong.
-    base = {"esi": 0.0, "nll": 0.0, "entropy": 0.0}
-    for name in base:
-        assert model.p_wrong({**base, name: 2.0}) >= model.p_wrong(base)
-
-
-def test_a_signal_that_points_the_wrong_way_gets_no_weight() -> None:
-    signals, wrong = synthetic(1000, seed=2)
-    flipped = [{**s, "nll": -s["nll"]} for s in signals]  # now higher means right
-    model = fit_combined(flipped, wrong)
-    assert dict(zip(model.features, model.weights, strict=True))["nll"] == 0.0
-
-
-def test_too_few_answers_of_a_class_is_a_clear_error() -> None:
-    signals, _ = synthetic(20, seed=3)
-    with pytest.raises(ConfigurationError, match="at least 5 wrong"):
-        fit_combined(signals, [1, 1] + [0] * 18)
-    model = fit_combined(*synthetic(200, seed=3))
-    with pytest.raises(ConfigurationError, match="nll"):
-        model.p_wrong({"esi": 0.1, "entropy": 1.0})
 
 
 def test_free_signals_match_the_formula() -> None:
@@ -148,34 +107,3 @@ def test_calibrate_with_a_combined_score_then_evaluate(
         "--out", str(out),
     ])  # fmt: skip
     assert both.exit_code == 2 and "choose one" in both.output
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_the_fit_reaches_the_constrained_optimum(seed: int) -> None:
-    # Badly scaled features (as a probe's PCA components are) and weights that want to be
-    # negative where they must not: the projected Newton fit meets the optimality
-    # conditions and is no worse than scipy's L-BFGS-B on the same problem.
-    from scipy.optimize import minimize
-
-    from esi_guard.combined import _fit
-
-    rng = np.random.default_rng(seed)
-    n, d, bounded, strength = 300, 20, 3, [0.01, 0.1, 1.0][seed % 3]
-    x = rng.normal(size=(n, d)) * rng.uniform(0.5, 20, size=d)
-    logit = -2.0 - 0.5 * x[:, 0] / x[:, 0].std() + 0.8 * x[:, 5] / x[:, 5].std()
-    y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(float)
-    w, b = _fit(x, y, strength, bounded)
-
-    def objective(theta: np.ndarray) -> float:
-        z = x @ theta[:-1] + theta[-1]
-        return float(np.mean(np.logaddexp(0, z) - y * z) + 0.5 * strength * theta[:-1] @ theta[:-1])
-
-    assert (w[:bounded] >= 0).all()
-    p = 1 / (1 + np.exp(-(x @ w + b)))
-    grad = np.append(x.T @ (p - y) / n + strength * w, np.mean(p - y))
-    at_bound = np.append(w[:bounded] == 0, np.zeros(d - bounded + 1, dtype=bool))
-    assert np.abs(grad[~at_bound]).max() < 1e-6
-    assert (grad[at_bound] >= -1e-9).all()
-    bounds = [(0, None)] * bounded + [(None, None)] * (d - bounded + 1)
-    reference = minimize(objective, np.zeros(d + 1), method="L-BFGS-B", bounds=bounds)
-    assert objective(np.append(w, b)) <= reference.fun + 1e-9

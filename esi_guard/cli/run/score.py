@@ -23,7 +23,7 @@ from rich.progress import (
 )
 
 from esi_guard.backends.base import HiddenStates
-from esi_guard.calibration.combining import encode_states
+from esi_guard.calibration.calibrate_combined import encode_states
 from esi_guard.calibration.data import Example
 from esi_guard.cli.output import console
 from esi_guard.cli.run.cache import Records, RunHeader, open_cache

@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 from esi_guard import ESIGuard, FakeBackend
 from esi_guard.backends.base import FINAL, POSITIONS, Generation, HiddenSpec, Messages
 from esi_guard.backends.openai import OpenAIBackend
+from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
-from esi_guard.combined import CombinedScore, fit_combined, probe_window
+from esi_guard.combined import CombinedScore, probe_window
 from esi_guard.exceptions import BackendError, ConfigurationError
 
 SPEC = HiddenSpec((1, 3, FINAL), POSITIONS)

@@ -1,0 +1,5 @@
+"""``python -m benchmarks.timing SUBJECT ...``: see :mod:`benchmarks.timing`."""
+
+from benchmarks.timing import main
+
+main()

@@ -1,0 +1,176 @@
+"""Fitting a :class:`~esi_guard.combined.CombinedScore` on answers' signals and labels.
+
+A logistic model whose weights are all >= 0 on standardised signals, so ``p_wrong``
+never falls when a signal rises, with its L2 strength chosen by stratified
+cross-validation (held-out log-loss). With hidden states, the probe's layer, positions,
+PCA size and strength are chosen by the same cross-validation
+(:func:`~esi_guard.calibration.probe_search.search_states`), the components' weights
+free. ``esi-guard calibrate --score combined`` fits through
+:mod:`esi_guard.calibration.calibrate_combined`; the score at run time is
+:mod:`esi_guard.combined`'s.
+
+Pure: numpy, scipy and scikit-learn, no model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from esi_guard.backends.hidden import HiddenStates
+from esi_guard.calibration.probe_search import search_states, standard
+from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, _sigmoid
+from esi_guard.exceptions import ConfigurationError
+
+__all__ = ["STRENGTHS", "fit_combined"]
+
+STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+"""The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
+
+
+def _fit(
+    x: np.ndarray, y: np.ndarray, strength: float, bounded: int | None = None
+) -> tuple[np.ndarray, float]:
+    """Weights and an intercept minimising mean log-loss + strength/2 * |w|^2.
+
+    The first ``bounded`` weights (all by default) are >= 0; the others are free. Solved
+    by projected Newton steps (a few dozen features: each step is one small linear solve;
+    cross-validating a probe runs thousands of these fits), with L-BFGS-B to finish
+    should they not converge.
+    """
+    n, d = x.shape
+    bounded = d if bounded is None else bounded
+    problem = _Problem(np.hstack([x, np.ones((n, 1))]), y, np.append(np.full(d, strength), 0.0))
+    lower = np.append(np.zeros(bounded), np.full(d - bounded + 1, -np.inf))
+    theta = np.append(np.zeros(d), math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
+    current, grad = problem(theta)
+    for _ in range(_NEWTON_STEPS):
+        held = (theta <= lower) & (grad > 0)  # at a bound and pushed against it
+        if np.max(np.abs(np.where(held, 0.0, grad))) < _TOLERANCE:
+            return theta[:-1], float(theta[-1])
+        free = ~held
+        step = np.zeros_like(theta)
+        step[free] = -np.linalg.solve(problem.hessian(theta, free), grad[free])
+        for _ in range(30):  # backtracking along the projected path
+            trial = np.maximum(theta + step, lower)
+            after, after_grad = problem(trial)
+            if after <= current + 1e-4 * float(grad @ (trial - theta)):
+                break
+            step *= 0.5
+        else:
+            break
+        theta, current, grad = trial, after, after_grad
+    from scipy.optimize import minimize
+
+    bounds = [(0.0, None)] * bounded + [(None, None)] * (d - bounded + 1)
+    out = minimize(problem, theta, jac=True, method="L-BFGS-B", bounds=bounds)
+    return out.x[:-1], float(out.x[-1])
+
+
+_NEWTON_STEPS = 50
+"""Most projected Newton steps :func:`_fit` takes before L-BFGS-B finishes the fit."""
+_TOLERANCE = 1e-9
+"""Largest projected-gradient entry at which :func:`_fit` stops."""
+
+
+class _Problem:
+    """:func:`_fit`'s objective on ``theta = (w, b)``: its value and gradient, its Hessian."""
+
+    def __init__(self, xb: np.ndarray, y: np.ndarray, ridge: np.ndarray) -> None:
+        self.xb, self.y, self.ridge = xb, y, ridge
+
+    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        z = self.xb @ theta
+        value = np.mean(np.logaddexp(0.0, z) - self.y * z) + 0.5 * float(self.ridge @ theta**2)
+        grad = self.xb.T @ (_sigmoid(z) - self.y) / len(self.y) + self.ridge * theta
+        return float(value), grad
+
+    def hessian(self, theta: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """The Hessian's rows and columns ``free``."""
+        p = _sigmoid(self.xb @ theta)
+        cols = self.xb[:, free]
+        h = (cols * (p * (1 - p) / len(self.y))[:, None]).T @ cols
+        h[np.diag_indices_from(h)] += self.ridge[free] + 1e-12
+        return np.asarray(h)
+
+
+def fit_combined(
+    signals: Sequence[Mapping[str, float]],
+    wrong: Sequence[int],
+    *,
+    features: Sequence[str] = FEATURES,
+    hidden: Sequence[HiddenStates] | None = None,
+    folds: int = 5,
+    seed: int = 0,
+) -> CombinedScore:
+    """Fit a :class:`CombinedScore` on answers' signals and wrong-answer labels.
+
+    ``features``: the scalar signals to use (:data:`SIGNALS`). ``hidden``: each answer's
+    hidden states (the same layers and positions for all), for a probe; its layer, positions,
+    PCA size and the L2 strength are chosen by stratified ``folds``-fold cross-validation
+    (held-out log-loss) on these answers only.
+
+    Raises:
+        ConfigurationError: An unknown signal, no signal and no states, too few answers, or
+            only one class among them.
+    """
+    from sklearn.model_selection import StratifiedKFold
+
+    names = tuple(features)
+    unknown = [name for name in names if name not in SIGNALS]
+    if unknown:
+        msg = f"unknown signals {unknown}; known: {list(SIGNALS)} and {HIDDEN!r}"
+        raise ConfigurationError(msg)
+    if not names and hidden is None:
+        msg = "a combined score needs at least one signal or the hidden states"
+        raise ConfigurationError(msg)
+    y = np.asarray(wrong, dtype=np.float64)
+    raw = np.array([[s[name] for name in names] for s in signals], dtype=np.float64)
+    raw = raw.reshape(len(y), len(names))
+    counts = int(y.sum()), int(len(y) - y.sum())
+    if min(counts) < folds:
+        msg = (
+            f"a combined score needs at least {folds} wrong and {folds} right answers to "
+            f"fit; got {counts[0]} wrong and {counts[1]} right"
+        )
+        raise ConfigurationError(msg)
+    mean, scale = standard(raw)
+    x = (raw - mean) / scale
+    splits = list(StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y))
+    common = {"features": names, "mean": tuple(map(float, mean)),
+              "scale": tuple(map(float, scale)), "n_fit": len(y)}  # fmt: skip
+    if hidden is None:
+        strength = min(STRENGTHS, key=lambda c: _held_out(x, y, splits, c))
+        weights, intercept = _fit(x, y, strength)
+        return CombinedScore(**common, weights=tuple(float(max(w, 0.0)) for w in weights),
+                             intercept=intercept, strength=strength)  # fmt: skip
+    # The probe: (layer, positions) x PCA size x strength by held-out log-loss, the signals'
+    # weights >= 0 and the components' free.
+    free = x.shape[1]
+    found = search_states(
+        x, y, splits, list(hidden), strengths=STRENGTHS,
+        fit=lambda xa, ya, c: _fit(xa, ya, c, free), error=_log_loss,
+        score=lambda r: sum(float(np.sum(r[test])) for _, test in splits) / len(y),
+    )  # fmt: skip
+    return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in found.weights),
+                         intercept=found.intercept, strength=found.strength,
+                         hidden=found.probe)  # fmt: skip
+
+
+def _held_out(
+    x: np.ndarray, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]], strength: float,
+    free: int | None = None,
+) -> float:  # fmt: skip
+    """Mean held-out log-loss of :func:`_fit` at ``strength`` over ``splits``."""
+    total = 0.0
+    for train, test in splits:
+        w, b = _fit(x[train], y[train], strength, free)
+        z = x[test] @ w + b
+        total += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
+    return total / len(y)
+
+
+def _log_loss(y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    return np.asarray(np.logaddexp(0.0, z) - y * z)

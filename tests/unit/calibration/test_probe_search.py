@@ -1,0 +1,58 @@
+"""The hidden-state candidate search both fits share: it finds the layer and positions that
+carry the signal, folds the chosen candidate onto the raw states, and says each candidate's
+held-out error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from esi_guard.backends.hidden import FINAL, POSITIONS, HiddenStates
+from esi_guard.calibration.probe_search import POSITION_SETS, search_states, standard
+from esi_guard.exceptions import ConfigurationError
+
+
+def least_squares(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, float]:
+    """Ridge on centred data: the smallest model the search accepts."""
+    mx, my = x.mean(axis=0), y.mean()
+    w = np.linalg.solve(
+        (x - mx).T @ (x - mx) + strength * np.eye(x.shape[1]), (x - mx).T @ (y - my)
+    )
+    return w, float(my - mx @ w)
+
+
+def test_the_search_finds_the_states_that_carry_the_signal() -> None:
+    rng = np.random.default_rng(0)
+    n, width, layers = 100, 6, (2, 5, FINAL)
+    values = rng.normal(size=(n, len(layers), len(POSITIONS), width))
+    direction = rng.normal(size=width)
+    y = values[:, 1, POSITIONS.index("answer_last"), :] @ direction
+    states = [HiddenStates(layers, POSITIONS, values[i]) for i in range(n)]
+    x = rng.normal(size=(n, 1))  # a free signal that carries nothing
+    splits = [(np.flatnonzero(np.arange(n) % 4 != k), np.flatnonzero(np.arange(n) % 4 == k))
+              for k in range(4)]  # fmt: skip
+    found = search_states(x, y, splits, states, strengths=(1e-3, 1.0), fit=least_squares,
+                          error=lambda held, z: held - z,
+                          score=lambda r: float(np.mean(r**2)))  # fmt: skip
+    assert found.probe.layers == (5,) and found.probe.positions == ("answer_last",)
+    assert found.strength == 1e-3 and found.weights.shape == (1,)
+    assert set(found.probe.selection) == {f"{layer}/{'+'.join(p)}" for layer in layers
+                                          for p in POSITION_SETS}  # fmt: skip
+    assert min(found.probe.selection.values()) == pytest.approx(float(np.mean(found.errors**2)))
+    # Folded onto the raw states: the estimate is intercept + w . x + v . states.
+    estimate = [found.intercept + float(found.weights @ x[i]) + found.probe.term(states[i])
+                for i in range(n)]  # fmt: skip
+    assert np.corrcoef(estimate, y)[0, 1] > 0.99
+
+
+def test_states_of_different_shapes_are_refused() -> None:
+    one = HiddenStates((1,), ("prompt_last",), np.zeros((1, 1, 4)))
+    other = HiddenStates((2,), ("prompt_last",), np.zeros((1, 1, 4)))
+    with pytest.raises(ConfigurationError, match="same layers and positions"):
+        search_states(np.zeros((2, 1)), np.zeros(2), [], [one, other], strengths=(1.0,),
+                      fit=least_squares, error=np.subtract, score=np.mean)  # fmt: skip
+
+
+def test_a_constant_column_is_left_unscaled() -> None:
+    mean, scale = standard(np.array([[1.0, 3.0], [1.0, 7.0]]))
+    assert mean.tolist() == [1.0, 5.0] and scale.tolist() == [1.0, 2.0]
