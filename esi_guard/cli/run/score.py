@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.progress import (
     BarColumn,
@@ -89,7 +89,7 @@ def _variables(example: Example) -> dict[str, str]:
     return values
 
 
-def _appending(cache: Path) -> Any:
+def _appending(cache: Path) -> TextIO:
     """The cache opened to append, a line a kill cut short ended first."""
     out = cache.open("a", encoding="utf-8")
     if cache.read_bytes()[-1:] != b"\n":
