@@ -86,13 +86,13 @@ test-fast: install-test
 ## >= 10,000 adversarial inputs on the fake backend and 300 on the embedded model.
 ## Ends with `fuzz: inputs=N crashes=N hangs=N unmarked=N`; fails unless the last three are 0.
 fuzz: install-test
-	$(BIN)/python tests/fuzz/fuzz.py --fake 10000 --model 300
+	$(BIN)/python -m tests.fuzz.fuzz --fake 10000 --model 300
 
 ## 1,000 guarded requests through `abatch` against the real llama.cpp server behind a
 ## fault-injecting proxy, with one server restart. Ends with
 ## `load: requests=N lost=N duplicated=N retries=N p50_ms=N p99_ms=N`; fails on loss.
 load: install-test
-	$(BIN)/python tests/server/load.py --requests 1000
+	$(BIN)/python -m tests.server.load --requests 1000
 
 ## ruff (lint + format check), mypy --strict on the package, and the strict docs build.
 lint: install-test

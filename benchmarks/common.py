@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from benchmarks.shared_data import shared_data
 from esi_guard.backends import ChatMessage, Generation
 from esi_guard.calibration.prompts import DEFAULT_SYSTEM
-from tests.shared_data import shared_data
 
 __all__ = [
     "FEW_SHOT",

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from benchmarks.shared_data import SharedDataMissing
+from benchmarks.shared_data import shared_data as find_shared_data
 from tests.models import embedded_backend
-from tests.shared_data import SharedDataMissing
-from tests.shared_data import shared_data as find_shared_data
 
 if TYPE_CHECKING:
     from esi_guard import HFBackend

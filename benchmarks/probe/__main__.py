@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.probe.collect import TIMING_QUESTIONS, collect
 from benchmarks.probe.data import runs
 from benchmarks.probe.report import markdown, report
-from tests.shared_data import shared_data
+from benchmarks.shared_data import shared_data
 
 __all__ = ["main"]
 

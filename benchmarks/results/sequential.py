@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.cache import Cache
 from benchmarks.common import Answering, Clock
-from esi_guard import ESIGuard, Intervention
+from esi_guard import ESIGuard, ESIResult, Intervention
 from esi_guard.backends import Backend
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
 from esi_guard.calibration.thresholds import StopRule, fit_stop_constant
@@ -91,12 +91,11 @@ def sequential_row(
         guard = ESIGuard(**settings, min_variants=MIN_VARIANTS, stop_constant=rule.constant)
         clock = Clock()
         with clock.stage("full"):
-            whole = full_guard.batch([messages[i] for i in chunk])
+            whole = full_guard.assess([messages[i] for i in chunk])
         with clock.stage("sequential"):
-            early = guard.batch([messages[i] for i in chunk])
+            early = guard.assess([messages[i] for i in chunk])
         cache.add(shard, [
-            {"index": indices[i], "full": _kept(f.response_metadata["esi"]),
-             "sequential": _kept(e.response_metadata["esi"]),
+            {"index": indices[i], "full": _kept(_result(f)), "sequential": _kept(_result(e)),
              "seconds": {stage: s / len(chunk) for stage, s in clock.seconds.items()}}
             for i, f, e in zip(chunk, whole, early, strict=True)
         ])  # fmt: skip
@@ -141,6 +140,13 @@ def sequential_row(
         "auroc_minus_full_low": versus.low,
         "auroc_minus_full_high": versus.high,
     }
+
+
+def _result(outcome: ESIResult | Exception) -> dict[str, Any]:
+    """A result as its metadata dict; a failure is the run's (a benchmark stops on it)."""
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome.as_dict()
 
 
 def _kept(esi: dict[str, Any]) -> dict[str, Any]:

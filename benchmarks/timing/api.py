@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.shared_data import shared_data
 from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
 from integrations.llamacpp.server import LlamaServer
-from tests.shared_data import shared_data
 
 __all__ = ["add_arguments", "measure"]
 

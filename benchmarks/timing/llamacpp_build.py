@@ -40,10 +40,10 @@ def child(limit: int, threads: int) -> dict[str, Any]:
     import llama_cpp
 
     from benchmarks.common import Answering
+    from benchmarks.shared_data import shared_data
     from esi_guard import ESIGuard
     from esi_guard.backends.llamacpp import LlamaCppBackend
     from esi_guard.calibration.data import load_examples
-    from tests.shared_data import shared_data
 
     examples = load_examples(shared_data() / "sciq" / "test.jsonl", seed=7)[:limit]
     answering = Answering()

@@ -13,7 +13,7 @@ Each run starts the server in a subprocess of its own (``server`` below: the app
 free loopback port, and sends guarded requests from ``--clients`` concurrent HTTP clients.
 ``--backend proxy`` is proxy mode: the guard on an ``OpenAIBackend`` whose upstream is the
 real llama.cpp server (llama-cpp-python, the embedded GGUF) behind the fault-injecting
-proxy of the load test (``tests/server/faultproxy.py``), which answers ``--fault-rate``
+proxy of the load test (``integrations/faultproxy.py``), which answers ``--fault-rate``
 of the upstream HTTP requests with a 500, a 429, a 400, a malformed body, a hang past the
 timeout or a dropped connection (seeded).
 
@@ -81,7 +81,7 @@ def serve(
         answers = {question(i): fake_answer(i) for i in range(requests)}
         engine: Any = FakeBackend(answers, default_sensitivity=0.5)
     elif backend == "proxy":
-        from tests.server.load import CHATML
+        from integrations.llamacpp.server import CHATML
 
         base_url, model = upstream.split(" ", 1)
         engine = OpenAIBackend(model, base_url=base_url, mode="chat", chat_template=CHATML,
@@ -268,8 +268,8 @@ class Upstream:
     def __init__(self, fault_rate: float, seed: int) -> None:
         import random
 
+        from integrations.faultproxy import FAULTS, FaultProxy
         from integrations.llamacpp.server import LlamaServer
-        from tests.server.faultproxy import FAULTS, FaultProxy
 
         self.server = LlamaServer.start(n_threads=1)
         self.proxy = FaultProxy(self.server.base_url, hang_seconds=PROXY_TIMEOUT + 1).start()

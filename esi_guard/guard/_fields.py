@@ -26,7 +26,7 @@ from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.guard import _config
 from esi_guard.guard._probes import check_hidden, guard_cascade
-from esi_guard.guard._rules import check_settings
+from esi_guard.guard._validation import check_settings
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, OnError, ScoringConfig
 from esi_guard.scoring import Distance, Support

@@ -45,7 +45,15 @@ from esi_guard.exceptions import BackendError
 if TYPE_CHECKING:
     from esi_guard.backends.openai import OpenAIBackend
 
-__all__ = ["LlamaServer", "embedded_gguf", "free_port", "main", "server_command"]
+__all__ = ["CHATML", "LlamaServer", "embedded_gguf", "free_port", "main", "server_command"]
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}<|im_start|>assistant\n"
+)
+"""SmolLM2's ChatML template without its default system prompt, for an ``OpenAIBackend``
+on the embedded model's server: shorter prompts (llama.cpp's echo cost grows with every
+prompt token)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,4 +1,4 @@
-"""The benchmarks' shape: run as modules, no import circle, nothing from the tests but data."""
+"""The benchmarks' shape: run as modules, no import circle, nothing from the tests."""
 
 from __future__ import annotations
 
@@ -7,13 +7,6 @@ from pathlib import Path
 from tests.unit.test_layout import ROOT, circles, imports
 
 BENCHMARKS = ROOT / "benchmarks"
-FROM_TESTS = {"tests.shared_data"}
-"""What a benchmark may import from the tests: where the shared QA sets are."""
-PENDING = {
-    ("benchmarks.timing.serve", "tests.server.load"),
-    ("benchmarks.timing.serve", "tests.server.faultproxy"),
-}
-"""Proxy mode's fault-injecting proxy and chat template still live with the load test."""
 
 
 def modules() -> dict[str, Path]:
@@ -40,14 +33,14 @@ def test_no_benchmark_module_imports_another_in_a_circle() -> None:
     assert circles(graph) == []
 
 
-def test_benchmarks_take_only_the_shared_data_from_the_tests() -> None:
+def test_benchmarks_take_nothing_from_the_tests() -> None:
     reached = {
         (name, module)
         for name, path in modules().items()
         for module, _ in imports(path, name)
-        if module.split(".")[0] == "tests" and module not in FROM_TESTS
+        if module.split(".")[0] == "tests"
     }
-    assert reached == PENDING
+    assert reached == set()
 
 
 def test_no_benchmark_edits_sys_path() -> None:

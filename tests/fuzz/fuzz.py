@@ -1,6 +1,6 @@
 r"""Random and adversarial inputs through ``ESIGuard``: nothing crashes, hangs or slips through.
 
-    python tests/fuzz/fuzz.py --fake 10000 --model 300 [--seed 0] [--timeout 120]
+    python -m tests.fuzz.fuzz --fake 10000 --model 300 [--seed 0] [--timeout 120]
 
 ``--fake N`` inputs go through guards on the in-package ``FakeBackend`` (every failure
 policy; backends that fail per item, raise for a whole call, or return NaN), ``--model N``
@@ -40,14 +40,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: integrations/, tests/
-
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompt_values import ChatPromptValue
 
+from benchmarks.shared_data import SharedDataMissing, shared_data
 from esi_guard import ESIGuard, ESIGuardError, FakeBackend, SkipOneChar
 from esi_guard.calibration.data import load_examples
-from tests.shared_data import SharedDataMissing, shared_data
 
 ABSTAIN = "I cannot answer that reliably."
 

@@ -32,8 +32,8 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableLambda
 
+from benchmarks.shared_data import shared_data
 from esi_guard import ESIGuard
-from tests.shared_data import shared_data
 
 _KEYS = ("score", "decision", "scored", "reason", "answer", "variants", "variants_used",
          "token_scores", "signals", "p_wrong", "fallback_used")  # fmt: skip

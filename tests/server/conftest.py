@@ -12,14 +12,7 @@ import pytest
 
 from integrations.llamacpp.server import LlamaServer
 
-__all__ = ["CHATML", "LlamaServer"]
-
-# The SmolLM2 template without its default system prompt: shorter prompts, and llama.cpp's
-# echo cost grows with every prompt token.
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}<|im_start|>assistant\n"
-)
+__all__ = ["LlamaServer"]
 
 
 def start() -> LlamaServer:

@@ -1,10 +1,10 @@
 """Guarded requests under faults and load: none lost, none duplicated, every one accounted for.
 
-    python tests/server/load.py --requests 1000 [--batch 10] [--clients 4] [--timeout 20]
+    python -m tests.server.load --requests 1000 [--batch 10] [--clients 4] [--timeout 20]
         [--in-flight 4] [--variants 2] [--max-new-tokens 4] [--seed 0]
 
 Starts the real llama.cpp server (llama-cpp-python) on the embedded SmolLM2 GGUF and the
-fault-injecting proxy of ``faultproxy.py`` in front of it on loopback. ``--clients``
+fault-injecting proxy of ``integrations/faultproxy.py`` in front of it on loopback. ``--clients``
 concurrent callers send real questions from ../shared/data through ``ESIGuard.abatch``
 (``--batch`` questions per call) on an ``OpenAIBackend`` with timeouts, retries and bounded
 concurrency. The proxy answers ``--fault-rate`` of the HTTP requests with a 500, a 429, a
@@ -27,28 +27,20 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: integrations/, tests/
-
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage
 
+from benchmarks.shared_data import SharedDataMissing, shared_data
 from esi_guard import ESIGuard, ESIGuardError, OpenAIBackend
 from esi_guard.calibration.data import load_examples
-from integrations.llamacpp.server import LlamaServer
-from tests.server.faultproxy import FaultProxy
-from tests.shared_data import SharedDataMissing, shared_data
+from integrations.faultproxy import FaultProxy
+from integrations.llamacpp.server import CHATML, LlamaServer
 
 ABSTAIN = "I cannot answer that reliably."
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}<|im_start|>assistant\n"
-)
 FAULTS = ["500", "429", "400", "malformed", "hang", "drop"]
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import CHATML, LlamaServer
 from scipy.stats import spearmanr
 
 from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
+from integrations.llamacpp.server import CHATML, LlamaServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
 

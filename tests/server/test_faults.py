@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import CHATML, LlamaServer
-from faultproxy import FaultProxy
 from langchain_core.messages import AIMessage
 
 from esi_guard import APIError, ESIGuard, OpenAIBackend
+from integrations.faultproxy import FaultProxy
+from integrations.llamacpp.server import CHATML, LlamaServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
 

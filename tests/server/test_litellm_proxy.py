@@ -22,10 +22,9 @@ from typing import IO
 
 import openai
 import pytest
-from conftest import CHATML, LlamaServer
 from openai.types.chat import ChatCompletionMessageParam
 
-from integrations.llamacpp.server import free_port
+from integrations.llamacpp.server import CHATML, LlamaServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
 

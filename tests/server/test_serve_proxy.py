@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from conftest import CHATML, LlamaServer
-from faultproxy import FaultProxy
 from langchain_openai import ChatOpenAI
 
 from esi_guard import ESIGuard, OpenAIBackend
+from integrations.faultproxy import FaultProxy
+from integrations.llamacpp.server import CHATML, LlamaServer
 from tests.unit.serve.servers import served, user
 
 pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]

@@ -86,6 +86,51 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+FLOORS = {"esi_guard": 0, "integrations": 1, "examples": 2, "benchmarks": 2, "tests": 3}
+"""The checkout's folders from the bottom up: each imports only from its floor or below."""
+
+
+def tree_modules() -> dict[str, Path]:
+    """Every module of the checkout's folders by dotted name (a package by its ``__init__``)."""
+    out = {}
+    for folder in FLOORS:
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def tree_graph() -> dict[str, set[str]]:
+    """Module -> the checkout's modules it imports, every import (lazy ones too)."""
+    modules = tree_modules()
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for module, imported in imports(path, name):
+            if f"{module}.{imported}" in modules:
+                found.add(f"{module}.{imported}")
+            elif module in modules:
+                found.add(module)
+        graph[name] = found - {name}
+    return graph
+
+
+def test_the_checkout_has_no_import_circle() -> None:
+    graph = tree_graph()
+    assert graph["benchmarks.results.run"] and graph["tests.server.load"]  # it sees them
+    assert circles(graph) == []
+
+
+def test_no_folder_imports_from_a_floor_above_it() -> None:
+    climbs = [
+        f"{name} -> {other}"
+        for name, others in tree_graph().items()
+        for other in others
+        if FLOORS[other.split(".")[0]] > FLOORS[name.split(".")[0]]
+    ]
+    assert climbs == []
+
+
 def test_the_package_has_no_import_circle() -> None:
     graph = import_graph()
     assert graph["esi_guard.guard.chat_model"]  # the graph sees imports at all

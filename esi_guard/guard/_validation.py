@@ -1,6 +1,6 @@
-"""The rules a guard's settings must keep together; a :class:`ConfigurationError` says why.
+"""How a guard's settings are checked together; a :class:`ConfigurationError` says why.
 
-:meth:`ESIGuard._check <esi_guard.guard.chat_model.ESIGuard>` runs them after pydantic has
+:meth:`GuardFields._check <esi_guard.guard._fields.GuardFields>` runs the checks after pydantic has
 validated each field alone; they read the settings only (:class:`Settings`).
 """
 

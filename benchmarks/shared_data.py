@@ -3,7 +3,7 @@
 The sets are read in place, never copied into the repository. Looked for, in order:
 ``$ESI_GUARD_SHARED_DATA``; ``../shared/data`` beside this checkout; and, for a clone of a
 local checkout (a scratch clone in /tmp, say), ``../shared/data`` beside its origin.
-Scripts outside pytest import this with the checkout's root on ``sys.path``.
+Benchmarks and tests import it from the checkout's root (`python -m ...`, pytest).
 """
 
 from __future__ import annotations
