@@ -64,8 +64,7 @@ from benchmarks.common import (
 from benchmarks.results.closed_book import K_MAX, L_MAX, _force_some
 from benchmarks.results.rag import templated
 from esi_guard import SkipOneChar, esi_score
-from esi_guard.backends import Generation
-from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, Messages
+from esi_guard.backends import FINAL, POSITIONS, Generation, HiddenSpec, Messages
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Declines, Labeller, Semantic

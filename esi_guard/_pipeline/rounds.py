@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from esi_guard.backends.base import Forced, ForcingRequest
+from esi_guard.backends._types import Forced, ForcingRequest
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 

@@ -26,14 +26,9 @@ from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.rounds import Rounds
 from esi_guard._pipeline.shield import ashield, shield, wrapped
-from esi_guard.backends.base import (
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    HiddenStates,
-)
+from esi_guard.backends._types import Forced, ForcingRequest, Generation
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates
 from esi_guard.cascade import Cascade
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (

@@ -112,7 +112,7 @@ def test_from_calibration_turns_on_the_files_stopping_rule(
 def test_merged_rounds_keep_an_approximate_backends_zero_exact_positions() -> None:
     from esi_guard._pipeline.items import GuardedPrompt, Item
     from esi_guard._pipeline.rounds import Rounds
-    from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest
+    from esi_guard.backends import ChatMessage, Forced, ForcingRequest
     from esi_guard.scoring import TopK
 
     prompt = GuardedPrompt((ChatMessage(role="user", content="Name a lake."),), 0)

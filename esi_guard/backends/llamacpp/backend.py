@@ -37,26 +37,20 @@ from typing import Any
 import numpy as np
 
 from esi_guard._keywords import strict_keywords
-from esi_guard.backends._identity import check_model_path, file_sha256, gguf_model_id
-from esi_guard.backends._template import ChatTemplate
-from esi_guard.backends.base import (
-    FINAL,
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    Messages,
-    Sample,
+from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends._engine_helpers import (
     StreamedText,
     check_sampling,
     finish_greedy,
     make_sample,
     non_finite,
-    reduce_hidden,
     shared_prefix,
 )
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends._identity import check_model_path, file_sha256, gguf_model_id
+from esi_guard.backends._template import ChatTemplate
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import FINAL, HiddenSpec, reduce_hidden
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, gguf_template
 from esi_guard.backends.llamacpp._copy import (
     PRECISIONS,

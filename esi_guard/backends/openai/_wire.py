@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from esi_guard.backends.base import Messages
+from esi_guard.backends._types import Messages
 from esi_guard.exceptions import APIError, ConfigurationError
 from esi_guard.scoring import TopK
 

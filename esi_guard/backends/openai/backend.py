@@ -13,18 +13,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._engine_helpers import StreamedText, stopped_length
 from esi_guard.backends._identity import gguf_model_id
 from esi_guard.backends._template import ChatTemplate, resolve_template
-from esi_guard.backends.base import (
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    Messages,
-    StreamedText,
-    stopped_length,
-)
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.backends.openai._negotiate import Alignment, Mode, _Negotiator
 from esi_guard.backends.openai._transport import RequestStats, _Call, _mapped, _Transport
 from esi_guard.backends.openai._wire import (

@@ -15,14 +15,7 @@ import numpy as np
 import pytest
 
 from esi_guard import BackendError, ConfigurationError, ContextLengthError, ESIGuard, ModelLoadError
-from esi_guard.backends.base import (
-    FINAL,
-    ChatMessage,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-)
+from esi_guard.backends import FINAL, ChatMessage, Forced, ForcingRequest, Generation, HiddenSpec
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.backends.llamacpp._decoding import groups
 from esi_guard.backends.llamacpp._engine import Row

@@ -19,8 +19,7 @@ import pytest
 
 from esi_guard import ConfigurationError, EngineMismatchWarning, ESIGuard, FakeBackend
 from esi_guard.backends import _identity, adapters, default
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend, embedded_gguf
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ModelLoadError
 

@@ -12,9 +12,8 @@ from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
-from esi_guard.backends import adapters, default
-from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
-from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.backends import ChatMessage, Forced, ForcingRequest, Generation, adapters, default
+from esi_guard.backends.embedded import EmbeddedBackend
 
 
 @pytest.fixture
