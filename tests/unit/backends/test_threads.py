@@ -12,7 +12,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
-from esi_guard.backends import ChatMessage, Forced, ForcingRequest, Generation, adapters, default
+from esi_guard.backends import ChatMessage, Forced, ForcingRequest, Generation, adapters, embedded
 from esi_guard.backends.embedded import EmbeddedBackend
 
 
@@ -27,8 +27,8 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         loads.append(kwargs)
         return FakeBackend()
 
-    monkeypatch.setattr(default, "_LOADED", {})
-    monkeypatch.setattr(default, "_LLAMA_CPP", True)
+    monkeypatch.setattr(embedded, "_LOADED", {})
+    monkeypatch.setattr(embedded, "_LLAMA_CPP", True)
     monkeypatch.setattr(LlamaCppBackend, "default", load)
     return loads
 
@@ -62,8 +62,8 @@ def test_transformers_shares_one_copy_and_sets_torch_threads_for_the_process(
     from esi_guard.backends.hf import HFBackend
 
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(default, "_LOADED", {})
-    monkeypatch.setattr(default, "_LLAMA_CPP", False)
+    monkeypatch.setattr(embedded, "_LOADED", {})
+    monkeypatch.setattr(embedded, "_LLAMA_CPP", False)
     monkeypatch.setattr(HFBackend, "default", lambda **kwargs: FakeBackend())
     asked: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", asked.append)
