@@ -265,6 +265,14 @@ def _topk(rows: Sequence[Mapping[str, float]], vocab: _Vocab) -> TopK:
     return TopK(ids, values)
 
 
+def _answer_tokens(response: Any, prompt: str, answer: str) -> list[str]:
+    """The answer's token strings in an echo of ``prompt + answer`` (no logprobs needed)."""
+    choice = _first_choice(response, chat=False)
+    entries = _echo_entries(choice)
+    start, end = _locate(entries.tokens, _tail_text(choice, prompt + answer), text=answer)
+    return entries.tokens[start:end]
+
+
 def _joined(tokens: Sequence[str]) -> str:
     return "".join(tokens)
 

@@ -22,19 +22,16 @@ from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.backends.openai._negotiate import Alignment, Mode, _Negotiator
 from esi_guard.backends.openai._transport import RequestStats, _mapped, _Transport
 from esi_guard.backends.openai._wire import (
+    _answer_tokens,
     _Call,
     _chat_args,
     _completion_args,
     _echo_args,
-    _echo_entries,
-    _first_choice,
     _guarded,
     _joined,
-    _locate,
     _parse_forced,
     _parse_generation,
     _Streamed,
-    _tail_text,
     _Vocab,
 )
 from esi_guard.exceptions import APIError, BackendError, ConfigurationError
@@ -321,10 +318,7 @@ class OpenAIBackend(Backend):
         self._require_echo("scoring an answer it did not generate")
         text = self._render(prompt)
         response = self._transport.send(_Call("completions", _echo_args(text + answer, 1)))
-        choice = _first_choice(response, chat=False)
-        entries = _echo_entries(choice)
-        start, end = _locate(entries.tokens, _tail_text(choice, text + answer), text=answer)
-        return self._vocab.ids(entries.tokens[start:end])
+        return self._vocab.ids(_answer_tokens(response, text, answer))
 
     # -- request building -------------------------------------------------------------------
 
