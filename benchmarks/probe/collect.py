@@ -11,9 +11,9 @@ For each question, in one pass:
 
 * the greedy answer (24 tokens, top-100; the CLI's system prompt as
   :class:`~benchmarks.common.Answering` asks, ``--few-shot`` for a base model) with its
-  hidden states (:class:`~esi_guard.backends.base.HiddenSpec`: every ~10% of the blocks,
-  the last block and :data:`~esi_guard.backends.base.FINAL`, at every position of
-  :data:`~esi_guard.backends.base.POSITIONS`), read from the same decodes;
+  hidden states (:class:`~esi_guard.backends.hidden.HiddenSpec`: every ~10% of the blocks,
+  the last block and :data:`~esi_guard.backends.hidden.FINAL`, at every position of
+  :data:`~esi_guard.backends.hidden.POSITIONS`), read from the same decodes;
 * ESI(SOC) at the paper's defaults (L=10, k=100, Hellinger), the answer teacher-forced
   after the variants as :func:`benchmarks.results.closed_book.force` does (the generation gives
   the original distributions, so no original row);
