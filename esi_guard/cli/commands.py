@@ -29,7 +29,8 @@ import typer
 
 from esi_guard import __version__
 from esi_guard.backends.adapters import auto_engine, local_backend
-from esi_guard.backends.base import FINAL, Backend, HiddenSpec
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.calibrate_combined import Combined, parse_features
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
