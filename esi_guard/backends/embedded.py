@@ -23,7 +23,7 @@ installed (the ``demo`` extra installs it), else through transformers. llama.cpp
 the file in 0.5 s against 33 s and answers a plain question ~4x faster; it forces the
 variants on a float16 copy of the weights (``forcing_precision="auto"``, engine
 ``llamacpp-f16``), whose forcing pass is faster than transformers' float32 one on this
-project's CPU (``benchmarks/forcing_precision.py``; docs/backends.md has the table).
+project's CPU (``python -m benchmarks.timing forcing``; docs/backends.md has the table).
 The two engines give the same scores to within 0.005 on
 average where their greedy answers match (Spearman 0.99).
 """

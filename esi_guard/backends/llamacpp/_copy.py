@@ -5,7 +5,7 @@ time, where reading the weights is the cost; teacher forcing runs hundreds of to
 one decode, where arithmetic is, and there its float matrix kernels are faster. One
 guarded question's forcing on the embedded Q4_1 model (11 rows, a 15-token answer, every
 core of this project's 2-core AVX2 machine;
-``benchmarks/forward_kernels.py``): the file's weights 3.10 s, a float32 copy 1.84 s, a
+``python -m benchmarks.timing kernels``): the file's weights 3.10 s, a float32 copy 1.84 s, a
 float16 copy 1.51 s, transformers' torch float32 1.80 s.
 
 A quantized block dequantizes exactly to float32; float16 keeps 11 significant bits, and

@@ -142,7 +142,7 @@ class LlamaCppBackend(Backend):
         memory (2 or 4 bytes a weight: 0.27 or 0.54 GB for the embedded model); generation
         stays on the file's weights. The original row is then forced too
         (:attr:`forces_original`), so the answer's distributions before and after
-        intervention come from the same numbers. ``benchmarks/forcing_precision.py``
+        intervention come from the same numbers. ``python -m benchmarks.timing forcing``
         measures the speed of each and their scores' differences."""
         self._forcing_llama = forcing_llama(llama_cpp, llama, self.forcing_precision, n_threads)
         self._forcer = self._engine
