@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from esi_guard.backends.base import Sample
+from esi_guard.backends._types import Sample
 from esi_guard.exceptions import ConfigurationError, ScoringError
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 An :class:`ESIProbe` reads ESI off what the answer's own pass already holds: its free
 signals (``nll``, ``entropy``, ``max_nll``, :func:`~esi_guard.combined.free_signals`)
-and its hidden states (:class:`~esi_guard.backends.base.HiddenStates`). It is a ridge
+and its hidden states (:class:`~esi_guard.backends.hidden.HiddenStates`). It is a ridge
 regression on the standardised signals and the PCA components of one layer's states at
 some positions, fitted to the full-L ESI scores of *unlabelled* questions
 (:func:`~esi_guard.calibration.cascade_fit.fit_esi_probe`; ``esi-guard distill``), its

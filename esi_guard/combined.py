@@ -19,7 +19,7 @@ likely token) and ``repetition`` (the share of the answer's word pairs that repe
 earlier pair: a small model's degenerate loops, :func:`repetition`).
 
 **Hidden states** (``calibrate --features esi,nll,entropy,hidden``): the model's residual
-stream at the positions behind the answer (:class:`~esi_guard.backends.base.HiddenStates`,
+stream at the positions behind the answer (:class:`~esi_guard.backends.hidden.HiddenStates`,
 read from the answer's own forward passes) joins the signals as a *probe*: the states are
 standardised and reduced by PCA, and the logistic model takes the components beside the
 signals (signals' weights still >= 0; the components' free). Which layer, which positions,
@@ -147,7 +147,7 @@ class HiddenProbe(BaseModel):
     layers: tuple[int, ...]
     """The layers read (block indices, or -1 for the final norm's output)."""
     positions: tuple[Position, ...]
-    """The positions read (:data:`~esi_guard.backends.base.POSITIONS`)."""
+    """The positions read (:data:`~esi_guard.backends.hidden.POSITIONS`)."""
     hidden_size: int
     """The model's hidden width: a backend of another width is refused."""
     weights: tuple[float, ...]

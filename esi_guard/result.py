@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from esi_guard._keywords import check_keywords
-from esi_guard.backends.base import HiddenStates
+from esi_guard.backends.hidden import HiddenStates
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",

@@ -3,8 +3,10 @@ and a valid threshold file to change one field of."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,31 +28,42 @@ NO_MODEL = "ESI_GUARD_TEST_NO_MODEL"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under :data:`NO_MODEL`, loading a GGUF (llama.cpp) or pretrained weights fails."""
+    """Under :data:`NO_MODEL`, loading a real model fails: a GGUF through llama.cpp, or
+    weights through transformers, from anywhere but a temporary folder (where a test saves
+    the tiny model it builds)."""
     if not os.environ.get(NO_MODEL):
         return
-    msg = "the fast tier loads no model: mark this test `integration` (or give it a stand-in)"
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(msg)
-
     try:
         import llama_cpp
     except ImportError:
         pass
     else:
-        config.add_cleanup(_patched(llama_cpp.Llama, "__init__", refuse))
+        config.add_cleanup(_refused(llama_cpp.Llama, "__init__", lambda args, kw: args[1]))
     try:
         from transformers import modeling_utils
     except ImportError:
         return
-    config.add_cleanup(_patched(modeling_utils.PreTrainedModel, "from_pretrained", refuse))
+    model = modeling_utils.PreTrainedModel
+    config.add_cleanup(_refused(model, "from_pretrained", lambda args, kw: args[1]))
 
 
-def _patched(owner: Any, name: str, value: Any) -> Callable[[], None]:
-    """Replace ``owner.name`` with ``value``; the function that puts it back."""
+def _refused(
+    owner: Any, name: str, path_of: Callable[[tuple[Any, ...], dict[str, Any]], Any]
+) -> Callable[[], None]:
+    """``owner.name`` refusing a path outside the temporary folder; the function that undoes it."""
     old = owner.__dict__[name]
-    setattr(owner, name, value if name == "__init__" else classmethod(value))
+    call = old.__func__ if isinstance(old, classmethod) else old
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        path = Path(str(kwargs.get("model_path") or path_of(args, kwargs))).resolve()
+        if Path(tempfile.gettempdir()).resolve() not in path.parents:
+            if name == "__init__":  # what llama_cpp.Llama's __del__ closes
+                args[0].__dict__.setdefault("_stack", contextlib.ExitStack())
+            msg = f"the fast tier loads no model ({path}): mark this test `integration`"
+            raise RuntimeError(msg)
+        return call(*args, **kwargs)
+
+    setattr(owner, name, classmethod(refusing) if isinstance(old, classmethod) else refusing)
     return lambda: setattr(owner, name, old)
 
 

@@ -11,9 +11,9 @@ For each question, in one pass:
 
 * the greedy answer (24 tokens, top-100; the CLI's system prompt as
   :class:`~benchmarks.common.Answering` asks, ``--few-shot`` for a base model) with its
-  hidden states (:class:`~esi_guard.backends.base.HiddenSpec`: every ~10% of the blocks,
-  the last block and :data:`~esi_guard.backends.base.FINAL`, at every position of
-  :data:`~esi_guard.backends.base.POSITIONS`), read from the same decodes;
+  hidden states (:class:`~esi_guard.backends.hidden.HiddenSpec`: every ~10% of the blocks,
+  the last block and :data:`~esi_guard.backends.hidden.FINAL`, at every position of
+  :data:`~esi_guard.backends.hidden.POSITIONS`), read from the same decodes;
 * ESI(SOC) at the paper's defaults (L=10, k=100, Hellinger), the answer teacher-forced
   after the variants as :func:`benchmarks.results.closed_book.force` does (the generation gives
   the original distributions, so no original row);
@@ -64,8 +64,7 @@ from benchmarks.common import (
 from benchmarks.results.closed_book import K_MAX, L_MAX, _force_some
 from benchmarks.results.rag import templated
 from esi_guard import SkipOneChar, esi_score
-from esi_guard.backends import Generation
-from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec, Messages
+from esi_guard.backends import FINAL, POSITIONS, Generation, HiddenSpec, Messages
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Declines, Labeller, Semantic

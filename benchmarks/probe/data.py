@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from benchmarks.cache import Cache
-from esi_guard.backends.base import FINAL, HiddenSpec, HiddenStates
+from esi_guard.backends import FINAL, HiddenSpec, HiddenStates
 from esi_guard.combined import repetition
 
 __all__ = ["RAW", "Collected", "Run", "load", "run_header", "runs", "usable", "window"]

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from benchmarks.probe.data import RAW, Run, usable, window
-from esi_guard.backends.base import FINAL, HiddenStates
+from esi_guard.backends import FINAL, HiddenStates
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.metrics import (
     auroc,

@@ -1,8 +1,10 @@
 """The scoring pipeline: prompts in, decided results out, with no LangChain in the folder.
 
-``steps`` holds :class:`Pipeline` (the order of the steps, once, and the steps),
-``decide`` the decision rule, ``items`` what travels through it, ``rounds`` the
-bookkeeping of sequential ESI, ``shield`` per-item failures. The guard
+``steps`` holds :class:`Pipeline` (the order of the steps, once, and the steps); the
+score step's parts are ``forcing`` (what to force for each item), ``rounds`` (its rounds,
+and the bookkeeping of sequential ESI) and ``assess`` (forced distributions to results);
+``decide`` holds the decision rule, ``items`` what travels through it, ``shield``
+per-item failures. The guard
 (:mod:`esi_guard.guard`) drives it; nothing here imports the guard.
 """
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from esi_guard._pipeline.items import Item, Outcome
-from esi_guard.backends.base import HiddenStates
+from esi_guard.backends.hidden import HiddenStates
 from esi_guard.cascade import Cascade
 from esi_guard.combined import HIDDEN, CombinedScore
 from esi_guard.exceptions import BackendError, ScoringError, reason

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from esi_guard.backends.base import ChatMessage, HiddenStates
+from esi_guard.backends._types import ChatMessage
+from esi_guard.backends.hidden import HiddenStates
 from esi_guard.exceptions import BackendError
 from esi_guard.result import ESIResult
 from esi_guard.scoring import TopK

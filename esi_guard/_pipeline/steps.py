@@ -18,22 +18,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
-from esi_guard._pipeline.rounds import Rounds
+from esi_guard._pipeline.rounds import forcing_rounds
 from esi_guard._pipeline.shield import ashield, shield, wrapped
-from esi_guard.backends.base import (
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    HiddenStates,
-)
+from esi_guard.backends._types import Forced, ForcingRequest, Generation
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates
 from esi_guard.cascade import Cascade
 from esi_guard.combined import CombinedScore, free_signals
 from esi_guard.exceptions import (
@@ -41,12 +36,9 @@ from esi_guard.exceptions import (
     ConfigurationError,
     InputError,
     InterventionError,
-    ScoringError,
-    reason,
 )
-from esi_guard.result import Action, ESIResult, OnError, ScoringConfig
-from esi_guard.scoring import Distance, TopK, esi_score
-from esi_guard.sequential import schedule, settled
+from esi_guard.result import Action, OnError, ScoringConfig
+from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
@@ -364,191 +356,9 @@ class Pipeline:
         self, items: Sequence[Item], include_original: bool
     ) -> Generator[list[ForcingRequest], list[Forced | BackendError], list[Outcome]]:
         """The forcing requests of each round (sent back their results); the outcomes."""
-        sizes = schedule(self.config.min_variants or self.config.n_variants, self.config.n_variants)
-        if len(sizes) == 1:
-            planned = self.plan(items, include_original=include_original)
-            forced = yield [request for _, request in planned]
-            return self.assess(items, planned, forced)
-        rounds = Rounds(items)
-        for number, size in enumerate(sizes):
-            last = number == len(sizes) - 1
-            live = rounds.start(size, last=last)
-            planned = self.plan(live, include_original=include_original and number == 0,
-                                known=rounds.known, context=number == 0)  # fmt: skip
-            forced = yield [request for _, request in planned]
-            outs = rounds.record(planned, forced)
-            for item in live:
-                if item.outcome is not None:
-                    continue
-                result = self._round_result(item, rounds, outs.get(id(item)))
-                # An intervention may give fewer than n_variants: all of them used, decide.
-                final = last or len(rounds.full[id(item)]) <= size
-                if isinstance(result, BackendError):
-                    item.outcome = self.rule.failure(item, result)
-                elif (
-                    final
-                    or not result.scored
-                    or settled(
-                        result.variant_scores, self.threshold, self.config.stop_constant or 0.0
-                    )
-                ):
-                    result.stopped_early = not final
-                    item.outcome = result
-        for item in items:
-            item.steps["score"] = item.outcome
-        return [cast(Outcome, item.outcome) for item in items]
-
-    def _round_result(
-        self, item: Item, rounds: Rounds, out: Forced | BackendError | None
-    ) -> ESIResult | BackendError:
-        """The item's result from every variant forced so far (``out``: this round's)."""
-        if isinstance(out, BackendError):
-            return out
-        result = self._scored(item, rounds.merged(item), rounds.context.get(id(item)))
-        result.work = rounds.work(item)
-        return result
-
-    def plan(
-        self,
-        items: Sequence[Item],
-        *,
-        include_original: bool,
-        known: dict[int, dict[str, Any]] | None = None,
-        context: bool = True,
-    ) -> list[tuple[Item, ForcingRequest]]:
-        """The forcing requests of the items that can be scored; the others are decided.
-
-        An item whose template has a context gets a second request right after its own:
-        the answer forced once after the prompt without its context (``context_reliance``).
-        It is a request of its own so that the variants keep their shared prefix.
-        Sequential rounds pass the texts already forced per item (``known``): only new
-        ones are asked for, and an item with none gets no request this round.
-        """
-        planned = []
-        for item in items:
-            if item.outcome is not None:
-                continue
-            problem = self._unscorable(item)
-            if problem is not None:
-                item.outcome = self.rule.result(item, None, reason(problem))
-                continue
-            done = known.get(id(item), {}) if known is not None else {}
-            texts = [text for text in item.changed if text not in done]
-            if not texts and not include_original:
-                continue
-            request = ForcingRequest(
-                prompt=item.prompt.messages,
-                variants=[item.prompt.with_question(text) for text in texts],
-                answer_ids=list(item.answer_ids),
-                answer=item.answer,
-                include_original=include_original,
-                hidden=self.hidden if include_original and item.hidden is None else None,
-            )
-            planned.append((item, request))
-            template = item.prompt.template
-            if context and template is not None and template.without_context is not None:
-                planned.append((item, replace(request, variants=[template.without_context],
-                                              include_original=False, hidden=None)))  # fmt: skip
-        return planned
-
-    def assess(
-        self,
-        items: Sequence[Item],
-        planned: Sequence[tuple[Item, ForcingRequest]],
-        forced: Sequence[Forced | BackendError],
-    ) -> list[Outcome]:
-        """Score each planned item from its forced distributions; every item's outcome."""
-        by_item: dict[int, list[Forced | BackendError]] = {}
-        for (item, _), out in zip(planned, forced, strict=True):
-            by_item.setdefault(id(item), []).append(out)
-        for item in items:
-            if id(item) not in by_item:
-                continue
-            out, *context = by_item[id(item)]
-            if isinstance(out, BackendError):
-                item.outcome = self.rule.failure(item, out)
-            else:
-                item.outcome = self._scored(item, out, context[0] if context else None)
-        for item in items:
-            item.steps["score"] = item.outcome
-        return [cast(Outcome, item.outcome) for item in items]
-
-    def _scored(
-        self, item: Item, forced: Forced, context: Forced | BackendError | None
-    ) -> ESIResult:
-        # A forced original is on the variants' own numbers (a backend that forces on
-        # other weights than it generates with returns one unasked): it wins.
-        base = forced.original if forced.original is not None else item.original
-        changed = item.changed
-        question = item.prompt.question
-        try:
-            if base is None:
-                msg = "the backend returned no original distributions"
-                raise ScoringError(msg)
-            if len(forced.variants) != len(changed):
-                msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
-                raise ScoringError(msg)
-            # Back to all L variants, in order: repeats share a result, unchanged ones are
-            # the original (exact at every position).
-            by_text = dict(zip(changed, forced.variants, strict=True))
-            full = [len(item.answer_ids)] * len(changed)
-            exact = dict(zip(changed, forced.observed or full, strict=True))
-            everyone = [base if text == question else by_text[text] for text in item.variants]
-            observed = None
-            if forced.observed is not None:
-                observed = [
-                    len(item.answer_ids) if text == question else exact[text]
-                    for text in item.variants
-                ]
-            esi = esi_score(
-                base,
-                everyone,
-                distance=cast(Distance, self.config.distance),
-                kind=self.backend.values_kind,
-                observed=observed,
-                support=self.config.support,
-            )
-            reliance = None if context is None else self._reliance(base, context)
-        except ScoringError as exc:
-            return self.rule.result(item, None, reason(exc))
-        rows = len(changed) + (forced.original is not None) + (context is not None)
-        # The free signals from the answer's own pass where it has one: what a guard that
-        # decides without ESI reads (a forcing copy's numbers differ from the generator's).
-        own = item.original if item.original is not None else base
-        alphas = esi.alphas if own is base else None
-        signals = free_signals(own, item.answer_ids, self.backend.values_kind, alphas,
-                               text=item.answer)  # fmt: skip
-        hidden = item.hidden if item.hidden is not None else forced.hidden
-        result = self.rule.result(
-            item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals,
-            hidden,
-        )  # fmt: skip
-        result.variant_scores = [float(x) for x in esi.variant_scores]
-        return result
-
-    def _reliance(self, base: TopK, context: Forced | BackendError) -> float:
-        """How far the answer's distributions move when the context is taken away."""
-        if isinstance(context, BackendError):
-            msg = f"context reliance: {context}"
-            raise ScoringError(msg, code=context.code)
-        if len(context.variants) != 1:
-            msg = f"context reliance: the backend returned {len(context.variants)} rows for 1"
-            raise ScoringError(msg)
-        distance = cast(Distance, self.config.distance)
-        kind = self.backend.values_kind
-        return esi_score(base, context.variants, distance=distance, kind=kind,
-                         observed=context.observed, support=self.config.support).score  # fmt: skip
-
-    def _unscorable(self, item: Item) -> ScoringError | None:
-        if not item.answer_ids:
-            return ScoringError("the answer has no tokens to score", code="empty_answer")
-        if not item.changed:
-            msg = (
-                "no variant differs from the question "
-                f"({self.intervention.name} found nothing to change)"
-            )
-            return ScoringError(msg, code="no_effective_variant")
-        return None
+        return forcing_rounds(items, include_original, rule=self.rule,
+                              kind=self.backend.values_kind, hidden=self.hidden,
+                              intervention=self.intervention)  # fmt: skip
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}

@@ -9,23 +9,19 @@ model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_i
 reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
 """
 
-from esi_guard.backends.base import (
-    FINAL,
-    POSITIONS,
-    Backend,
+from esi_guard.backends._types import (
     ChatMessage,
     Forced,
     ForcingRequest,
     Generation,
-    HiddenSpec,
-    HiddenStates,
     Messages,
     Sample,
-    Sampler,
 )
+from esi_guard.backends.base import Backend, Sampler
 from esi_guard.backends.embedded import embedded_gguf
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
+from esi_guard.backends.hidden import FINAL, POSITIONS, HiddenSpec, HiddenStates
 from esi_guard.backends.llamacpp import LlamaCppBackend, load_llama
 from esi_guard.backends.openai import OpenAIBackend, RequestStats
 

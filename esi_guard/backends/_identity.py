@@ -19,7 +19,7 @@ import os
 import threading
 from pathlib import Path
 
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.exceptions import ModelLoadError
 
 __all__ = ["check_model_path", "embedded_gguf_in", "file_sha256", "gguf_model_id"]

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from esi_guard.backends.base import Messages
+from esi_guard.backends._types import Messages
 from esi_guard.exceptions import ConfigurationError
 
 __all__ = ["ChatTemplate", "resolve_template"]

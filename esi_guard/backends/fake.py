@@ -17,18 +17,10 @@ from typing import Literal
 import numpy as np
 
 from esi_guard._keywords import strict_keywords
-from esi_guard.backends.base import (
-    FINAL,
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    HiddenStates,
-    Messages,
-    reduce_hidden,
-    stopped_length,
-)
+from esi_guard.backends._engine_helpers import stopped_length
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import FINAL, HiddenSpec, HiddenStates, reduce_hidden
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 

@@ -2,7 +2,7 @@
 
 :class:`HiddenSpec` says which layers and positions to read; :class:`HiddenStates` holds
 one answer's, reduced; :func:`reduce_hidden` reduces the states behind an answer's top-k
-rows to the positions asked for. Backends import these through :mod:`.base`.
+rows to the positions asked for.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from esi_guard.backends.base import HiddenStates
+from esi_guard.backends.hidden import HiddenStates
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.crossfit import Candidate, Selection, out_of_fold, select
 from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error

@@ -14,7 +14,8 @@ from typing import Any
 import typer
 
 from esi_guard.backends.adapters import auto_engine, local_backend
-from esi_guard.backends.base import FINAL, Backend, HiddenSpec
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.calibration import labels as label_methods
 from esi_guard.cli._options import LabelMethod, LocalBackend
 from esi_guard.cli.output import fail

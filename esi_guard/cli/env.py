@@ -104,8 +104,7 @@ def _version(package: str) -> str:
 
 
 def _default_engine() -> str:
-    from esi_guard.backends.default import EmbeddedBackend
-    from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+    from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend
 
     return f"{EMBEDDED_MODEL_ID} on {EmbeddedBackend().engine}"
 

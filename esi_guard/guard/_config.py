@@ -16,8 +16,7 @@ from pydantic import ValidationError
 from esi_guard._keywords import unknown_keyword
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import states_engine
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_threshold
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend, embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
 from esi_guard.interventions import rebuild_intervention

@@ -20,8 +20,9 @@ from pydantic import (
     model_validator,
 )
 
-from esi_guard.backends.base import Backend, HiddenSpec
-from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.backends.base import Backend
+from esi_guard.backends.embedded import EmbeddedBackend
+from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.guard import _config

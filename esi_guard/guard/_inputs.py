@@ -25,7 +25,7 @@ from pydantic import Field
 
 from esi_guard._pipeline.items import GuardedPrompt
 from esi_guard._text import message_text
-from esi_guard.backends.base import ChatMessage
+from esi_guard.backends._types import ChatMessage
 from esi_guard.exceptions import InputError
 
 __all__ = [

@@ -20,7 +20,8 @@ from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard._config import model_difference
 
 if TYPE_CHECKING:
-    from esi_guard.backends.base import Backend, HiddenSpec
+    from esi_guard.backends.base import Backend
+    from esi_guard.backends.hidden import HiddenSpec
     from esi_guard.combined import CombinedScore
     from esi_guard.result import ScoringConfig
 

@@ -23,7 +23,7 @@ from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict
 
 from esi_guard._pipeline.items import GuardedPrompt, Templated
-from esi_guard.backends.base import ChatMessage
+from esi_guard.backends._types import ChatMessage
 from esi_guard.exceptions import ConfigurationError, InputError, WholeMessageWarning
 from esi_guard.guard._inputs import TemplatedPromptValue, chat_messages, parse_input
 

@@ -23,7 +23,7 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 
-from esi_guard.backends.base import Generation
+from esi_guard.backends._types import Generation
 from esi_guard.result import ESIResult
 
 __all__ = ["ATraced", "Traced", "achild", "areplay", "child", "replay"]

@@ -10,8 +10,7 @@ import pytest
 
 from benchmarks.cache import Cache
 from benchmarks.probe.collect import _save_hidden
-from esi_guard.backends import Generation
-from esi_guard.backends.base import FINAL, POSITIONS, HiddenStates
+from esi_guard.backends import FINAL, POSITIONS, Generation, HiddenStates
 from esi_guard.scoring import TopK
 
 WriteRun = Callable[..., None]

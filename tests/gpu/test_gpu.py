@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from esi_guard import ESIGuard, HFBackend  # noqa: E402
-from esi_guard.backends.base import Generation  # noqa: E402
+from esi_guard.backends import Generation  # noqa: E402
 from esi_guard.exceptions import OutOfMemoryError  # noqa: E402
 
 pytestmark = [

@@ -12,8 +12,7 @@ from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
 
 from esi_guard import EngineMismatchWarning, ESIGuard, HFBackend, LlamaCppBackend
 from esi_guard.backends import embedded_gguf
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

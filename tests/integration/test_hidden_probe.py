@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from esi_guard import ESIGuard
-from esi_guard.backends.base import Backend
+from esi_guard.backends import Backend
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.calibrate_combined import decode_states
 from esi_guard.calibration.file import ThresholdFile

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from esi_guard import LlamaCppBackend
-from esi_guard.backends.base import Generation
+from esi_guard.backends import Generation
 from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.calibration.data import load_examples
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from esi_guard import ESIGuard, LlamaCppBackend
-from esi_guard.backends.base import BackendError, Forced, ForcingRequest
+from esi_guard.backends import Forced, ForcingRequest
+from esi_guard.exceptions import BackendError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("llama_cpp")

@@ -22,7 +22,7 @@ from esi_guard import (
     UncertainAnswerError,
 )
 from esi_guard.agents import ESIMiddleware
-from esi_guard.backends.base import Forced, ForcingRequest
+from esi_guard.backends import Forced, ForcingRequest
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.guard._inputs import fold_tools, parse_input
 

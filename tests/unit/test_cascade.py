@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.backends.base import Generation
+from esi_guard.backends import Generation
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cascade import Band, ESIProbe

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from esi_guard import ConfigurationError
-from esi_guard.backends.base import Sample
+from esi_guard.backends import Sample
 from esi_guard.baselines import sar, semantic_entropy, sentence_sar
 from esi_guard.exceptions import ScoringError
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from esi_guard import ESIGuard, FakeBackend, SkipOneChar, Typo, esi_score
-from esi_guard.backends.base import Forced, ForcingRequest
+from esi_guard.backends import Forced, ForcingRequest
 from esi_guard.scoring import TopK
 
 # Any finite float, from subnormals to +-1e300, in logits or log-probabilities.

@@ -109,24 +109,6 @@ def test_from_calibration_turns_on_the_files_stopping_rule(
     assert ESIGuard.from_calibration(path, backend=backend, min_variants=None).min_variants is None
 
 
-def test_merged_rounds_keep_an_approximate_backends_zero_exact_positions() -> None:
-    from esi_guard._pipeline.items import GuardedPrompt, Item
-    from esi_guard._pipeline.rounds import Rounds
-    from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest
-    from esi_guard.scoring import TopK
-
-    prompt = GuardedPrompt((ChatMessage(role="user", content="Name a lake."),), 0)
-    item = Item(prompt, answer="Lake Geneva", answer_ids=(5, 6))
-    item.variants = ["Nme a lake.", "Name a lke."]
-    rounds = Rounds([item])
-    live = rounds.start(2, last=True)
-    topk = TopK(np.zeros((2, 1), dtype=np.int64), np.zeros((2, 1)))
-    request = ForcingRequest(prompt.messages, [[], []], [5, 6])
-    rounds.record([(item, request)], [Forced(variants=[topk, topk], observed=[0, 2])])
-    assert live == [item] and rounds.merged(item).observed == [0, 2]
-    assert rounds.work(item) == {"forced_variants": 2, "forced_tokens": 4}
-
-
 def test_a_question_with_fewer_variants_than_n_is_decided_when_they_run_out() -> None:
     # "Name a lake." allows three SOC variants ("Nam", "lak", both): no round waits for more.
     quick = guard(min_variants=2, stop_constant=1e9).invoke(MIDDLE).response_metadata["esi"]

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from esi_guard._imports import import_extra
-from esi_guard.backends.base import Generation, HiddenSpec, Messages, finish_greedy
+from esi_guard.backends._engine_helpers import finish_greedy
+from esi_guard.backends._types import Generation, Messages
 from esi_guard.backends.hf._hidden import capture, with_states
+from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,

@@ -16,16 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from esi_guard.backends.base import (
-    Forced,
-    ForcingRequest,
-    HiddenSpec,
-    HiddenStates,
-    non_finite,
-    reduce_hidden,
-    shared_prefix,
-)
+from esi_guard.backends._engine_helpers import non_finite, shared_prefix
+from esi_guard.backends._types import Forced, ForcingRequest
 from esi_guard.backends.hf._hidden import capture
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates, reduce_hidden
 from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:

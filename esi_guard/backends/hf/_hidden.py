@@ -1,7 +1,7 @@
 """Hidden states read from a transformers model's own forward passes, by forward hooks.
 
 A hook on decoder block ``L`` (its output: transformers' ``hidden_states[L + 1]``) and one
-on the final norm (:data:`~esi_guard.backends.base.FINAL`, the LM head's input:
+on the final norm (:data:`~esi_guard.backends.hidden.FINAL`, the LM head's input:
 ``hidden_states[-1]``) keep only the columns the caller selects, as float32 on the CPU, so
 a pass never holds more than those columns; ``output_hidden_states`` would keep every
 layer at every position. The hooks live only inside :func:`capture`: a call without
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from esi_guard.backends.base import FINAL, Generation, HiddenSpec, reduce_hidden
+from esi_guard.backends._types import Generation
+from esi_guard.backends.hidden import FINAL, HiddenSpec, reduce_hidden
 from esi_guard.exceptions import BackendError, ConfigurationError
 
 __all__ = ["capture", "decoder_parts", "with_states"]

@@ -6,7 +6,8 @@ import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from esi_guard.backends.base import Messages, Sample, check_sampling, make_sample
+from esi_guard.backends._engine_helpers import check_sampling, make_sample
+from esi_guard.backends._types import Messages, Sample
 
 if TYPE_CHECKING:
     from esi_guard.backends.hf._engine import Engine

@@ -13,7 +13,9 @@ import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from esi_guard.backends.base import Generation, HiddenSpec, Messages, StreamedText
+from esi_guard.backends._engine_helpers import StreamedText
+from esi_guard.backends._types import Generation, Messages
+from esi_guard.backends.hidden import HiddenSpec
 
 if TYPE_CHECKING:
     from esi_guard.backends.hf._engine import Engine

@@ -26,28 +26,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._embedded_files import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
 from esi_guard.backends._identity import (
     check_model_path,
     embedded_gguf_in,
     file_sha256,
     gguf_model_id,
 )
-from esi_guard.backends.base import (
-    FINAL,
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    Messages,
-    Sample,
-)
-from esi_guard.backends.embedded import EMBEDDED_GGUF, EMBEDDED_MODEL_ID, embedded_model_dir
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends.base import Backend
 from esi_guard.backends.hf._engine import Engine, import_torch, split_on_oom
 from esi_guard.backends.hf._force import Rendered, force_group, pack
 from esi_guard.backends.hf._hidden import decoder_parts
 from esi_guard.backends.hf._sample import sample_answers
 from esi_guard.backends.hf._stream import stream_answer
+from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.exceptions import BackendError, ConfigurationError, ModelLoadError
 
 if TYPE_CHECKING:

@@ -1,18 +1,20 @@
-"""The chat template a GGUF model's prompts are rendered with.
+"""The chat template a GGUF model's prompts are rendered with, and the tokens of its text.
 
 The template comes from the caller, else from the GGUF's metadata
 (``tokenizer.chat_template``); a base model, whose file holds none, takes
-:data:`COMPLETION_TEMPLATE` (``chat_template="completion"``).
+:data:`COMPLETION_TEMPLATE` (``chat_template="completion"``). :class:`Tokens` turns the
+rendered text into token ids and ids back into text, through the ``Llama``'s vocabulary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["COMPLETION_TEMPLATE", "gguf_template"]
+__all__ = ["COMPLETION_TEMPLATE", "Tokens", "gguf_template"]
 
 COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}Answer:"
 """``chat_template="completion"``: for base models, whose GGUF holds no chat template.
@@ -46,3 +48,36 @@ def gguf_template(
         )
         raise ConfigurationError(msg)
     return ChatTemplate(str(source), bos_token=bos_text, eos_token=eos_text, origin=origin)
+
+
+class Tokens:
+    """A loaded ``Llama``'s text as token ids and back, and its end-of-generation tokens."""
+
+    def __init__(self, llama: Any, llama_cpp: Any) -> None:
+        self.llama = llama
+        self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
+        self._is_eog = llama_cpp.llama_vocab_is_eog
+
+    def prompt(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt.
+
+        A beginning-of-sequence token is put first when the model asks for one and the
+        template did not write it.
+        """
+        tokens = self.tokenize(text, special=True)
+        model = self.llama._model
+        if model.add_bos_token() and model.token_bos() >= 0 and tokens[:1] != [model.token_bos()]:
+            tokens.insert(0, model.token_bos())
+        return tokens
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """Token ids of ``text``, no beginning-of-sequence token added."""
+        return list(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=special))
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` (bytes that are not whole UTF-8 characters dropped)."""
+        return bytes(self.llama.detokenize(list(tokens))).decode("utf-8", errors="ignore")
+
+    def is_end(self, token: int) -> bool:
+        """Whether ``token`` ends a generation (end of sequence, end of turn, ...)."""
+        return bool(self._is_eog(self._vocab, token))

@@ -5,7 +5,7 @@ time, where reading the weights is the cost; teacher forcing runs hundreds of to
 one decode, where arithmetic is, and there its float matrix kernels are faster. One
 guarded question's forcing on the embedded Q4_1 model (11 rows, a 15-token answer, every
 core of this project's 2-core AVX2 machine;
-``benchmarks/forward_kernels.py``): the file's weights 3.10 s, a float32 copy 1.84 s, a
+``python -m benchmarks.timing kernels``): the file's weights 3.10 s, a float32 copy 1.84 s, a
 float16 copy 1.51 s, transformers' torch float32 1.80 s.
 
 A quantized block dequantizes exactly to float32; float16 keeps 11 significant bits, and
@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from esi_guard.backends._identity import file_sha256
 from esi_guard.backends.llamacpp._loading import load_llama
 from esi_guard.exceptions import ModelLoadError
 
@@ -33,6 +34,7 @@ __all__ = [
     "cache_dir",
     "file_precision",
     "forcing_copy",
+    "forcing_llama",
     "load_forcing_copy",
     "resolve_precision",
 ]
@@ -61,6 +63,21 @@ def resolve_precision(asked: str, llama: Any, llama_cpp: Any) -> str:
 def file_precision(llama: Any) -> str | None:
     """``"f32"``, ``"f16"`` or ``"bf16"`` for a float GGUF, None for a quantized one."""
     return FLOAT_FILES.get(int(llama.metadata.get("general.file_type", 0)))
+
+
+def forcing_llama(llama_cpp: Any, llama: Any, precision: str, n_threads: int | None) -> Any:
+    """The ``Llama`` forcing runs on beside ``llama`` in ``precision``; None: ``llama`` itself.
+
+    A copy is loaded for ``"f16"`` or ``"f32"`` unless the file already is in that
+    precision (:func:`load_forcing_copy`).
+    """
+    if precision not in ("f16", "f32") or precision == file_precision(llama):
+        return None
+    digest = file_sha256(llama.model_path)
+    if digest is None:
+        msg = f"cannot read {llama.model_path!r} to make its {precision} copy"
+        raise ModelLoadError(msg)
+    return load_forcing_copy(llama_cpp, llama, digest, precision, n_threads)
 
 
 def load_forcing_copy(

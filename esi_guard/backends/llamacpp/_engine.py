@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from esi_guard.backends.llamacpp._tap import Tap
-from esi_guard.exceptions import BackendError
+from esi_guard.exceptions import BackendError, ContextLengthError
 
 __all__ = ["Engine", "Row", "topk_rows"]
 
@@ -125,6 +125,26 @@ class Engine:
         self._context.close()
         self._context = self._make_context()
         self._tap = tap
+
+    def too_long(self, tokens: int, what: str) -> ContextLengthError | None:
+        """The error of ``what`` (``tokens`` long) where the context cannot hold it; else None."""
+        if tokens <= self.n_ctx:
+            return None
+        return ContextLengthError(
+            f"{what} has {tokens} tokens; the backend's context holds {self.n_ctx} (n_ctx)"
+        )
+
+    def probe(self, names: Sequence[str], token: int, width: int) -> None:
+        """Decode ``token`` twice reading ``names``, taps on; the KV cache is left empty.
+
+        Raises:
+            BackendError: The graph has no tensor of one of ``names``.
+        """
+        self.enable_taps(width)
+        try:
+            self.decode([], [Row(0, [token, token], 0, [1])], names)
+        finally:
+            self.clear()
 
     def _batch_views(self) -> dict[str, np.ndarray]:
         batch, n = self._batch, self.n_ctx

@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from esi_guard.backends._identity import check_model_path
 from esi_guard.backends.llamacpp._cpu import (
     REBUILD,
     amx_kernels,
@@ -27,7 +28,7 @@ from esi_guard.backends.llamacpp._cpu import (
 from esi_guard.backends.llamacpp._runtime import import_llama_cpp
 from esi_guard.exceptions import ConfigurationError, ModelLoadError
 
-__all__ = ["check_llama", "llama_features", "load_llama", "repacking_off"]
+__all__ = ["check_llama", "llama_features", "load_llama", "open_gguf", "repacking_off"]
 
 _PATCH = threading.Lock()
 """Held while ``llama_model_default_params`` is swapped for a load without repacking."""
@@ -116,3 +117,33 @@ def check_llama(llama: Any) -> None:
             "CPU; load it with esi_guard.backends.load_llama(path, ...) instead (repacking off)"
         )
         raise ConfigurationError(msg)
+
+
+def open_gguf(
+    path: str | Path, *, n_threads: int | None, n_gpu_layers: int, **llama_kwargs: Any
+) -> Any:
+    """The ``Llama`` that :meth:`~.backend.LlamaCppBackend.from_path` loads from ``path``.
+
+    Its own context is small (the backend decodes on one of its own); ``n_threads`` are its
+    one-token and batch threads. A file that is missing or that llama.cpp cannot load is a
+    :class:`ModelLoadError`.
+    """
+    check_model_path(str(path))
+    where = Path(path).expanduser()
+    if not where.is_file():
+        msg = f"model file not found: {where} (a folder; llama.cpp loads a .gguf file)"
+        raise ModelLoadError(msg)
+    llama_kwargs.setdefault("verbose", False)
+    try:
+        llama = load_llama(
+            where,
+            n_ctx=512,  # the Llama's own context, which the backend does not use
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            n_gpu_layers=n_gpu_layers,
+            **llama_kwargs,
+        )
+    except (ValueError, RuntimeError) as exc:
+        msg = f"llama.cpp could not load {str(where)!r}: {exc}"
+        raise ModelLoadError(msg) from exc
+    return llama

@@ -27,16 +27,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
 
-from esi_guard.backends.llamacpp._engine import Engine, Row
+from esi_guard.backends._engine_helpers import non_finite
+from esi_guard.backends._types import Forced, ForcingRequest
+from esi_guard.backends.hidden import reduce_hidden
+from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
+from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import BackendError
+from esi_guard.scoring import TopK
 
-__all__ = ["Job", "Part", "plan", "run", "run_alone"]
+__all__ = ["Job", "Part", "TopRows", "force", "forced", "plan", "run", "run_alone"]
 
 T = TypeVar("T")
+
+TopRows = tuple[np.ndarray, np.ndarray]
+"""A row's top-k ids and values at each answer position (:func:`~._engine.topk_rows`)."""
 
 
 @dataclass(frozen=True)
@@ -173,3 +182,42 @@ def run_alone(
         out.append(rows)
         states.append(read)
     return out, states
+
+
+def force(
+    engine: Engine, jobs: Sequence[Job], top_k: int, pack_rows: bool, taps: int | None
+) -> tuple[list[list[TopRows]], list[dict[str, np.ndarray]]]:
+    """Each job's rows' top-k and its first row's states; the KV cache left empty.
+
+    :func:`run` on a :func:`plan` with ``pack_rows``, else :func:`run_alone`. ``taps``:
+    the hidden size, to turn the engine's taps on where a job reads states (a forcing
+    copy's engine, whose taps no probe turned on).
+    """
+    if taps is not None and any(job.names for job in jobs):
+        engine.enable_taps(taps)
+    reduce = partial(topk_rows, k=top_k)
+    try:
+        if not pack_rows:
+            return run_alone(engine, jobs, reduce)
+        return run(engine, jobs, plan(jobs, n_ctx=engine.n_ctx, n_seq_max=engine.n_seq_max), reduce)
+    finally:
+        engine.clear()
+
+
+def forced(
+    rows: list[TopRows],
+    states: dict[str, np.ndarray],
+    request: ForcingRequest,
+    with_original: bool,
+    model_id: str,
+) -> Forced | BackendError:
+    """A request's result from its rows' top-k (the original first when ``with_original``)."""
+    if not all(np.isfinite(values).all() for _, values in rows):
+        return non_finite(model_id)
+    tops = [TopK(ids, values) for ids, values in rows]
+    original = tops.pop(0) if with_original else None
+    hidden = None
+    if request.hidden is not None:
+        layers = {layer: states[tensor_name(layer)] for layer in request.hidden.layers}
+        hidden = reduce_hidden(request.hidden, layers, len(request.answer_ids))
+    return Forced(variants=tops, original=original, hidden=hidden)

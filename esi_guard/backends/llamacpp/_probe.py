@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from esi_guard.backends.embedded import embedded_gguf
+from esi_guard.backends._embedded_files import embedded_gguf
 from esi_guard.backends.llamacpp._loading import load_llama, repacking_off
 from esi_guard.backends.llamacpp._runtime import import_llama_cpp
 from esi_guard.exceptions import ESIGuardError

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from esi_guard.backends.base import FINAL
+from esi_guard.backends.hidden import FINAL
 from esi_guard.exceptions import BackendError, ConfigurationError
 
 __all__ = ["Tap", "tensor_name"]

@@ -1,94 +1,48 @@
-"""llama.cpp in process: ESI on a GGUF file through llama-cpp-python, fast on CPUs.
+"""``LlamaCppBackend``: the Backend API on a GGUF file run by llama.cpp in this process.
 
-White-box like :class:`~esi_guard.HFBackend`: the values are the model's raw logits, and
-only the top-k of each answer position is kept (numpy ``argpartition`` on the logits row).
-The backend runs on a llama.cpp context of its own made from the ``Llama``'s loaded model:
-the weights are shared, and the ``Llama``'s own context (the one LangChain's
-``ChatLlamaCpp`` generates with) is never touched.
-
-Rows packed, or each alone (``pack_rows``): a request's rows (the original, then each
-variant) go into one ``llama_decode`` after the prompt prefix they share, computed once
-and its KV cells shared with each row (no copy, no recomputation); more rows than
-``n_seq_max`` or ``n_ctx`` holds are split over several decodes (:mod:`._pack`).
-llama.cpp's CPU kernels round a token's numbers differently with the size of the decode
-it falls in, by up to about two logits on the embedded model, so packed rows differ from
-rows decoded alone by that much; a request's rows never share a decode with another
-request's, so a request gets the same bits whatever it is batched with.
-``pack_rows=False`` decodes every row alone: generation and teacher forcing of a short
-prompt then agree to the bit. Either way the ESI scores follow transformers'
-(``benchmarks/llamacpp_backend.py``: Spearman 0.99 where the greedy answers match).
-Sampling (for the baselines only) decodes its ``n`` answers together.
-
-Forcing precision (``forcing_precision``): a small quantized model on the CPU forces on a
-float16 copy of its weights (:mod:`._copy`), twice as fast there as llama.cpp's quantized
-kernels, while generation stays on the file's weights; the engine is then
-``llamacpp-f16`` (``llamacpp-f32`` on a float32 copy).
+How it runs (a context of its own, rows packed or alone, the forcing precision) is told
+in :mod:`esi_guard.backends.llamacpp`; it composes the parts listed there: loading in
+``_loading`` and ``_copy``, greedy answers in ``_generation`` over ``_decoding``'s loops,
+teacher forcing in ``_pack``, hidden states through ``_tap``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import replace
-from functools import partial
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from esi_guard._keywords import strict_keywords
-from esi_guard.backends._identity import check_model_path, file_sha256, gguf_model_id
-from esi_guard.backends._template import ChatTemplate
-from esi_guard.backends.base import (
-    FINAL,
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    Messages,
-    Sample,
+from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends._engine_helpers import (
     StreamedText,
     check_sampling,
-    finish_greedy,
-    make_sample,
-    non_finite,
-    reduce_hidden,
     shared_prefix,
 )
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
-from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, gguf_template
-from esi_guard.backends.llamacpp._copy import (
-    PRECISIONS,
-    file_precision,
-    load_forcing_copy,
-    resolve_precision,
-)
+from esi_guard.backends._identity import file_sha256, gguf_model_id
+from esi_guard.backends._template import ChatTemplate
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import FINAL, HiddenSpec
+from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_template
+from esi_guard.backends.llamacpp._copy import PRECISIONS, forcing_llama, resolve_precision
 from esi_guard.backends.llamacpp._decoding import (
-    GROUP_CELLS,
     Greedy,
     greedy,
-    greedy_group,
-    groups,
-    sample_prompt,
 )
-from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
-from esi_guard.backends.llamacpp._loading import check_llama, load_llama
-from esi_guard.backends.llamacpp._pack import Job, plan, run, run_alone
+from esi_guard.backends.llamacpp._engine import Engine
+from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
+from esi_guard.backends.llamacpp._loading import check_llama, open_gguf
+from esi_guard.backends.llamacpp._pack import Job, force, forced
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
-    ContextLengthError,
-    ModelLoadError,
 )
-from esi_guard.scoring import TopK
 
 __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
-
-TopRows = tuple[np.ndarray, np.ndarray]
-"""A row's top-k ids and values at each answer position (:func:`topk_rows`)."""
 
 
 class LlamaCppBackend(Backend):
@@ -188,25 +142,16 @@ class LlamaCppBackend(Backend):
         memory (2 or 4 bytes a weight: 0.27 or 0.54 GB for the embedded model); generation
         stays on the file's weights. The original row is then forced too
         (:attr:`forces_original`), so the answer's distributions before and after
-        intervention come from the same numbers. ``benchmarks/forcing_precision.py``
+        intervention come from the same numbers. ``python -m benchmarks.timing forcing``
         measures the speed of each and their scores' differences."""
-        self._forcing_llama: Any = None
+        self._forcing_llama = forcing_llama(llama_cpp, llama, self.forcing_precision, n_threads)
         self._forcer = self._engine
-        wanted = self.forcing_precision
-        if wanted in ("f16", "f32") and wanted != file_precision(llama):
-            digest = self.model_sha256
-            if digest is None:
-                msg = f"cannot read {llama.model_path!r} to make its {self.forcing_precision} copy"
-                raise ModelLoadError(msg)
-            self._forcing_llama = load_forcing_copy(
-                llama_cpp, llama, digest, self.forcing_precision, n_threads
-            )
+        if self._forcing_llama is not None:
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
         close_at_exit(self)
-        self._vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
-        self._is_eog = llama_cpp.llama_vocab_is_eog
+        self._tokens = Tokens(llama, llama_cpp)
         self._n_layers = int(llama_cpp.llama_model_n_layer(llama._model.model))
         self._tapped: set[str] = set()  # graph names a probe decode found
 
@@ -239,24 +184,7 @@ class LlamaCppBackend(Backend):
             **llama_kwargs: Passed to ``llama_cpp.Llama`` (through :func:`load_llama`:
                 no weight repacking where llama.cpp has AMX kernels).
         """
-        check_model_path(str(path))
-        where = Path(path).expanduser()
-        if not where.is_file():
-            msg = f"model file not found: {where} (a folder; llama.cpp loads a .gguf file)"
-            raise ModelLoadError(msg)
-        llama_kwargs.setdefault("verbose", False)
-        try:
-            llama = load_llama(
-                where,
-                n_ctx=512,  # the Llama's own context, which the backend does not use
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                n_gpu_layers=n_gpu_layers,
-                **llama_kwargs,
-            )
-        except (ValueError, RuntimeError) as exc:
-            msg = f"llama.cpp could not load {str(where)!r}: {exc}"
-            raise ModelLoadError(msg) from exc
+        llama = open_gguf(path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, **llama_kwargs)
         return cls(
             llama,
             model_id=model_id,
@@ -340,9 +268,8 @@ class LlamaCppBackend(Backend):
             return
         token = max(int(self.llama._model.token_bos()), 0)
         with self._lock:
-            self._engine.enable_taps(self.hidden_size)
             try:
-                self._engine.decode([], [Row(0, [token, token], 0, [1])], names)
+                self._engine.probe(names, token, self.hidden_size)
             except BackendError as exc:
                 architecture = self.llama.metadata.get("general.architecture", "unknown")
                 msg = (
@@ -350,8 +277,6 @@ class LlamaCppBackend(Backend):
                     f"does not give the hidden states {names}: {exc}"
                 )
                 raise ConfigurationError(msg) from exc
-            finally:
-                self._engine.clear()
         self._tapped.update(names)
 
     def _names(self, hidden: HiddenSpec | None) -> list[str]:
@@ -376,32 +301,11 @@ class LlamaCppBackend(Backend):
         A beginning-of-sequence token is put first when the model asks for one and the
         template did not write it.
         """
-        text = self.template.render(prompt)
-        tokens = self._tokenize(text, special=True)
-        model = self.llama._model
-        if model.add_bos_token() and model.token_bos() >= 0 and tokens[:1] != [model.token_bos()]:
-            tokens.insert(0, model.token_bos())
-        return tokens
-
-    def _tokenize(self, text: str, *, special: bool) -> list[int]:
-        return list(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=special))
+        return self._tokens.prompt(self.template.render(prompt))
 
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer, as they would follow the generation prompt."""
-        return self._tokenize(answer, special=True)
-
-    def _decode(self, tokens: Sequence[int]) -> str:
-        return bytes(self.llama.detokenize(list(tokens))).decode("utf-8", errors="ignore")
-
-    def _is_end(self, token: int) -> bool:
-        return bool(self._is_eog(self._vocab, token))
-
-    def _too_long(self, tokens: int, what: str) -> ContextLengthError | None:
-        if tokens <= self.context_length:
-            return None
-        return ContextLengthError(
-            f"{what} has {tokens} tokens; the backend's context holds {self.context_length} (n_ctx)"
-        )
+        return self._tokens.tokenize(answer, special=True)
 
     def generate(
         self,
@@ -431,29 +335,17 @@ class LlamaCppBackend(Backend):
         todo: list[tuple[int, list[int], int]] = []
         for index, prompt in enumerate(prompts):
             row = self.render(prompt)
-            too_long = self._too_long(len(row) + 1, "the prompt (plus one answer token)")
+            too_long = self._engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
             if too_long is not None:
                 results[index] = too_long
                 continue
             todo.append((index, row, min(max_new_tokens, self.context_length - len(row))))
-        cells = min(self._engine.n_ctx, GROUP_CELLS)
-        sizes = [len(row) + room for _, row, room in todo]
-        for group in groups(sizes, most=self._engine.n_seq_max, cells=cells):
-            jobs = [todo[i] for i in group]
-            with self._lock:
-                try:
-                    answers = greedy_group(
-                        self._engine,
-                        [row for _, row, _ in jobs],
-                        [room for _, _, room in jobs],
-                        top_k,
-                        names,
-                        self._is_end,
-                    )
-                finally:
-                    self._engine.clear()
-            for (index, row, _), answer in zip(jobs, answers, strict=True):
-                results[index] = self._finish(answer, len(row), stop, hidden)
+        rows, rooms = [row for _, row, _ in todo], [room for _, _, room in todo]
+        answers = greedy_rows(
+            self._engine, self._lock, rows, rooms, top_k, names, self._tokens.is_end
+        )
+        for (index, row, _), answer in zip(todo, answers, strict=True):
+            results[index] = self._finish(answer, len(row), stop, hidden)
         return [results[index] for index in range(len(prompts))]
 
     def stream_generate(
@@ -469,7 +361,7 @@ class LlamaCppBackend(Backend):
 
         Closing the stream early stops the generation at the next token.
         """
-        text = StreamedText(self._decode, stop)
+        text = StreamedText(self._tokens.decode, stop)
         for item in self._greedy(prompt, max_new_tokens, top_k, stop, hidden):
             if isinstance(item, list):
                 if piece := text.add(item):
@@ -490,7 +382,7 @@ class LlamaCppBackend(Backend):
         """Each new token (as a one-item list) as it comes, then the Generation."""
         names = self._names(hidden)
         row = self.render(prompt)
-        too_long = self._too_long(len(row) + 1, "the prompt (plus one answer token)")
+        too_long = self._engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
         if too_long is not None:
             yield too_long
             return
@@ -498,7 +390,7 @@ class LlamaCppBackend(Backend):
         with self._lock:
             try:
                 tokens, ids, values, states = yield from greedy(
-                    self._engine, row, room, top_k, names, self._is_end
+                    self._engine, row, room, top_k, names, self._tokens.is_end
                 )
             finally:
                 self._engine.clear()
@@ -507,21 +399,9 @@ class LlamaCppBackend(Backend):
     def _finish(
         self, answer: Greedy, prompt_tokens: int, stop: Sequence[str], hidden: HiddenSpec | None
     ) -> Generation | BackendError:
-        """A greedy answer's :class:`Generation` (its states reduced when asked for)."""
-        tokens, ids, values, states = answer
-        gen = finish_greedy(
-            tokens,
-            TopK(ids, values),
-            is_end=self._is_end,
-            decode=self._decode,
-            stop=stop,
-            prompt_tokens=prompt_tokens,
-            model_id=self.model_id,
-        )
-        if hidden is not None and isinstance(gen, Generation):
-            layers = {layer: np.stack(states[tensor_name(layer)]) for layer in hidden.layers}
-            gen = replace(gen, hidden=reduce_hidden(hidden, layers, len(gen.token_ids)))
-        return gen
+        """A greedy answer's :class:`Generation` (:func:`._generation.finish`)."""
+        return finish(answer, prompt_tokens, stop, hidden, is_end=self._tokens.is_end,
+                      decode=self._tokens.decode, model_id=self.model_id)  # fmt: skip
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
@@ -543,50 +423,25 @@ class LlamaCppBackend(Backend):
             rows = [self.render(messages) for messages in [*extra, *request.variants]]
             answer = list(request.answer_ids)
             longest = max(len(row) for row in rows) + len(answer)
-            too_long = self._too_long(longest, "a variant plus the answer")
+            too_long = self._engine.too_long(longest, "a variant plus the answer")
             if too_long is not None:
                 failed[number] = too_long
                 continue
             shared = shared_prefix(rows, self.reuse_prefix)
             jobs[number] = Job(rows, answer, shared, self._names(request.hidden))
+        taps = self.hidden_size if self.forces_original else None
         with self._lock:
-            if self.forces_original and any(job.names for job in jobs.values()):
-                self._forcer.enable_taps(self.hidden_size)
-            try:
-                tops, states = self._force(list(jobs.values()), partial(topk_rows, k=top_k))
-            finally:
-                self._forcer.clear()
+            tops, states = force(self._forcer, list(jobs.values()), top_k, self.pack_rows, taps)
         done = dict(zip(jobs, zip(tops, states, strict=True), strict=True))
         return [
-            failed[number] if number in failed else self._forced(request, *done[number])
+            failed[number]
+            if number in failed
+            else forced(*done[number], request, self._with_original(request), self.model_id)
             for number, request in enumerate(requests)
         ]
 
     def _with_original(self, request: ForcingRequest) -> bool:
         return request.include_original or self.forces_original
-
-    def _force(
-        self, jobs: list[Job], reduce: Callable[[np.ndarray], TopRows]
-    ) -> tuple[list[list[TopRows]], list[dict[str, np.ndarray]]]:
-        """Each job's rows' reduced logits and its first row's states (see :mod:`._pack`)."""
-        engine = self._forcer
-        if not self.pack_rows:
-            return run_alone(engine, jobs, reduce)
-        return run(engine, jobs, plan(jobs, n_ctx=engine.n_ctx, n_seq_max=engine.n_seq_max), reduce)
-
-    def _forced(
-        self, request: ForcingRequest, rows: list[TopRows], states: dict[str, np.ndarray]
-    ) -> Forced | BackendError:
-        """A request's result from its rows' top-k (the original first when asked for)."""
-        if not all(np.isfinite(values).all() for _, values in rows):
-            return non_finite(self.model_id)
-        tops = [TopK(ids, values) for ids, values in rows]
-        original = tops.pop(0) if self._with_original(request) else None
-        hidden = None
-        if request.hidden is not None:
-            layers = {layer: states[tensor_name(layer)] for layer in request.hidden.layers}
-            hidden = reduce_hidden(request.hidden, layers, len(request.answer_ids))
-        return Forced(variants=tops, original=original, hidden=hidden)
 
     def sample(
         self,
@@ -605,20 +460,10 @@ class LlamaCppBackend(Backend):
         the first of ``stop``, as a greedy one does.
         """
         check_sampling(n, temperature)
-        rng = np.random.default_rng(seed)
-        results: list[list[Sample] | BackendError] = []
-        for prompt in prompts:
-            row = self.render(prompt)
-            need = len(row) + min(n, self._engine.n_seq_max) * max_new_tokens
-            too_long = self._too_long(need, f"the prompt plus {n} sampled answers")
-            if too_long is not None:
-                results.append(too_long)
-                continue
-            room = min(max_new_tokens, self.context_length - len(row) - 1)
-            with self._lock:
-                drawn = sample_prompt(self._engine, row, n, temperature, room, rng, self._is_end)
-            results.append([make_sample(t, lp, decode=self._decode, stop=stop) for t, lp in drawn])
-        return results
+        rows = [self.render(prompt) for prompt in prompts]
+        return sample_rows(self._engine, self._lock, self._tokens, rows, n=n,
+                           temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                           stop=stop)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.model_id!r}, n_ctx={self.context_length})"

@@ -12,11 +12,12 @@ import threading
 from typing import Literal
 
 from esi_guard.backends._template import ChatTemplate
-from esi_guard.backends.openai._transport import _Call, _Transport
+from esi_guard.backends.openai._transport import _Transport
 from esi_guard.backends.openai._wire import (
     _PROBE_MESSAGES,
     _PROBE_PREFIX,
     _argmax,
+    _Call,
     _completion_args,
     _completion_tokens,
     _echo_args,

@@ -14,8 +14,9 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from esi_guard.backends.openai._wire import _Call
 from esi_guard.exceptions import APIContextLengthError, APIError
 
 if TYPE_CHECKING:
@@ -38,14 +39,6 @@ class RequestStats:
         """Count one event."""
         with self._lock:
             setattr(self, name, getattr(self, name) + 1)
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One API request: the endpoint and its arguments (without model and client options)."""
-
-    endpoint: Literal["completions", "chat"]
-    kwargs: dict[str, Any]
 
 
 class _Transport:

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from esi_guard.backends.base import Messages
-from esi_guard.exceptions import APIError, ConfigurationError
+from esi_guard.backends._engine_helpers import stopped_length
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.exceptions import APIError, BackendError, ConfigurationError
 from esi_guard.scoring import TopK
+
+T = TypeVar("T")
 
 _PROBE_MESSAGES: list[dict[str, str]] = [
     {"role": "user", "content": "Count from one to thirty in digits, separated by commas."}
@@ -53,6 +56,14 @@ class _Vocab:
 
 
 # -- request arguments ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One API request: the endpoint and its arguments (without model and client options)."""
+
+    endpoint: Literal["completions", "chat"]
+    kwargs: dict[str, Any]
 
 
 def _completion_args(prompt: str, max_tokens: int, top_k: int) -> dict[str, Any]:
@@ -252,6 +263,117 @@ def _topk(rows: Sequence[Mapping[str, float]], vocab: _Vocab) -> TopK:
         ids[t, : len(kept)] = vocab.ids([k for _, k in kept])
         values[t, : len(kept)] = [v for v, _ in kept]
     return TopK(ids, values)
+
+
+def _answer_tokens(response: Any, prompt: str, answer: str) -> list[str]:
+    """The answer's token strings in an echo of ``prompt + answer`` (no logprobs needed)."""
+    choice = _first_choice(response, chat=False)
+    entries = _echo_entries(choice)
+    start, end = _locate(entries.tokens, _tail_text(choice, prompt + answer), text=answer)
+    return entries.tokens[start:end]
+
+
+def _joined(tokens: Sequence[str]) -> str:
+    return "".join(tokens)
+
+
+def _guarded(parse: Callable[[Any], T], response: Any) -> T | BackendError:
+    if isinstance(response, BackendError):
+        return response
+    try:
+        return parse(response)
+    except APIError as exc:
+        return exc
+
+
+def _parse_generation(
+    response: Any, vocab: _Vocab, *, echo: bool, stop: Sequence[str] = ()
+) -> Generation:
+    """The answer; cut back to whole tokens when a stop sequence ended it.
+
+    Servers cut the text at the stop sequence but still return the logprobs of the
+    token that held it (llama.cpp: text ``"The "``, tokens ``The``, `` capital`` for
+    stop ``capital``): the answer keeps the tokens before that one, and their text.
+    """
+    if echo:
+        choice = _first_choice(response, chat=False)
+        tokens = _completion_tokens(choice)
+        rows = _completion_top(choice, len(tokens))
+        text = str(choice.text or "")
+    else:
+        choice = _first_choice(response, chat=True)
+        tokens, rows = _chat_logprobs(choice)
+        text = str(choice.message.content or "")
+    finish: Literal["stop", "length"] = "length" if choice.finish_reason == "length" else "stop"
+    kept = stopped_length(tokens, _joined, stop) if finish == "stop" else None
+    if kept is not None:
+        tokens, rows, text = tokens[:kept], rows[:kept], "".join(tokens[:kept])
+    return Generation(
+        text=text,
+        token_ids=tuple(vocab.ids(tokens)),
+        topk=_topk(rows, vocab),
+        finish_reason=finish,
+        prompt_tokens=getattr(getattr(response, "usage", None), "prompt_tokens", None),
+    )
+
+
+def _parse_forced(
+    requests: Sequence[ForcingRequest],
+    plan: list[tuple[str, list[_Call]]],
+    responses: list[Any],
+    vocab: _Vocab,
+    *,
+    echo: bool,
+    alignment: str,
+) -> list[Forced | BackendError]:
+    """Each request's :class:`Forced` from its calls' responses (a failure in place)."""
+    out: list[Forced | BackendError] = []
+    offset = 0
+    for request, (answer, calls) in zip(requests, plan, strict=True):
+        group = responses[offset : offset + len(calls)]
+        offset += len(calls)
+        failed = next((r for r in group if isinstance(r, BackendError)), None)
+        if failed is not None:
+            out.append(failed)
+            continue
+        try:
+            out.append(
+                _forced(request, answer, calls, group, vocab, echo=echo, alignment=alignment)
+            )
+        except APIError as exc:
+            out.append(exc)
+    return out
+
+
+def _forced(
+    request: ForcingRequest,
+    answer: str,
+    calls: list[_Call],
+    group: list[Any],
+    vocab: _Vocab,
+    *,
+    echo: bool,
+    alignment: str,
+) -> Forced:
+    n = len(request.answer_ids)
+    if echo:
+        pieces = vocab.tokens(request.answer_ids)
+        tops = [
+            _topk(_echo_answer_rows(r, str(c.kwargs["prompt"]), pieces, alignment), vocab)
+            for c, r in zip(calls, group, strict=True)
+        ]
+        original = tops.pop() if request.include_original else None
+        return Forced(variants=tops, original=original)
+    variants, observed = [], []
+    answer_ids = list(request.answer_ids)
+    for response in group:
+        tokens, rows = _chat_logprobs(_first_choice(response, chat=True))
+        ids = vocab.ids(tokens)
+        agree = next((t for t in range(min(n, len(ids))) if ids[t] != answer_ids[t]), None)
+        seen = min(n, len(ids)) if agree is None else agree + 1
+        observed.append(seen)
+        variants.append(_topk(rows[:seen] + [{"": 0.0}] * (n - seen), vocab))
+    return Forced(variants=variants, observed=observed)
 
 
 class _Streamed:

@@ -10,41 +10,31 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from esi_guard._keywords import strict_keywords
+from esi_guard.backends._engine_helpers import StreamedText
 from esi_guard.backends._identity import gguf_model_id
 from esi_guard.backends._template import ChatTemplate, resolve_template
-from esi_guard.backends.base import (
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    Messages,
-    StreamedText,
-    stopped_length,
-)
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends.base import Backend
+from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.backends.openai._negotiate import Alignment, Mode, _Negotiator
-from esi_guard.backends.openai._transport import RequestStats, _Call, _mapped, _Transport
+from esi_guard.backends.openai._transport import RequestStats, _mapped, _Transport
 from esi_guard.backends.openai._wire import (
+    _answer_tokens,
+    _Call,
     _chat_args,
-    _chat_logprobs,
     _completion_args,
-    _completion_tokens,
-    _completion_top,
-    _echo_answer_rows,
     _echo_args,
-    _echo_entries,
-    _first_choice,
-    _locate,
+    _guarded,
+    _joined,
+    _parse_forced,
+    _parse_generation,
     _Streamed,
-    _tail_text,
-    _topk,
     _Vocab,
 )
 from esi_guard.exceptions import APIError, BackendError, ConfigurationError
-from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
     import openai
@@ -242,8 +232,8 @@ class OpenAIBackend(Backend):
         self.check_hidden(hidden)
         calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = self._transport.send_all(calls)
-        parse = functools.partial(self._parse_generation, stop=stop)
-        return [self._guarded(parse, r) for r in responses]
+        parse = self._parser(stop)
+        return [_guarded(parse, r) for r in responses]
 
     async def agenerate(
         self,
@@ -259,8 +249,8 @@ class OpenAIBackend(Backend):
         await self._negotiator.aresolve()
         calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = await self._transport.asend_all(calls)
-        parse = functools.partial(self._parse_generation, stop=stop)
-        return [self._guarded(parse, r) for r in responses]
+        parse = self._parser(stop)
+        return [_guarded(parse, r) for r in responses]
 
     def stream_generate(
         self,
@@ -295,9 +285,7 @@ class OpenAIBackend(Backend):
             return
         finally:
             getattr(stream, "close", lambda: None)()
-        gen = self._guarded(
-            functools.partial(self._parse_generation, stop=stop), gathered.response()
-        )
+        gen = _guarded(self._parser(stop), gathered.response())
         if isinstance(gen, Generation) and (rest := text.rest(gen.text)):
             yield rest
         yield gen
@@ -308,7 +296,8 @@ class OpenAIBackend(Backend):
         """Each request's answer under each of its variants (echo: exact; chat: approximate)."""
         plan = self._forcing_plan(requests, top_k)
         responses = self._transport.send_all([call for _, calls in plan for call in calls])
-        return self._parse_forced(requests, plan, responses)
+        return _parse_forced(requests, plan, responses, self._vocab, echo=self.mode == "echo",
+                             alignment=self.echo_alignment)  # fmt: skip
 
     async def ateacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
@@ -317,7 +306,8 @@ class OpenAIBackend(Backend):
         await self._negotiator.aresolve()
         plan = self._forcing_plan(requests, top_k)
         responses = await self._transport.asend_all([call for _, calls in plan for call in calls])
-        return self._parse_forced(requests, plan, responses)
+        return _parse_forced(requests, plan, responses, self._vocab, echo=self.mode == "echo",
+                             alignment=self.echo_alignment)  # fmt: skip
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         """The token strings behind ids this backend produced (e.g. a top-k row's ids)."""
@@ -328,10 +318,7 @@ class OpenAIBackend(Backend):
         self._require_echo("scoring an answer it did not generate")
         text = self._render(prompt)
         response = self._transport.send(_Call("completions", _echo_args(text + answer, 1)))
-        choice = _first_choice(response, chat=False)
-        entries = _echo_entries(choice)
-        start, end = _locate(entries.tokens, _tail_text(choice, text + answer), text=answer)
-        return self._vocab.ids(entries.tokens[start:end])
+        return self._vocab.ids(_answer_tokens(response, text, answer))
 
     # -- request building -------------------------------------------------------------------
 
@@ -387,97 +374,8 @@ class OpenAIBackend(Backend):
             plan.append((answer, calls))
         return plan
 
-    # -- response parsing -------------------------------------------------------------------
-
-    @staticmethod
-    def _guarded(parse: Callable[[Any], T], response: Any) -> T | BackendError:
-        if isinstance(response, BackendError):
-            return response
-        try:
-            return parse(response)
-        except APIError as exc:
-            return exc
-
-    def _parse_generation(self, response: Any, stop: Sequence[str] = ()) -> Generation:
-        """The answer; cut back to whole tokens when a stop sequence ended it.
-
-        Servers cut the text at the stop sequence but still return the logprobs of the
-        token that held it (llama.cpp: text ``"The "``, tokens ``The``, `` capital`` for
-        stop ``capital``): the answer keeps the tokens before that one, and their text.
-        """
-        if self.mode == "echo":
-            choice = _first_choice(response, chat=False)
-            tokens = _completion_tokens(choice)
-            rows = _completion_top(choice, len(tokens))
-            text = str(choice.text or "")
-        else:
-            choice = _first_choice(response, chat=True)
-            tokens, rows = _chat_logprobs(choice)
-            text = str(choice.message.content or "")
-        finish: Literal["stop", "length"] = "length" if choice.finish_reason == "length" else "stop"
-        kept = stopped_length(tokens, _joined, stop) if finish == "stop" else None
-        if kept is not None:
-            tokens, rows, text = tokens[:kept], rows[:kept], "".join(tokens[:kept])
-        return Generation(
-            text=text,
-            token_ids=tuple(self._vocab.ids(tokens)),
-            topk=self._topk(rows),
-            finish_reason=finish,
-            prompt_tokens=getattr(getattr(response, "usage", None), "prompt_tokens", None),
+    def _parser(self, stop: Sequence[str]) -> Callable[[Any], Generation]:
+        """The parser of a generation's response, in the mode the request was sent in."""
+        return functools.partial(
+            _parse_generation, vocab=self._vocab, echo=self.mode == "echo", stop=stop
         )
-
-    def _parse_forced(
-        self,
-        requests: Sequence[ForcingRequest],
-        plan: list[tuple[str, list[_Call]]],
-        responses: list[Any],
-    ) -> list[Forced | BackendError]:
-        out: list[Forced | BackendError] = []
-        offset = 0
-        for request, (answer, calls) in zip(requests, plan, strict=True):
-            group = responses[offset : offset + len(calls)]
-            offset += len(calls)
-            failed = next((r for r in group if isinstance(r, BackendError)), None)
-            if failed is not None:
-                out.append(failed)
-                continue
-            try:
-                out.append(self._forced(request, answer, calls, group))
-            except APIError as exc:
-                out.append(exc)
-        return out
-
-    def _forced(
-        self, request: ForcingRequest, answer: str, calls: list[_Call], group: list[Any]
-    ) -> Forced:
-        n = len(request.answer_ids)
-        if self.mode == "echo":
-            pieces = self._vocab.tokens(request.answer_ids)
-            tops = [
-                self._echo_answer_rows(r, str(c.kwargs["prompt"]), pieces)
-                for c, r in zip(calls, group, strict=True)
-            ]
-            original = tops.pop() if request.include_original else None
-            return Forced(variants=tops, original=original)
-        variants, observed = [], []
-        answer_ids = list(request.answer_ids)
-        for response in group:
-            tokens, rows = _chat_logprobs(_first_choice(response, chat=True))
-            ids = self._vocab.ids(tokens)
-            agree = next((t for t in range(min(n, len(ids))) if ids[t] != answer_ids[t]), None)
-            seen = min(n, len(ids)) if agree is None else agree + 1
-            observed.append(seen)
-            variants.append(self._topk(rows[:seen] + [{"": 0.0}] * (n - seen)))
-        return Forced(variants=variants, observed=observed)
-
-    def _echo_answer_rows(self, response: Any, prompt: str, pieces: list[str]) -> TopK:
-        rows = _echo_answer_rows(response, prompt, pieces, self.echo_alignment)
-        return self._topk(rows)
-
-    def _topk(self, rows: Sequence[Mapping[str, float]]) -> TopK:
-        """Rows of ``token -> logprob`` as a ragged TopK (highest first, padded with -1)."""
-        return _topk(rows, self._vocab)
-
-
-def _joined(tokens: Sequence[str]) -> str:
-    return "".join(tokens)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from esi_guard.backends.base import HiddenSpec
+from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig

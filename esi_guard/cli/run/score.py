@@ -22,7 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from esi_guard.backends.base import HiddenStates
+from esi_guard.backends.hidden import HiddenStates
 from esi_guard.calibration.calibrate_combined import encode_states
 from esi_guard.calibration.data import Example
 from esi_guard.cli.output import console

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarks.probe.collect import hidden_spec
 from benchmarks.probe.data import window
-from esi_guard.backends.base import FINAL, POSITIONS, HiddenSpec
+from esi_guard.backends import FINAL, POSITIONS, HiddenSpec
 
 
 def test_the_window_is_the_blocks_at_40_to_80_percent_depth_and_final() -> None:

@@ -10,10 +10,9 @@ from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import SecretStr
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend, OpenAIBackend
-from esi_guard.backends import default
+from esi_guard.backends import embedded
 from esi_guard.backends.adapters import backend_for
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
 
 
@@ -23,7 +22,7 @@ def test_a_guard_without_a_model_uses_the_embedded_one_and_loads_nothing_yet(
     def refuse() -> Any:
         raise AssertionError("loaded at construction")
 
-    monkeypatch.setattr(default, "embedded_backend", refuse)
+    monkeypatch.setattr(embedded, "embedded_backend", refuse)
     guard = ESIGuard(threshold=0.3)
     assert isinstance(guard.backend, EmbeddedBackend)
     assert guard.backend.model_id == EMBEDDED_MODEL_ID

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from esi_guard import BackendError, ContextLengthError, ESIGuard, HFBackend
-from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
+from esi_guard.backends import ChatMessage, Forced, ForcingRequest, Generation
 from esi_guard.backends.hf._force import Rendered, _shared, pack
 from esi_guard.exceptions import OutOfMemoryError
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from esi_guard import ConfigurationError, HFBackend
-from esi_guard.backends.base import (
+from esi_guard.backends import (
     FINAL,
     POSITIONS,
     ChatMessage,

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 
 from esi_guard import ConfigurationError, EngineMismatchWarning, ESIGuard, FakeBackend
-from esi_guard.backends import _identity, adapters, default
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, embedded_gguf
+from esi_guard.backends import _identity, adapters, embedded
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend, embedded_gguf
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ModelLoadError
 
@@ -81,7 +80,7 @@ def test_the_embedded_backend_has_the_files_digest_without_loading_it(
     def refuse() -> Any:
         raise AssertionError("loaded")
 
-    monkeypatch.setattr(default, "embedded_backend", refuse)
+    monkeypatch.setattr(embedded, "embedded_backend", refuse)
     backend = EmbeddedBackend()
     assert backend.model_sha256 == sha256(embedded_gguf())
     assert backend.model_id == EMBEDDED_MODEL_ID

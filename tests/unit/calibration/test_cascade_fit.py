@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.backends.base import FINAL, POSITIONS, Generation, HiddenSpec
+from esi_guard.backends import FINAL, POSITIONS, Generation, HiddenSpec
 from esi_guard.calibration.cascade_fit import fit_band, fit_esi_probe, held_out
 from esi_guard.exceptions import ConfigurationError
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.backends.base import FINAL, HiddenSpec
+from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.calibration.data import Example
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate

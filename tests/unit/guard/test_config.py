@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from esi_guard import ConfigurationError, ESIGuard, FakeBackend
-from esi_guard.backends.default import EmbeddedBackend
-from esi_guard.backends.embedded import embedded_threshold
+from esi_guard.backends.embedded import EmbeddedBackend, embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.guard._config import shipped_settings
 

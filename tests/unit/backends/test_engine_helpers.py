@@ -1,11 +1,11 @@
-"""The backend interface's shared pieces: stop sequences cut an answer at a token boundary."""
+"""The helpers the engines share: stop sequences cut an answer at a token boundary."""
 
 from __future__ import annotations
 
 import pytest
 
 from esi_guard.backends import Sampler
-from esi_guard.backends.base import StreamedText, make_sample, stopped_length
+from esi_guard.backends._engine_helpers import StreamedText, make_sample, stopped_length
 
 PIECES = {1: "Mich", 2: "el", 3: "angelo", 4: " y", 5: "ou", 6: " know"}
 

@@ -1,0 +1,80 @@
+"""The forcing requests of the score step: what to force for each item, once per round.
+
+:func:`plan` turns each scorable item into its :class:`~esi_guard.backends.ForcingRequest`
+(and a second one without the prompt's context, for ``context_reliance``); an item that
+cannot be scored is decided here (:func:`unscorable`). Pure: the backend call is the
+pipeline's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from esi_guard._pipeline.decide import Rule
+from esi_guard._pipeline.items import Item
+from esi_guard.backends._types import ForcingRequest
+from esi_guard.backends.hidden import HiddenSpec
+from esi_guard.exceptions import ScoringError, reason
+
+if TYPE_CHECKING:
+    from esi_guard.interventions import Intervention
+
+__all__ = ["plan", "unscorable"]
+
+
+def plan(
+    items: Sequence[Item],
+    *,
+    rule: Rule,
+    hidden: HiddenSpec | None,
+    intervention: Intervention,
+    include_original: bool,
+    known: dict[int, dict[str, Any]] | None = None,
+    context: bool = True,
+) -> list[tuple[Item, ForcingRequest]]:
+    """The forcing requests of the items that can be scored; the others are decided.
+
+    An item whose template has a context gets a second request right after its own:
+    the answer forced once after the prompt without its context (``context_reliance``).
+    It is a request of its own so that the variants keep their shared prefix.
+    Sequential rounds pass the texts already forced per item (``known``): only new
+    ones are asked for, and an item with none gets no request this round.
+    """
+    planned = []
+    for item in items:
+        if item.outcome is not None:
+            continue
+        problem = unscorable(item, intervention)
+        if problem is not None:
+            item.outcome = rule.result(item, None, reason(problem))
+            continue
+        done = known.get(id(item), {}) if known is not None else {}
+        texts = [text for text in item.changed if text not in done]
+        if not texts and not include_original:
+            continue
+        request = ForcingRequest(
+            prompt=item.prompt.messages,
+            variants=[item.prompt.with_question(text) for text in texts],
+            answer_ids=list(item.answer_ids),
+            answer=item.answer,
+            include_original=include_original,
+            hidden=hidden if include_original and item.hidden is None else None,
+        )
+        planned.append((item, request))
+        template = item.prompt.template
+        if context and template is not None and template.without_context is not None:
+            planned.append((item, replace(request, variants=[template.without_context],
+                                          include_original=False, hidden=None)))  # fmt: skip
+    return planned
+
+
+def unscorable(item: Item, intervention: Intervention) -> ScoringError | None:
+    """Why ``item`` cannot be scored (no answer tokens, no variant that differs); else None."""
+    if not item.answer_ids:
+        return ScoringError("the answer has no tokens to score", code="empty_answer")
+    if not item.changed:
+        msg = f"no variant differs from the question ({intervention.name} found nothing to change)"
+        return ScoringError(msg, code="no_effective_variant")
+    return None

