@@ -6,6 +6,6 @@ answers are wrong, ``metrics`` and ``thresholds`` measure scores and choose a th
 ``esi-guard calibrate --score combined``, ``cascade_fit`` fits the ESI probe and the
 cascade's band (both through ``probe_search``), ``file`` is the threshold file a guard loads, and
 ``plot`` draws a run. Nothing here imports the guard, LangChain or the CLI: scoring a set
-with a guard is ``esi_guard.cli.runner``'s job. Import the modules themselves; this package
+with a guard is ``esi_guard.cli.run``'s job. Import the modules themselves; this package
 re-exports nothing.
 """

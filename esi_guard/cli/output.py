@@ -13,8 +13,8 @@ from rich.markup import escape
 
 __all__ = ["console", "data_name", "fail", "needs_extra", "stderr", "used_modules", "warn"]
 
-console = Console()
-"""Results: tables, thresholds, what was written (stdout)."""
+console = Console(soft_wrap=True)
+"""Results: tables, thresholds, what was written (stdout); a long line (a path) is never cut."""
 stderr = Console(stderr=True, soft_wrap=True)
 """Errors and warnings (stderr)."""
 
