@@ -31,7 +31,7 @@ SUBJECTS = {
     "rag": "rag",
     "agent": "agent",
     "api": "api",
-    "serve": "serve",
+    "server": "server",
     "llamacpp-build": "llamacpp_build",
     "gpu": "gpu",
 }

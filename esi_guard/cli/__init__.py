@@ -3,7 +3,7 @@
 Needs the ``cli`` extra. ``commands`` holds the typer app and registers the commands, one
 module each: ``calibrate``, ``evaluate``, ``distill`` (an ESI probe from unlabelled
 questions), ``env`` (what this machine runs the guard with, for bug reports) and
-``serve`` (the guard as an OpenAI-compatible server, :mod:`esi_guard.serve`). What they
+``serve`` (the guard as an OpenAI-compatible server, :mod:`esi_guard.server`). What they
 share: ``_options`` (their options), ``build`` (the backend, guard and labeller from
 those options), ``output`` (stdout, stderr, errors), ``run`` (score a set resumably into
 a cache, label it, report it). This folder sits above the guard;

@@ -197,7 +197,7 @@ def serve(
 ) -> None:
     """Serve the guard as an OpenAI-compatible /v1/chat/completions endpoint."""
     try:
-        from esi_guard.serve import ServeSettings, create_app, run
+        from esi_guard.server import ServeSettings, create_app, run
     except ImportError as exc:
         fail(f"esi-guard serve needs the serve extra: pip install 'esi-guard[serve]' ({exc})")
     if (upstream is None) != (upstream_model is None):

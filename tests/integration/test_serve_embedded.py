@@ -20,7 +20,7 @@ from langchain_openai import ChatOpenAI
 from esi_guard import ESIGuard, LlamaCppBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 from integrations.llamacpp.server import free_port
-from tests.unit.serve.servers import served, user
+from tests.unit.server.servers import served, user
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

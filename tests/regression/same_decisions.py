@@ -126,7 +126,7 @@ def _timeless(value: Any) -> Any:
 
 def record_server(n: int) -> dict[str, Any]:
     """``esi-guard serve``'s responses to the same questions, for the same guards."""
-    from tests.unit.serve.servers import client
+    from tests.unit.server.servers import client
 
     data = shared_data() / "sciq" / "test.jsonl"
     lines = data.read_text(encoding="utf-8").splitlines()[:n]

@@ -11,7 +11,7 @@ from langchain_openai import ChatOpenAI
 from esi_guard import ESIGuard, OpenAIBackend
 from integrations.faultproxy import FaultProxy
 from integrations.llamacpp.server import CHATML, LlamaServer
-from tests.unit.serve.servers import served, user
+from tests.unit.server.servers import served, user
 
 pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from langchain_openai import ChatOpenAI
 
 from esi_guard import FakeBackend
 from esi_guard.guard import DEFAULT_ABSTAIN_MESSAGE
-from tests.unit.serve.servers import ANSWERS, QUESTION, SHAKY, fake_guard, served, user
+from tests.unit.server.servers import ANSWERS, QUESTION, SHAKY, fake_guard, served, user
 
 
 def test_the_openai_sdk_creates_streams_and_sees_errors() -> None:

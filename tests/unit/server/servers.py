@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.serve import ServeSettings, create_app
+from esi_guard.server import ServeSettings, create_app
 
 QUESTION = "What is the capital of France?"
 SHAKY = "Which river flows through the town of Tübingen?"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import esi_guard.serve
+import esi_guard.server
 from esi_guard import FakeBackend, OpenAIBackend
 from esi_guard.cli import app, build
 
@@ -21,7 +21,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """What `serve` would run: the app and where, with a fake backend for the model."""
     runs: list[dict[str, Any]] = []
     monkeypatch.setattr(build, "backend", lambda *args: FakeBackend())
-    monkeypatch.setattr(esi_guard.serve, "run", lambda a, **kw: runs.append({"app": a, **kw}))
+    monkeypatch.setattr(esi_guard.server, "run", lambda a, **kw: runs.append({"app": a, **kw}))
     return runs
 
 

@@ -23,16 +23,16 @@ from esi_guard._text import message_text
 from esi_guard.exceptions import APIError, ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ESIResult
-from esi_guard.serve._batcher import MicroBatcher
-from esi_guard.serve._errors import ServeError, from_exception
-from esi_guard.serve._metrics import Metrics
-from esi_guard.serve._schema import ABSTAIN_FINISH_REASON, esi_info
-from esi_guard.serve._settings import ServeSettings
-from esi_guard.serve._timed import TimedBackend
+from esi_guard.server._batcher import MicroBatcher
+from esi_guard.server._errors import ServeError, from_exception
+from esi_guard.server._metrics import Metrics
+from esi_guard.server._schema import ABSTAIN_FINISH_REASON, esi_info
+from esi_guard.server._settings import ServeSettings
+from esi_guard.server._timed import TimedBackend
 
 __all__ = ["Answer", "Routed", "Service"]
 
-log = logging.getLogger("esi_guard.serve")
+log = logging.getLogger("esi_guard.server")
 
 WARM_UP_PROMPT = "What is the capital of France?"
 

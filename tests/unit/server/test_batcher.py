@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from esi_guard.serve import MicroBatcher
-from esi_guard.serve._batcher import Full
+from esi_guard.server import MicroBatcher
+from esi_guard.server._batcher import Full
 
 
 class Recorder:

@@ -1,10 +1,10 @@
 r"""``esi-guard serve`` under load: micro-batching's throughput ratio, p99, and a soak run.
 
-    python -m benchmarks.timing serve throughput --backend embedded --requests 256 --clients 32
-    python -m benchmarks.timing serve throughput --backend transformers --requests 256 --clients 32
-    python -m benchmarks.timing serve soak --backend fake --requests 10000 --clients 32
-    python -m benchmarks.timing serve soak --backend embedded --requests 500 --clients 32
-    python -m benchmarks.timing serve soak --backend proxy --requests 300 --clients 16 \
+    python -m benchmarks.timing server throughput --backend embedded --requests 256 --clients 32
+    python -m benchmarks.timing server throughput --backend transformers --requests 256 --clients 32
+    python -m benchmarks.timing server soak --backend fake --requests 10000 --clients 32
+    python -m benchmarks.timing server soak --backend embedded --requests 500 --clients 32
+    python -m benchmarks.timing server soak --backend proxy --requests 300 --clients 16 \
         --n-variants 4
 
 Each run starts the server in a subprocess of its own (``server`` below: the app
@@ -47,13 +47,13 @@ from typing import Any
 import httpx
 
 from esi_guard import ESIGuard, FakeBackend, HFBackend, LlamaCppBackend, OpenAIBackend
-from esi_guard.serve import ServeSettings, create_app, run
+from esi_guard.server import ServeSettings, create_app, run
 from integrations.llamacpp.server import free_port
 
 __all__ = ["add_arguments", "measure"]
 
 ROOT = Path(__file__).resolve().parents[2]
-"""The checkout's root, where the server subprocess runs ``-m benchmarks.timing serve``."""
+"""The checkout's root, where the server subprocess runs ``-m benchmarks.timing server run``."""
 SYSTEM = "Answer in a few words."
 PROXY_TIMEOUT = 20.0
 """Seconds per upstream HTTP attempt in proxy mode (a ``hang`` fault outlasts it)."""
@@ -104,7 +104,7 @@ class Server:
         self, backend: str, max_batch: int, n_variants: int, requests: int, upstream: str = ""
     ) -> None:
         self.port = free_port()
-        command = [sys.executable, "-m", "benchmarks.timing", "serve", "server",
+        command = [sys.executable, "-m", "benchmarks.timing", "server", "run",
                    "--backend", backend,
                    "--port", str(self.port), "--max-batch", str(max_batch),
                    "--n-variants", str(n_variants), "--requests", str(requests),
@@ -289,7 +289,7 @@ class Upstream:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """This subject's options."""
-    parser.add_argument("what", choices=["throughput", "soak", "server"])
+    parser.add_argument("what", choices=["throughput", "soak", "run"])
     parser.add_argument("--backend", choices=["fake", "embedded", "transformers", "proxy"],
                         default="fake")  # fmt: skip
     parser.add_argument("--requests", type=int, default=256)
@@ -303,8 +303,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``server``: serve until SIGTERM; ``throughput``: its figures; ``soak``: exit 1 if bad."""
-    if args.what == "server":
+    """``run``: serve until SIGTERM; ``throughput``: its figures; ``soak``: exit 1 if bad."""
+    if args.what == "run":
         serve(args.backend, args.port, args.max_batch, args.n_variants, args.requests,
               args.upstream)  # fmt: skip
         return None

@@ -15,10 +15,10 @@ module:
 docs/serve.md says how to run it, call it and scale it.
 """
 
-from esi_guard.serve._batcher import MicroBatcher
-from esi_guard.serve._schema import ABSTAIN_FINISH_REASON, ChatRequest
-from esi_guard.serve._settings import ServeSettings
-from esi_guard.serve.app import create_app, run
+from esi_guard.server._batcher import MicroBatcher
+from esi_guard.server._schema import ABSTAIN_FINISH_REASON, ChatRequest
+from esi_guard.server._settings import ServeSettings
+from esi_guard.server.app import create_app, run
 
 __all__ = [
     "ABSTAIN_FINISH_REASON",

@@ -24,7 +24,7 @@ QUESTION = "What is the capital of France?"
 def start(seconds: float, drain: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.unit.serve.slow_server", "--port", str(port),
+        [sys.executable, "-m", "tests.unit.server.slow_server", "--port", str(port),
          "--seconds", str(seconds), "--drain-seconds", str(drain)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip

@@ -35,9 +35,9 @@ from starlette.exceptions import HTTPException
 
 from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import LONG_QUESTION
-from esi_guard.serve._batcher import Full
-from esi_guard.serve._errors import ServeError, from_validation, overloaded, shutting_down
-from esi_guard.serve._schema import (
+from esi_guard.server._batcher import Full
+from esi_guard.server._errors import ServeError, from_validation, overloaded, shutting_down
+from esi_guard.server._schema import (
     ChatRequest,
     chunk,
     completion,
@@ -45,12 +45,12 @@ from esi_guard.serve._schema import (
     warning_headers,
     whole_message_warning,
 )
-from esi_guard.serve._service import Answer, Service
-from esi_guard.serve._settings import ServeSettings
+from esi_guard.server._service import Answer, Service
+from esi_guard.server._settings import ServeSettings
 
 __all__ = ["create_app", "run"]
 
-log = logging.getLogger("esi_guard.serve")
+log = logging.getLogger("esi_guard.server")
 
 _CHAT = "/v1/chat/completions"
 _PATHS = (_CHAT, "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")

@@ -1,6 +1,6 @@
 """A server whose answers take ``--seconds``, run as the CLI runs it (for the drain test).
 
-python -m tests.unit.serve.slow_server --port 8123 --seconds 1.5 --drain-seconds 10
+python -m tests.unit.server.slow_server --port 8123 --seconds 1.5 --drain-seconds 10
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from esi_guard import ESIGuard, FakeBackend
-from esi_guard.serve import ServeSettings, create_app, run
+from esi_guard.server import ServeSettings, create_app, run
 
 
 class SlowBackend(FakeBackend):

@@ -25,8 +25,8 @@ from esi_guard.exceptions import (
     WholeMessageWarning,
 )
 from esi_guard.guard import DEFAULT_ABSTAIN_MESSAGE
-from esi_guard.serve import ABSTAIN_FINISH_REASON, ServeSettings, create_app
-from tests.unit.serve.servers import ANSWERS, QUESTION, SHAKY, client, fake_guard, user, wait_ready
+from esi_guard.server import ABSTAIN_FINISH_REASON, ServeSettings, create_app
+from tests.unit.server.servers import ANSWERS, QUESTION, SHAKY, client, fake_guard, user, wait_ready
 
 CHAT = "/v1/chat/completions"
 
@@ -334,7 +334,7 @@ async def test_a_whole_long_message_is_warned_to_the_caller_not_to_the_log(mode:
 async def test_the_start_up_line_says_model_engine_threshold_action_and_auth(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="esi_guard.serve")
+    caplog.set_level(logging.INFO, logger="esi_guard.server")
     settings = {"api_key": "s3cret", "threshold_source": "calibration file t.json"}
     async with client(fake_guard(threshold=0.42, action="abstain"), **settings):
         pass
