@@ -16,14 +16,13 @@ USERS = ("benchmarks", "examples", "integrations")
 """Code that uses the package as a user would: public names only."""
 
 
-def package_modules() -> dict[str, Path]:
-    """Every module of the package by dotted name (a package by its ``__init__``)."""
+def package_modules(folders: tuple[str, ...] = ("esi_guard",)) -> dict[str, Path]:
+    """Every module under ``folders`` by dotted name (a package by its ``__init__``)."""
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -42,9 +41,10 @@ def imports(path: Path, name: str = "") -> Iterator[tuple[str, str]]:
             yield from ((module, alias.name) for alias in node.names)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (``from pkg import mod`` names ``pkg.mod``)."""
-    modules = package_modules()
+def import_graph(folders: tuple[str, ...] = ("esi_guard",)) -> dict[str, set[str]]:
+    """Module -> the modules under ``folders`` it imports (``from pkg import mod`` names
+    ``pkg.mod``), every import (lazy ones too)."""
+    modules = package_modules(folders)
     graph = {}
     for name, path in modules.items():
         found = set()
@@ -90,33 +90,8 @@ FLOORS = {"esi_guard": 0, "integrations": 1, "examples": 2, "benchmarks": 2, "te
 """The checkout's folders from the bottom up: each imports only from its floor or below."""
 
 
-def tree_modules() -> dict[str, Path]:
-    """Every module of the checkout's folders by dotted name (a package by its ``__init__``)."""
-    out = {}
-    for folder in FLOORS:
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def tree_graph() -> dict[str, set[str]]:
-    """Module -> the checkout's modules it imports, every import (lazy ones too)."""
-    modules = tree_modules()
-    graph = {}
-    for name, path in modules.items():
-        found = set()
-        for module, imported in imports(path, name):
-            if f"{module}.{imported}" in modules:
-                found.add(f"{module}.{imported}")
-            elif module in modules:
-                found.add(module)
-        graph[name] = found - {name}
-    return graph
-
-
 def test_the_checkout_has_no_import_circle() -> None:
-    graph = tree_graph()
+    graph = import_graph(tuple(FLOORS))
     assert graph["benchmarks.results.run"] and graph["tests.server.load"]  # it sees them
     assert circles(graph) == []
 
@@ -124,7 +99,7 @@ def test_the_checkout_has_no_import_circle() -> None:
 def test_no_folder_imports_from_a_floor_above_it() -> None:
     climbs = [
         f"{name} -> {other}"
-        for name, others in tree_graph().items()
+        for name, others in import_graph(tuple(FLOORS)).items()
         for other in others
         if FLOORS[other.split(".")[0]] > FLOORS[name.split(".")[0]]
     ]
