@@ -81,7 +81,7 @@ test: install-test install-litellm-proxy
 ## loads one fails there: mark it `integration`). Under 3 minutes on two cores.
 test-fast: install-test
 	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "not integration and not server and not slow" \
-	  -n auto -p no:cacheprovider tests/unit tests/benchmarks
+	  -n auto -p no:cacheprovider tests/unit tests/benchmarks tests/integrations
 
 ## >= 10,000 adversarial inputs on the fake backend and 300 on the embedded model.
 ## Ends with `fuzz: inputs=N crashes=N hangs=N unmarked=N`; fails unless the last three are 0.
