@@ -11,8 +11,9 @@ and records the child runs each traced call reports (their tags, in order)::
     python -m tests.regression.same_decisions --compare before.json
 
 ``--server`` records ``esi-guard serve``'s responses instead (in memory, the same guard):
-plain, streamed, sized and stopped requests, an abstaining and a routing server, and the
-errors a client can cause (status, body and ``X-ESI-*`` headers; ids and times left out).
+plain, streamed, sized and stopped requests, an answer that cannot be scored, an
+abstaining, a routing and a live-streaming server, and the errors a client can cause
+(status, body and ``X-ESI-*`` headers; ids and times left out).
 
 ``--compare`` exits 1 and names every difference; scores are compared exactly (the same
 code on the same engine is bit-reproducible).
@@ -92,6 +93,8 @@ _REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("streamed", {"stream": True}),
     ("sampled", {"temperature": 0.7, "seed": 3}),
 ]
+_UNSCORABLE = "Go on, do it."
+"""A question with no word Skip-One-Char can edit: its answer cannot be scored."""
 _BAD: list[tuple[str, dict[str, Any]]] = [
     ("unknown model", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
     ("no messages", {"model": "default", "messages": []}),
@@ -134,9 +137,11 @@ def record_server(n: int) -> dict[str, Any]:
     fallback = RunnableLambda(lambda _: AIMessage(content="from the fallback"))
     guards = {  # one thread: scores do not depend on it, and two recorders share the cores
         "flag": ESIGuard(n_threads=1),
-        "abstain": ESIGuard(action="abstain", abstain_message="no answer", threshold=0.05,
-                            n_threads=1),  # fmt: skip
+        "abstain": ESIGuard(
+            action="abstain", abstain_message="no answer", threshold=0.05, n_threads=1
+        ),
         "route": ESIGuard(action="route", fallback=fallback, threshold=0.05, n_threads=1),
+        "live": ESIGuard(on_error="flag", n_threads=1),  # streams show tokens as generated
     }
 
     async def ask(guard: ESIGuard) -> dict[str, Any]:
@@ -149,6 +154,12 @@ def record_server(n: int) -> dict[str, Any]:
                 out[f"{i}:{name}"] = _response(await c.post("/v1/chat/completions", json=body))
             for name, body in _BAD:
                 out[name] = _response(await c.post("/v1/chat/completions", json=body))
+            for stream in (False, True):  # no word long enough to edit: no variant differs
+                body = {"model": "default", "messages": [{"role": "user", "content": _UNSCORABLE}],
+                        "stream": stream}  # fmt: skip
+                out[f"unscorable, stream={stream}"] = _response(
+                    await c.post("/v1/chat/completions", json=body)
+                )
         return out
 
     return {name: asyncio.run(ask(guard)) for name, guard in guards.items()}
