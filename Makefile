@@ -74,14 +74,18 @@ demo: install-demo
 	$(BIN)/python examples/quickstart.py
 
 ## The whole test suite: unit tests and integration tests on the embedded model.
+## The fast tier first, on every core (as test-fast), then every test that runs a model or a
+## server, one at a time (they start processes and share the cores themselves).
+FAST := not integration and not server and not slow
 test: install-test install-litellm-proxy
-	$(BIN)/python -m pytest
+	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "$(FAST)" -n auto
+	$(BIN)/python -m pytest -m "not ($(FAST))"
 
 ## The developer's loop: unit tests only, on every core, loading no model (a test that
 ## loads one fails there: mark it `integration`). Under 3 minutes on two cores.
 test-fast: install-test
-	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "not integration and not server and not slow" \
-	  -n auto -p no:cacheprovider tests/unit tests/benchmarks tests/integrations
+	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "$(FAST)" -n auto -p no:cacheprovider \
+	  tests/unit tests/benchmarks tests/integrations
 
 ## >= 10,000 adversarial inputs on the fake backend and 300 on the embedded model.
 ## Ends with `fuzz: inputs=N crashes=N hangs=N unmarked=N`; fails unless the last three are 0.
