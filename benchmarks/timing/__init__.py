@@ -26,6 +26,7 @@ __all__ = ["SUBJECTS", "main"]
 SUBJECTS = {
     "cascade": "cascade",
     "forcing": "forcing",
+    "engines": "engines",
     "kernels": "kernels",
     "streaming": "streaming",
     "rag": "rag",
