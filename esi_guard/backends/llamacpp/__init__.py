@@ -16,7 +16,7 @@ rows decoded alone by that much; a request's rows never share a decode with anot
 request's, so a request gets the same bits whatever it is batched with.
 ``pack_rows=False`` decodes every row alone: generation and teacher forcing of a short
 prompt then agree to the bit. Either way the ESI scores follow transformers'
-(``benchmarks/llamacpp_backend.py``: Spearman 0.99 where the greedy answers match).
+(``python -m benchmarks.timing engines``: Spearman 0.99 where the greedy answers match).
 Sampling (for the baselines only) decodes its ``n`` answers together.
 
 Forcing precision (``forcing_precision``): a small quantized model on the CPU forces on a
