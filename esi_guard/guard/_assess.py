@@ -30,9 +30,7 @@ Checked = Callable[[GuardedPrompt], GuardedPrompt]
 """The guard's check of a parsed prompt (it warns once about a long whole message)."""
 
 
-def items(
-    inputs: Sequence[Any], checked: Callable[[GuardedPrompt], GuardedPrompt]
-) -> list[Item | InputError]:
+def items(inputs: Sequence[Any], checked: Checked) -> list[Item | InputError]:
     """An item per input, or the :class:`InputError` saying why it is not a prompt."""
     out: list[Item | InputError] = []
     for index, value in enumerate(inputs):

@@ -15,8 +15,7 @@ from typing import Any
 
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.items import GuardedPrompt, Item
-from esi_guard.exceptions import InputError
-from esi_guard.guard._inputs import parse_input
+from esi_guard.guard._assess import items as parsed
 
 __all__ = ["item_for", "items", "kept", "prefetched"]
 
@@ -26,13 +25,7 @@ _PREFETCHED: ContextVar[Item | None] = ContextVar("esi_guard_prefetched", defaul
 def items(inputs: Sequence[Any], kwargs: dict[str, Any]) -> list[Item | None]:
     """An item per input that parses (the others fail again, by name, when invoked)."""
     check_keywords("ESIGuard call", kwargs, ("stop",))
-    out: list[Item | None] = []
-    for index, value in enumerate(inputs):
-        try:
-            out.append(Item(parse_input(value), index=index))
-        except InputError:
-            out.append(None)
-    return out
+    return [item if isinstance(item, Item) else None for item in parsed(inputs, lambda p: p)]
 
 
 def item_for(prompt: GuardedPrompt) -> Item:

@@ -130,9 +130,8 @@ class Service:
             results = await self.guard_for(limit).aassess(
                 prompts, stop=stop or None, failures="return"
             )
-            return [
-                await self._routed(p, result) for p, result in zip(prompts, results, strict=True)
-            ]
+            routed = (self._routed(p, r) for p, r in zip(prompts, results, strict=True))
+            return await asyncio.gather(*routed)  # a batch's fallbacks answer at once
         finally:
             self._step("guard", time.perf_counter() - started)
 
