@@ -52,10 +52,11 @@ from langchain_core.prompts import ChatPromptTemplate
 from benchmarks.cache import Cache
 from benchmarks.shared_data import shared_data
 from esi_guard import ESIGuard, ESIResult, LlamaCppBackend
-from esi_guard.calibration.data import load_examples
+from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.long_answers import (
     ONE_QUESTION_SYSTEM,
     LongPrompt,
+    SentenceLabel,
     clustered,
     group_closed_book,
     group_rag,
@@ -64,11 +65,16 @@ from esi_guard.calibration.long_answers import (
     removed_at_kept,
 )
 from esi_guard.calibration.metrics import Estimate, auroc
-from esi_guard.guard import TemplatedPrompt
+from esi_guard.guard import TemplatedPrompt, chat_messages
+from esi_guard.sentences import split_sentences
 
 FORMS = ("closed-book", "controlled", "rag")
 SIGNALS = ("nll", "entropy", "max_nll")
 KEPT, FOLDS = 0.8, 5
+ONE_ANSWER_TOKENS = 64
+"""The controlled form's answers to one question each (their first sentence is kept)."""
+THRESHOLD = 0.25
+"""Nothing is decided on it (``action="flag"``); the shipped one was fitted on other settings."""
 
 
 def prompts_of(path: Path, form: str, k: int, limit: int | None) -> list[LongPrompt]:
@@ -85,13 +91,23 @@ def rendered(prompt: LongPrompt) -> Any:
 
 
 def _one_at_a_time(guard: ESIGuard, prompts: Sequence[LongPrompt]) -> list[list[str]]:
-    """Each question's greedy answer asked alone (one sentence), per prompt."""
-    asked = [[{"role": "system", "content": ONE_QUESTION_SYSTEM}, {"role": "user", "content": q}]
+    """Each question's greedy answer asked alone, its first sentence, per prompt.
+
+    The prompt asks for one sentence; a small model often goes on, so only the first is
+    kept: the joined answer then has one sentence per question, as the k-question prompt
+    asks.
+    """
+    asked = [chat_messages([("system", ONE_QUESTION_SYSTEM), ("human", q)])
              for p in prompts for q in p.questions]  # fmt: skip
-    gens = guard.backend.generate(asked, max_new_tokens=guard.max_new_tokens, top_k=guard.top_k)
-    texts = [g.text.strip() if not isinstance(g, Exception) else "" for g in gens]
+    gens = guard.backend.generate(asked, max_new_tokens=ONE_ANSWER_TOKENS, top_k=guard.top_k)
+    texts = [_first_sentence(g.text) if not isinstance(g, Exception) else "" for g in gens]
     k = len(prompts[0].questions) if prompts else 0
     return [texts[i * k : (i + 1) * k] for i in range(len(prompts))]
+
+
+def _first_sentence(text: str) -> str:
+    spans = split_sentences(text.strip())
+    return text.strip()[slice(*spans[0])].strip() if spans else ""
 
 
 def score_batch(
@@ -130,26 +146,43 @@ def record(
         "unanswerable": list(prompt.unanswerable),
     }  # fmt: skip
     if parts:
-        base["parts"] = parts
+        base |= {"parts": parts, "items": items}
     if not isinstance(result, ESIResult) or not result.scored or not result.sentences:
         reason = result.reason if isinstance(result, ESIResult) else type(result).__name__
         answer = result.answer if isinstance(result, ESIResult) else None
         return {**base, "answer": answer, "score": None, "scored": False, "reason": reason,
                 "sentences": []}  # fmt: skip
-    spans = [(s.start, s.end) for s in result.sentences]
-    labels = label_sentences(prompt, result.answer, spans, items)
     sentences = [
-        {"text": s.text, "start": s.start, "end": s.end, "question": lab.question,
-         "how": lab.how, "label": _label(lab.right), "score": s.score,
+        {"text": s.text, "start": s.start, "end": s.end, "score": s.score,
          "whole_score": result.score, **{name: s.signals.get(name) for name in SIGNALS}}
-        for s, lab in zip(result.sentences, labels, strict=True)
+        for s in result.sentences
     ]  # fmt: skip
-    return {**base, "answer": result.answer, "score": result.score, "scored": True,
-            "reason": None, "sentences": sentences}  # fmt: skip
+    return labelled({**base, "answer": result.answer, "score": result.score, "scored": True,
+                     "reason": None, "sentences": sentences})  # fmt: skip
 
 
-def _label(right: bool | None) -> str:
-    return "unaligned" if right is None else "right" if right else "wrong"
+def labelled(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record with each sentence's ``question``, ``how`` and ``label`` (re)made.
+
+    Labels: ``right``, ``wrong``, ``unaligned`` (no question found), ``question`` (the
+    sentence asks: an echoed question). The report relabels the cache's records, so a
+    cache outlives a refinement of the labels.
+    """
+    examples = tuple(Example(q, tuple(a)) for q, a in zip(rec["questions"], rec["answers"],
+                                                         strict=True))  # fmt: skip
+    prompt = LongPrompt(examples, "{questions}")
+    spans = [(s["start"], s["end"]) for s in rec["sentences"]]
+    items = [tuple(span) for span in rec["items"]] if rec.get("items") else None
+    labels = label_sentences(prompt, rec["answer"] or "", spans, items)
+    sentences = [{**s, "question": lab.question, "how": lab.how, "label": _label(lab)}
+                 for s, lab in zip(rec["sentences"], labels, strict=True)]  # fmt: skip
+    return {**rec, "sentences": sentences}
+
+
+def _label(label: SentenceLabel) -> str:
+    if label.asks:
+        return "question"
+    return "unaligned" if label.right is None else "right" if label.right else "wrong"
 
 
 def run(
@@ -173,7 +206,7 @@ def sentence_rows(records: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     for index, rec in sorted(records.items()):
         for s in rec["sentences"]:
             values = [s["score"], s["whole_score"], *(s[name] for name in SIGNALS)]
-            if s["label"] != "unaligned" and all(_finite(v) for v in values):
+            if s["label"] in ("right", "wrong") and all(_finite(v) for v in values):
                 rows.append({**s, "prompt": index})
     return rows
 
@@ -184,11 +217,13 @@ def _finite(value: Any) -> bool:
 
 def report(records: dict[int, dict[str, Any]], *, n_resamples: int = 1000) -> dict[str, Any]:
     """The form's figures: counts, AUROCs, the paired difference, removal at 80% kept."""
+    records = {i: labelled(r) for i, r in records.items()}
     labels = Counter(s["label"] for r in records.values() for s in r["sentences"])
     how = Counter(str(s["how"]) for r in records.values() for s in r["sentences"])
     out: dict[str, Any] = {
         "prompts": len(records), "unscored": sum(not r["scored"] for r in records.values()),
         "right": labels["right"], "wrong": labels["wrong"], "unaligned": labels["unaligned"],
+        "questions": labels["question"],
         "aligned_by": dict(how),
     }  # fmt: skip
     rows = sentence_rows(records)
@@ -205,11 +240,17 @@ def report(records: dict[int, dict[str, Any]], *, n_resamples: int = 1000) -> di
     def interval(statistic: Callable[[np.ndarray], float]) -> Estimate:
         return clustered(statistic, prompt, n_resamples=n_resamples)
 
-    out["auroc"] = {name: interval(lambda p, v=v: auroc(v[p], wrong[p]))
-                    for name, v in values.items()}  # fmt: skip
+    def ranked_by(v: np.ndarray) -> Callable[[np.ndarray], float]:
+        return lambda p: auroc(v[p], wrong[p])
+
+    out["auroc"] = {name: interval(ranked_by(v)) for name, v in values.items()}
     sent, whole = values["sentence ESI"], values["whole-answer ESI"]
-    out["sentence - whole"] = interval(lambda p: auroc(sent[p], wrong[p]) - auroc(whole[p], wrong[p]))
-    out["removal"] = removal(sent, whole, wrong, prompt, interval)
+    out["sentence - whole"] = interval(
+        lambda p: auroc(sent[p], wrong[p]) - auroc(whole[p], wrong[p])
+    )
+    folds = prompt % FOLDS
+    if all((~(folds == f) & (wrong == 0)).any() for f in range(FOLDS)):
+        out["removal"] = removal(sent, whole, wrong, folds, interval)
     return out
 
 
@@ -217,11 +258,10 @@ def removal(
     sent: np.ndarray,
     whole: np.ndarray,
     wrong: np.ndarray,
-    prompt: np.ndarray,
+    folds: np.ndarray,
     interval: Callable[[Callable[[np.ndarray], float]], Estimate],
 ) -> dict[str, Estimate]:
     """Shares of wrong removed and of right kept, redacting vs withholding, at 80% kept."""
-    folds = prompt % FOLDS
     by_sentence = removed_at_kept(sent, wrong, folds, KEPT)
     by_answer = removed_at_kept(whole, wrong, folds, KEPT)
     is_wrong = wrong == 1
@@ -244,7 +284,7 @@ def removal(
 
 
 def verdict(difference: Estimate) -> str:
-    """win / loss when the paired interval excludes 0, else tie."""
+    """Win / loss where the paired interval excludes 0, else tie."""
     if difference.low > 0:
         return "win"
     if difference.high < 0:
@@ -257,7 +297,8 @@ def table(form: str, figures: dict[str, Any]) -> str:
     head = (
         f"### {form}: {figures['prompts']} prompts ({figures['unscored']} unscored), "
         f"{figures['right'] + figures['wrong']} aligned sentences ({figures['right']} right, "
-        f"{figures['wrong']} wrong), {figures['unaligned']} unaligned (left out)\n\n"
+        f"{figures['wrong']} wrong); left out: {figures['unaligned']} unaligned, "
+        f"{figures['questions']} asking (echoed questions)\n\n"
         f"aligned by: {', '.join(f'{k} {v}' for k, v in sorted(figures['aligned_by'].items()))}"
     )
     if "auroc" not in figures:
@@ -266,19 +307,28 @@ def table(form: str, figures: dict[str, Any]) -> str:
     lines += [f"| {name} | {value} |" for name, value in figures["auroc"].items()]
     diff = figures["sentence - whole"]
     lines.append(f"| sentence - whole (paired) | {diff} {verdict(diff)} |")
-    lines += ["", f"| at {KEPT:.0%} of right sentences kept | share [95% CI] |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in figures["removal"].items()]
+    if "removal" in figures:
+        lines += ["", f"| at {KEPT:.0%} of right sentences kept | share [95% CI] |", "|---|---|"]
+        lines += [f"| {name} | {value} |" for name, value in figures["removal"].items()]
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Long answers with a label per sentence")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="a shared QA set (default: sciq/test.jsonl; squad2/dev.json for rag)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="a shared QA set (default: sciq/test.jsonl; squad2/dev.json for rag)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="prompts per form")
     parser.add_argument("--questions-per-prompt", "-k", type=int, default=3, dest="k")
-    parser.add_argument("--form", choices=[*FORMS, "auto", "all"], default="auto",
-                        help="auto: rag for SQuAD 2.0 data, else closed-book and controlled")
+    parser.add_argument(
+        "--form",
+        choices=[*FORMS, "auto", "all"],
+        default="auto",
+        help="auto: rag for SQuAD 2.0 data, else closed-book and controlled",
+    )
     parser.add_argument("--cache", type=Path, default=Path(".bench-cache"))
     parser.add_argument("--resume", action="store_true", help="continue the cache's records")
     parser.add_argument("--report", action="store_true", help="only report the cache")
@@ -306,7 +356,7 @@ def main(argv: Sequence[str] | None = None, guard: ESIGuard | None = None) -> di
     args = _parser().parse_args(argv)
     if guard is None:
         guard = ESIGuard(backend=LlamaCppBackend.default(n_threads=args.n_threads),
-                         max_new_tokens=args.max_new_tokens)  # fmt: skip
+                         max_new_tokens=args.max_new_tokens, threshold=THRESHOLD)  # fmt: skip
     out = {}
     for form, path in _forms(args.form, args.data):
         prompts = prompts_of(path, form, args.k, args.limit)

@@ -18,7 +18,9 @@ aligned to one question (:func:`align`), in order of trust:
   :data:`MIN_OVERLAP`, and no tie);
 
 and is otherwise unaligned (``None``): counted, and left out of every metric. A sentence
-with no word in it (a stray ``2.``) is not aligned either.
+with no word in it (a stray ``2.``) is not aligned either. A sentence that asks (ends in
+``?``: small models echo the questions back) is aligned but makes no claim: it has no
+label (``SentenceLabel.asks``), and is counted apart and left out too.
 
 A sentence is right (:func:`sentence_right`) when it contains one of its question's gold
 answers (:class:`~esi_guard.calibration.labels.Containment`); for an unanswerable RAG
@@ -293,6 +295,9 @@ class SentenceLabel:
     question: int | None
     how: How | None
     right: bool | None
+    """None where not aligned, or where the sentence asks."""
+    asks: bool = False
+    """The sentence ends in ``?``: a question echoed back, not a claim to label."""
 
 
 def label_sentences(
@@ -303,13 +308,14 @@ def label_sentences(
 ) -> list[SentenceLabel]:
     """Each sentence of ``answer`` aligned to a question of ``prompt`` and labelled."""
     out = []
-    for (start, end), where in zip(
-        spans, align(answer, spans, prompt.questions, items), strict=True
-    ):
+    alignments = align(answer, spans, prompt.questions, items)
+    for (start, end), where in zip(spans, alignments, strict=True):
+        text = answer[start:end]
+        asks = text.rstrip().endswith("?")
         right = None
-        if where.question is not None:
-            right = sentence_right(answer[start:end], prompt.examples[where.question])
-        out.append(SentenceLabel(where.question, where.how, right))
+        if where.question is not None and not asks:
+            right = sentence_right(text, prompt.examples[where.question])
+        out.append(SentenceLabel(where.question, where.how, right, asks))
     return out
 
 

@@ -89,6 +89,10 @@ def test_labels_are_containment_of_the_question_gold_and_declines_for_the_unansw
     labels = la.label_sentences(prompt, answer, spans(answer))
     assert [(x.question, x.right) for x in labels] == [(0, True), (1, False), (1, True), (2, True)]
     assert la.sentence_right("I don't know", QUESTIONS[0]) is False
+    echoed = la.label_sentences(
+        prompt, "1. What is it called? Seismic energy.", [(0, 22), (22, 37)]
+    )
+    assert [(x.question, x.right, x.asks) for x in echoed] == [(0, None, True), (0, True, False)]
     assert la.sentence_right("It was Darwin.", Example("Who?", ())) is False
 
 
