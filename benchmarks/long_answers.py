@@ -73,6 +73,8 @@ SIGNALS = ("nll", "entropy", "max_nll")
 KEPT, FOLDS = 0.8, 5
 ONE_ANSWER_TOKENS = 64
 """The controlled form's answers to one question each (their first sentence is kept)."""
+ITEM_SEP = "\n"
+"""Between the controlled form's joined answers: one per line, as the model numbers them."""
 THRESHOLD = 0.25
 """Nothing is decided on it (``action="flag"``); the shipped one was fitted on other settings."""
 
@@ -117,7 +119,7 @@ def score_batch(
     prompts = [p for _, p in chunk]
     if form == "controlled":
         parts = _one_at_a_time(guard, prompts)
-        joined = [joined_answer(answers) for answers in parts]
+        joined = [joined_answer(answers, ITEM_SEP) for answers in parts]
         results: list[Any] = [guard.score(rendered(p), text)
                               for p, (text, _) in zip(prompts, joined, strict=True)]  # fmt: skip
         items: list[Any] = [spans for _, spans in joined]

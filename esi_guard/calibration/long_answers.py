@@ -10,8 +10,8 @@ Each sentence of an answer (its character span, as ``ESIResult.sentences`` gives
 aligned to one question (:func:`align`), in order of trust:
 
 * ``number``: the sentence starts with ``N.`` or ``N)``, ``N`` one of the questions;
-* ``continued``: it follows a sentence aligned by number on the same line (an item
-  answered in several sentences);
+* ``continued``: it follows a sentence aligned by number, before the next numbered one
+  (an item answered in several sentences, or on the line after its echoed question);
 * ``order``: no sentence of the answer is numbered and it has exactly ``k`` sentences:
   the ``i``-th answers question ``i``;
 * ``overlap``: the question sharing the most content words with the sentence (at least
@@ -185,15 +185,16 @@ def group_rag(
     ]
 
 
-def joined_answer(answers: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+def joined_answer(answers: Sequence[str], sep: str = "\n") -> tuple[str, list[tuple[int, int]]]:
     """The answers to one question each, numbered into one answer, and each item's span.
 
     The controlled form: the model's answers asked one at a time, joined as the
-    k-question prompt asks for them; alignment is then known by construction.
+    k-question prompt asks for them (one per line, by default); alignment is then known
+    by construction.
     """
     text, spans = "", []
     for i, answer in enumerate(answers, start=1):
-        text += "\n" if text else ""
+        text += sep if text else ""
         start = len(text)
         text += f"{i}. {' '.join(answer.split())}"
         spans.append((start, len(text)))
@@ -252,10 +253,9 @@ def align(
     out: list[Alignment] = []
     current: int | None = None  # the question of the numbered item being continued
     for i, (text, ok, number) in enumerate(zip(texts, content, numbers, strict=True)):
-        line_break = i > 0 and "\n" in texts[i - 1]
         if number is not None:
             current = number
-        elif line_break or _NUMBER.match(text):
+        elif _NUMBER.match(text):  # a number out of range ends the item
             current = None
         if not ok:
             out.append(Alignment(None, None))

@@ -58,12 +58,13 @@ def test_rag_groups_stay_within_a_passage_and_know_the_unanswerable() -> None:
     assert "Passage: P1" in prompts[0].text() and "I don't know" in prompts[0].text()
 
 
-def test_numbered_sentences_align_by_number_and_an_item_continues_on_its_line() -> None:
+def test_numbered_sentences_align_by_number_and_an_item_continues_to_the_next_number() -> None:
     answer = ("2. Extrusive rock cools rapidly. It forms basalt.\n"
-              "1. It is called seismic energy.\n3. Genetic drift.")  # fmt: skip
+              "1. What is it called?\nSeismic energy.\n3. Genetic drift.\n4. Next.\nMore.")  # fmt: skip
     got = la.align(answer, spans(answer), [e.question for e in QUESTIONS])
     assert [(a.question, a.how) for a in got] == [
-        (1, "number"), (1, "continued"), (0, "number"), (2, "number")]  # fmt: skip
+        (1, "number"), (1, "continued"), (0, "number"), (0, "continued"), (2, "number"),
+        (None, None), (None, None)]  # fmt: skip
 
 
 def test_unnumbered_answers_align_by_order_when_counts_match_else_by_overlap() -> None:
