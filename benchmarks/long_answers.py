@@ -285,15 +285,6 @@ def removal(
     }
 
 
-def verdict(difference: Estimate) -> str:
-    """Win / loss where the paired interval excludes 0, else tie."""
-    if difference.low > 0:
-        return "win"
-    if difference.high < 0:
-        return "loss"
-    return "tie"
-
-
 def table(form: str, figures: dict[str, Any]) -> str:
     """The form's figures as Markdown."""
     head = (
@@ -308,7 +299,8 @@ def table(form: str, figures: dict[str, Any]) -> str:
     lines = [head, "", "| score | AUROC for wrong sentences [95% CI] |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in figures["auroc"].items()]
     diff = figures["sentence - whole"]
-    lines.append(f"| sentence - whole (paired) | {diff} {verdict(diff)} |")
+    verdict = "tie" if diff.low <= 0 <= diff.high else ("win" if diff.low > 0 else "loss")
+    lines.append(f"| sentence - whole (paired) | {diff} {verdict} |")
     if "removal" in figures:
         lines += ["", f"| at {KEPT:.0%} of right sentences kept | share [95% CI] |", "|---|---|"]
         lines += [f"| {name} | {value} |" for name, value in figures["removal"].items()]

@@ -113,3 +113,23 @@ def test_rag_labels_a_decline_right_for_an_unanswerable_question(tmp_path: Path)
         "Passage: Eiffel built the tower."
         in long_answers.rendered(long_answers.prompts_of(path, "rag", 2, None)[0]).to_string()
     )
+
+
+@pytest.mark.integration
+def test_the_embedded_model_answers_one_prompt_with_scored_aligned_sentences(
+    sciq: Path, tmp_path: Path
+) -> None:
+    from esi_guard import LlamaCppBackend
+
+    model = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), threshold=0.25,
+                     max_new_tokens=96)  # fmt: skip
+    argv = ["--data", str(sciq), "--form", "closed-book", "--limit", "1",
+            "--cache", str(tmp_path / "cache"), "--n-resamples", "20"]  # fmt: skip
+    long_answers.main(argv, guard=model)
+    [only] = records(tmp_path / "cache", "closed-book")
+    assert only["scored"] and only["sentences"]
+    assert "".join(s["text"] for s in only["sentences"]) == only["answer"]
+    for s in only["sentences"]:
+        assert s["score"] >= 0 and s["nll"] >= 0 and s["max_nll"] >= 0
+        assert s["whole_score"] == only["score"]
+        assert s["label"] in ("right", "wrong", "unaligned", "question")
