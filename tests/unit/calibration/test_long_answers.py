@@ -59,8 +59,10 @@ def test_rag_groups_stay_within_a_passage_and_know_the_unanswerable() -> None:
 
 
 def test_numbered_sentences_align_by_number_and_an_item_continues_to_the_next_number() -> None:
-    answer = ("2. Extrusive rock cools rapidly. It forms basalt.\n"
-              "1. What is it called?\nSeismic energy.\n3. Genetic drift.\n4. Next.\nMore.")  # fmt: skip
+    answer = (
+        "2. Extrusive rock cools rapidly. It forms basalt.\n"
+        "1. What is it called?\nSeismic energy.\n3. Genetic drift.\n4. Next.\nMore."
+    )
     got = la.align(answer, spans(answer), [e.question for e in QUESTIONS])
     assert [(a.question, a.how) for a in got] == [
         (1, "number"), (1, "continued"), (0, "number"), (0, "continued"), (2, "number"),
