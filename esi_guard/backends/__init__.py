@@ -7,8 +7,10 @@ model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_i
 :func:`load_llama` loads a ``llama_cpp.Llama`` that is safe to decode on this CPU.
 :class:`HiddenSpec` and :class:`HiddenStates` are the hidden states a white-box backend
 reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
+:class:`ForcingSession` forces an answer as it grows (``Backend.open_forcing``).
 """
 
+from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import (
     ChatMessage,
     Forced,
@@ -33,6 +35,7 @@ __all__ = [
     "FakeBackend",
     "Forced",
     "ForcingRequest",
+    "ForcingSession",
     "Generation",
     "HFBackend",
     "HiddenSpec",

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Generator, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
+from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.exceptions import BackendError, ConfigurationError
@@ -204,6 +205,21 @@ class Backend(ABC):
                 yield piece  # type: ignore[misc]
         finally:
             await asyncio.to_thread(pieces.close)
+
+    def open_forcing(
+        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
+    ) -> ForcingSession:
+        """A session forcing ``request``'s answer as it grows (:class:`ForcingSession`).
+
+        ``request`` has no answer yet; each ``extend`` gives the next tokens and gets
+        their distributions under every variant (and the original where asked), as
+        :meth:`teacher_force` of the whole answer would give them there.
+        ``max_answer_tokens``: the longest the answer will grow (a backend may size its
+        state by it). By default each ``extend`` re-forces the answer so far (correct,
+        not incremental); a backend that can keep its rows' state overrides this.
+        """
+        del max_answer_tokens
+        return ForcingSession(self, request, top_k=top_k)
 
     async def ateacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int

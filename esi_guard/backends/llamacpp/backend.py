@@ -21,6 +21,7 @@ from esi_guard.backends._engine_helpers import (
     shared_prefix,
 )
 from esi_guard.backends._identity import file_sha256, gguf_model_id
+from esi_guard.backends._session import ForcingSession, check_opening
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
 from esi_guard.backends.base import Backend
@@ -36,6 +37,7 @@ from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_
 from esi_guard.backends.llamacpp._loading import check_llama, open_gguf
 from esi_guard.backends.llamacpp._pack import Job, force, forced
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
+from esi_guard.backends.llamacpp._session import Contexts, Session, cells
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import (
     BackendError,
@@ -150,6 +152,7 @@ class LlamaCppBackend(Backend):
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
+        self._sessions = Contexts(self._forcing_llama or llama, n_seq_max, n_threads)
         close_at_exit(self)
         self._tokens = Tokens(llama, llama_cpp)
         self._n_layers = int(llama_cpp.llama_model_n_layer(llama._model.model))
@@ -287,8 +290,9 @@ class LlamaCppBackend(Backend):
         return [tensor_name(layer) for layer in hidden.layers]
 
     def close(self) -> None:
-        """Free the backend's context (the ``Llama`` and its weights stay)."""
+        """Free the backend's contexts (the ``Llama`` and its weights stay)."""
         with self._lock:
+            self._sessions.close()
             self._engine.close()
             if self._forcing_llama is not None:
                 self._forcer.close()
@@ -439,6 +443,26 @@ class LlamaCppBackend(Backend):
             else forced(*done[number], request, self._with_original(request), self.model_id)
             for number, request in enumerate(requests)
         ]
+
+    def open_forcing(
+        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
+    ) -> ForcingSession:
+        """An incremental forcing session: each row's KV cells kept between pieces.
+
+        It runs on a context of its own, holding no lock (:mod:`._session` tells why):
+        the backend's other calls, a streamed generation included, go on beside it and
+        their numbers do not change. Its distributions equal ``teacher_force``'s up to
+        llama.cpp's rounding; an answer longer than ``max_answer_tokens`` may not fit it
+        (a :class:`ContextLengthError` in place).
+        """
+        check_opening(request)
+        extra = [request.prompt] if self._with_original(request) else []
+        rows = [self.render(messages) for messages in [*extra, *request.variants]]
+        shared = shared_prefix(rows, self.reuse_prefix)
+        engine = self._sessions.take(cells(rows, shared, max_answer_tokens), len(rows))
+        return Session(self, engine, rows, shared, request, top_k=top_k,
+                       with_original=bool(extra), model_id=self.model_id,
+                       release=self._sessions.give)  # fmt: skip
 
     def _with_original(self, request: ForcingRequest) -> bool:
         return request.include_original or self.forces_original
