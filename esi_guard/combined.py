@@ -52,6 +52,7 @@ __all__ = [
     "free_signals",
     "probe_window",
     "repetition",
+    "token_logprobs",
 ]
 
 FEATURES = ("esi", "nll", "entropy")
@@ -104,17 +105,8 @@ def free_signals(
     """
     from esi_guard.baselines import neg_log_likelihood
 
-    valid = original.ids >= 0
-    values = np.where(valid, original.values, -np.inf)
-    fill = fill_value(original.values, valid, kind)
-    ids = np.asarray(answer_ids)[:, None]
-    found = (original.ids == ids) & valid
-    value = np.where(found.any(axis=1), np.where(found, values, -np.inf).max(axis=1), fill)
-    # A missing token joins its row at the fill value: the row's mass then includes it.
-    norm = np.logaddexp.reduce(values, axis=1)
-    norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
     entropy = truncated_entropy(original) if alphas is None else alphas
-    logprobs = (value - norm).tolist()
+    logprobs = token_logprobs(original, answer_ids, kind).tolist()
     signals = {
         "nll": neg_log_likelihood(logprobs),
         "entropy": float(np.mean(entropy)),
@@ -123,6 +115,23 @@ def free_signals(
     if text is not None:
         signals["repetition"] = repetition(text)
     return signals
+
+
+def token_logprobs(original: TopK, answer_ids: Sequence[int], kind: ValueKind) -> np.ndarray:
+    """Each answer token's log-probability over its position's top-k, shape ``(N,)``.
+
+    A token missing from its top-k (a forced, non-greedy answer) gets the fill value ESI
+    gives a missing token, and joins its row's mass at that value.
+    """
+    valid = original.ids >= 0
+    values = np.where(valid, original.values, -np.inf)
+    fill = fill_value(original.values, valid, kind)
+    ids = np.asarray(answer_ids)[:, None]
+    found = (original.ids == ids) & valid
+    value = np.where(found.any(axis=1), np.where(found, values, -np.inf).max(axis=1), fill)
+    norm = np.logaddexp.reduce(values, axis=1)
+    norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
+    return np.asarray(value - norm, dtype=np.float64)
 
 
 def probe_window(hidden_layers: Sequence[int]) -> HiddenSpec:

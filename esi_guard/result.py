@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from esi_guard._keywords import check_keywords
 from esi_guard.backends.hidden import HiddenStates
+from esi_guard.sentences import SentenceScore
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -30,13 +31,15 @@ DEFAULT_MAX_NEW_TOKENS = 64
 """Most tokens per answer, for the guard and ``esi-guard calibrate`` alike (a threshold
 file records the value it was calibrated with, and a guard from it answers with it)."""
 
-Decision = Literal["accept", "flag", "abstain", "route", "raise", "pass"]
+Decision = Literal["accept", "flag", "abstain", "route", "redact", "raise", "pass"]
 """``accept`` for a trusted answer, otherwise the action the guard took (``raise``: the
-agent middleware raised :class:`UncertainAnswerError`); ``pass``: not an answer (an agent
-turn that calls tools), passed on unscored."""
+agent middleware raised :class:`UncertainAnswerError`; ``redact``: some of the answer's
+sentences were removed); ``pass``: not an answer (an agent turn that calls tools), passed
+on unscored."""
 
-Action = Literal["flag", "abstain", "route"]
-"""What the guard does with an untrusted answer."""
+Action = Literal["flag", "abstain", "route", "redact"]
+"""What the guard does with an untrusted answer (``redact``: removes the sentences past
+the threshold)."""
 
 OnError = Literal["abstain", "flag", "raise"]
 """What the guard does with an answer it could not score."""
@@ -71,9 +74,10 @@ class ScoringConfig(BaseModel):
     """Seed of the intervention."""
     max_new_tokens: int = Field(ge=1)
     """Most tokens generated per answer."""
-    decide_on: Literal["esi", "context_reliance"] = "esi"
-    """The signal the threshold applies to: the ESI score (untrusted above it), or the
-    context reliance (untrusted below it)."""
+    decide_on: Literal["esi", "context_reliance", "sentences"] = "esi"
+    """The signal the threshold applies to: the ESI score (untrusted above it), the
+    context reliance (untrusted below it), or each sentence's ESI score (untrusted when any
+    sentence is above it)."""
     system_prompt: str | None = None
     """The system prompt a calibration run put before each question (None for a guard,
     which takes whatever prompt the chain hands it)."""
@@ -178,16 +182,49 @@ class ESIResult:
     (``ESIGuard(hidden_states=...)``); in ``as_dict()`` as ``layers``, ``positions`` and
     nested lists of ``values``, and left out when None."""
 
+    sentences: list[SentenceScore] = field(default_factory=list)
+    """The answer's sentences, each scored on its own tokens and decided
+    (:mod:`esi_guard.sentences`): what ``action="redact"`` and ``decide_on="sentences"``
+    decide on. Empty when the answer was not scored with ESI or the backend cannot map
+    its tokens to its text."""
+    sentence_threshold: float | None = None
+    """The threshold sentences were decided on, when it is not ``threshold`` (left out)."""
+
     prompt_tokens: int | None = field(default=None, compare=False)
     """How many tokens the prompt took, when the backend said (set by
     :meth:`ESIGuard.assess`; a chat message has it as ``usage_metadata``, so it is left out
     of ``as_dict()``)."""
 
+    @property
+    def kept_answer(self) -> str:
+        """The answer less its sentences decided ``redact`` (trailing space stripped).
+
+        The whole answer when none was; what ``action="redact"`` returns.
+        """
+        if not any(sentence.decision == "redact" for sentence in self.sentences):
+            return self.answer
+        kept = [s.text for s in self.sentences if s.decision != "redact"]
+        return "".join(kept).rstrip()
+
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy; ``context_reliance`` and ``hidden`` only where asked for."""
+        """A JSON-serialisable copy; ``context_reliance`` and ``hidden`` only where asked for.
+
+        ``sentences`` as a list of dicts; with sentences removed (``redact``), ``redacted``:
+        each removed sentence's ``text``, ``start``, ``end``, ``score`` (and ``p_wrong``)
+        and the ``threshold`` it was past.
+        """
         hidden = self.hidden
-        out = asdict(replace(self, hidden=None))
-        for name in ("context_reliance", "decided_by", "probe_score"):
+        out = asdict(replace(self, hidden=None, sentences=[]))
+        out["sentences"] = [sentence.as_dict() for sentence in self.sentences]
+        limit = self.threshold if self.sentence_threshold is None else self.sentence_threshold
+        removed = [
+            {key: value for key, value in sentence.as_dict().items()
+             if key in ("text", "start", "end", "score", "p_wrong")} | {"threshold": limit}
+            for sentence in self.sentences if sentence.decision == "redact"
+        ]  # fmt: skip
+        if removed:
+            out["redacted"] = removed
+        for name in ("context_reliance", "decided_by", "probe_score", "sentence_threshold"):
             if out[name] is None:
                 del out[name]
         del out["hidden"], out["prompt_tokens"]

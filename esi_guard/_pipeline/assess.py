@@ -13,10 +13,11 @@ from typing import cast
 from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends._types import Forced, ForcingRequest
-from esi_guard.combined import free_signals
+from esi_guard.combined import free_signals, token_logprobs
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import ESIResult, ScoringConfig
-from esi_guard.scoring import Distance, TopK, ValueKind, esi_score
+from esi_guard.scoring import Distance, TopK, ValueKind, esi_score, truncated_entropy
+from esi_guard.sentences import score_sentences
 
 __all__ = ["assess", "context_reliance", "scored"]
 
@@ -90,9 +91,16 @@ def scored(
     alphas = esi.alphas if own is base else None
     signals = free_signals(own, item.answer_ids, kind, alphas, text=item.answer)
     hidden = item.hidden if item.hidden is not None else forced.hidden
+    sentences = None
+    if item.token_ends is not None:
+        entropies = esi.alphas if own is base else truncated_entropy(own)
+        logprobs = token_logprobs(own, item.answer_ids, kind)
+        sentences = score_sentences(
+            item.answer, item.token_ends, esi.token_scores, logprobs, entropies
+        )
     result = rule.result(
         item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals,
-        hidden,
+        hidden, sentences,
     )  # fmt: skip
     result.variant_scores = [float(x) for x in esi.variant_scores]
     return result

@@ -12,17 +12,24 @@ from typing import Literal
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends.hidden import HiddenStates
 from esi_guard.cascade import Cascade
-from esi_guard.combined import HIDDEN, CombinedScore
+from esi_guard.combined import HIDDEN, CombinedScore, repetition
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
+from esi_guard.sentences import SentenceScore
 
-__all__ = ["NO_CONTEXT", "Rule", "acted", "raised", "untrusted"]
+__all__ = ["NO_CONTEXT", "NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
 
 NO_CONTEXT = (
     "scoring_error: decide_on='context_reliance' needs a prompt with a context "
     "(ESIGuard.with_prompt(..., context_key=...))"
 )
 """The reason of an answer that ``decide_on="context_reliance"`` cannot decide."""
+
+NO_SENTENCES = (
+    "no_sentences: the answer could not be split into scored sentences (the backend "
+    "cannot map its tokens to its text)"
+)
+"""The reason of an answer that a guard deciding on sentences cannot decide."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +51,47 @@ class Rule:
     return_failures: bool = False
     """A failed step's error is the outcome whatever ``on_error`` (its caller answers it:
     the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
+    sentence_threshold: float | None = None
+    """Sentences whose score is above it are past the threshold (None: ``threshold``)."""
+
+    @property
+    def by_sentence(self) -> bool:
+        """Whether answers are decided on their sentences (``redact``, or ``decide_on``)."""
+        return self.action == "redact" or self.config.decide_on == "sentences"
+
+    def judge(self, sentences: list[SentenceScore]) -> None:
+        """Decide each sentence: ``accept``, or past the threshold the action (``redact``).
+
+        A guard that decides on sentences with a combined score gives each its ``p_wrong``
+        (from its own ESI and signals) and decides on it.
+        """
+        limit = self.threshold if self.sentence_threshold is None else self.sentence_threshold
+        combined = self.combined if self.by_sentence else None
+        for sentence in sentences:
+            if combined is not None:
+                signals = {"esi": sentence.score, **sentence.signals,
+                           "repetition": repetition(sentence.text)}  # fmt: skip
+                sentence.p_wrong = combined.scored(signals, None)[0]
+            signal = sentence.score if sentence.p_wrong is None else sentence.p_wrong
+            sentence.decision = self.action if signal > limit else "accept"
+
+    def by_sentences(self, sentences: list[SentenceScore]) -> Decision:
+        """The answer's decision from its judged sentences.
+
+        ``redact``: ``accept`` with none past the threshold, ``abstain`` with all, else
+        ``redact``. Otherwise the action when any sentence is past it.
+        """
+        past = sum(sentence.decision != "accept" for sentence in sentences)
+        if self.action == "redact" and past == len(sentences):
+            return "abstain"
+        return self.action if past else "accept"
 
     def decision(
-        self, score: float | None, p_wrong: float | None, reliance: float | None
+        self,
+        score: float | None,
+        p_wrong: float | None,
+        reliance: float | None,
+        sentences: list[SentenceScore] | None = None,
     ) -> Decision:
         """``accept``, the action, or (unscored) what ``on_error`` makes of it.
 
@@ -55,6 +100,8 @@ class Rule:
         """
         if score is None:
             return "flag" if self.on_error == "flag" else "abstain"
+        if sentences is not None and self.by_sentence:
+            return self.by_sentences(sentences)
         if reliance is not None and self.config.decide_on == "context_reliance":
             return "accept" if reliance >= self.threshold else self.action
         signal = p_wrong if p_wrong is not None else score
@@ -76,12 +123,19 @@ class Rule:
         context_reliance: float | None = None,
         signals: dict[str, float] | None = None,
         hidden: HiddenStates | None = None,
+        sentences: list[SentenceScore] | None = None,
     ) -> ESIResult:
         """The item's result: scored, or unscored with ``why``; the decision it implies.
 
         A combined score with a hidden-state probe and no states for the answer leaves it
-        unscored (``hidden_states_missing``): never decided without the probe.
+        unscored (``hidden_states_missing``): never decided without the probe. A guard
+        that decides on sentences leaves an answer it could not split into scored
+        sentences unscored (``no_sentences``).
         """
+        sentences = list(sentences or [])
+        if score is not None and self.by_sentence and not sentences:
+            score, token_scores, why = None, None, NO_SENTENCES
+        self.judge(sentences)
         p_wrong = None
         signals = dict(signals or {})
         probe = None if self.combined is None else self.combined.hidden
@@ -101,7 +155,7 @@ class Rule:
         return ESIResult(
             score=score,
             threshold=self.threshold,
-            decision=self.decision(score, p_wrong, context_reliance),
+            decision=self.decision(score, p_wrong, context_reliance, sentences),
             scored=score is not None,
             reason=why,
             answer=item.answer,
@@ -119,6 +173,8 @@ class Rule:
             hidden=hidden if self.keep_hidden else None,
             decided_by=None if self.cascade is None else "esi",
             probe_score=item.probe_score,
+            sentences=sentences if score is not None else [],
+            sentence_threshold=self.sentence_threshold,
         )
 
     @property

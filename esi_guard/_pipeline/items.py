@@ -86,6 +86,9 @@ class Item:
     """With a cascade: the ESI probe's estimate, once the answer's states were read."""
     variants: list[str] = field(default_factory=list)
     """The L question texts the intervention made."""
+    token_ends: list[int] | None = None
+    """Each answer token's end offset in ``answer``, for scores per sentence; None when
+    the backend cannot say."""
     outcome: Outcome | None = None
     """The result, or the error to raise; None while the item is still on its way."""
     steps: dict[str, Any] = field(default_factory=dict)

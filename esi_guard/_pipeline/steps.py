@@ -109,6 +109,8 @@ class Pipeline:
     """When set, answers whose cheap score is outside its band skip ESI (decided on it)."""
     return_failures: bool = False
     """A failed step's error is the item's outcome whatever ``on_error`` (:class:`Rule`)."""
+    sentence_threshold: float | None = None
+    """The threshold of sentences' scores (None: ``threshold``)."""
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
@@ -123,7 +125,7 @@ class Pipeline:
         return Rule(self.threshold, self.action, self.on_error, self.config,
                     self.backend.model_id, self.combined,
                     self.keep_hidden is not None, self.cascade,
-                    self.return_failures)  # fmt: skip
+                    self.return_failures, self.sentence_threshold)  # fmt: skip
 
     def order(
         self, items: Sequence[Item], answered: bool = False
@@ -356,6 +358,9 @@ class Pipeline:
         self, items: Sequence[Item], include_original: bool
     ) -> Generator[list[ForcingRequest], list[Forced | BackendError], list[Outcome]]:
         """The forcing requests of each round (sent back their results); the outcomes."""
+        for item in items:
+            if item.outcome is None and item.answer_ids and item.token_ends is None:
+                item.token_ends = self.backend.token_offsets(item.answer_ids, item.answer)
         return forcing_rounds(items, include_original, rule=self.rule,
                               kind=self.backend.values_kind, hidden=self.hidden,
                               intervention=self.intervention)  # fmt: skip

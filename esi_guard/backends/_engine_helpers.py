@@ -24,6 +24,7 @@ __all__ = [
     "non_finite",
     "shared_prefix",
     "stopped_length",
+    "token_offsets",
 ]
 
 MIN_SHARED_PREFIX = 8
@@ -181,3 +182,23 @@ class StreamedText:
     def rest(self, final: str) -> str:
         """What of the final answer has not been sent."""
         return final[len(self.sent) :] if final.startswith(self.sent) else final
+
+
+def token_offsets(
+    decode: Callable[[Sequence[int]], str], ids: Sequence[int], text: str
+) -> list[int] | None:
+    """Each of ``ids``' end offset in ``text`` (their decoded answer), from decoded prefixes.
+
+    ``text`` may be the decoded tokens less leading space (a tokenizer's word-start marker):
+    offsets are shifted to it. None when ``text`` is not inside the tokens' text.
+    """
+    full = decode(ids)
+    shift = full.find(text) if text else 0
+    if shift < 0:
+        return None
+    ends: list[int] = []
+    last = 0
+    for count in range(1, len(ids) + 1):
+        last = min(max(last, len(decode(ids[:count])) - shift), len(text))
+        ends.append(last)
+    return ends

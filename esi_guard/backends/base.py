@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Generator, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
+from esi_guard.backends._engine_helpers import token_offsets
 from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
 from esi_guard.backends.hidden import FINAL, HiddenSpec
@@ -146,6 +147,23 @@ class Backend(ABC):
     @abstractmethod
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer the user already has, as the model would emit them."""
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """The text of answer tokens; None where the backend cannot say (the default).
+
+        Scores per sentence need it (:meth:`token_offsets`).
+        """
+        return None
+
+    def token_offsets(self, ids: Sequence[int], text: str) -> list[int] | None:
+        """Each answer token's end offset in ``text``, the answer they decode to.
+
+        None when the backend cannot decode tokens or ``text`` is not theirs: the answer
+        then has no scores per sentence.
+        """
+        if self.decode(ids[:0]) is None:
+            return None
+        return token_offsets(lambda part: self.decode(part) or "", ids, text)
 
     async def agenerate(
         self,

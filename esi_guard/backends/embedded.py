@@ -185,6 +185,10 @@ class EmbeddedBackend(Backend):
         """See :meth:`Backend.encode_answer`."""
         return self.loaded.encode_answer(prompt, answer)
 
+    def token_offsets(self, ids: Sequence[int], text: str) -> list[int] | None:
+        """See :meth:`Backend.token_offsets`."""
+        return self.loaded.token_offsets(ids, text)
+
     def __repr__(self) -> str:
         key = self.n_threads if _LLAMA_CPP else None
         state = "loaded" if key in _LOADED else "not loaded yet"

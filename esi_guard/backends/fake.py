@@ -208,6 +208,10 @@ class FakeBackend(Backend):
             results.append(Forced(variants=variants, original=original, hidden=states))
         return results
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The words of ``ids``, space-separated (as the fake's answers are)."""
+        return self._decode(ids)
+
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Word ids of the answer."""
         return self._ids(answer)

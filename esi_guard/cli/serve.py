@@ -47,6 +47,7 @@ class ServeAction(str, Enum):
     flag = "flag"
     abstain = "abstain"
     route = "route"
+    redact = "redact"
 
 
 class ServeOnError(str, Enum):

@@ -87,7 +87,10 @@ class GuardFields(BaseChatModel):
     top-k sets (``"pair"``), or of all the answer's distributions (``"all"``, as the
     authors' code). See :func:`~esi_guard.esi_score`."""
     action: Action = "flag"
-    """What to do with an untrusted answer: ``flag``, ``abstain`` or ``route``."""
+    """What to do with an untrusted answer: ``flag``, ``abstain``, ``route``, or
+    ``redact``: remove the sentences whose score is past the threshold (each answer is
+    then decided on its sentences, ``ESIResult.sentences``; the metadata's ``redacted``
+    lists what was removed and why; an answer with nothing left is an abstention)."""
     fallback: Runnable[Any, Any] | None = None
     """Runnable invoked with the original input when ``action="route"``."""
     abstain_message: str = DEFAULT_ABSTAIN_MESSAGE
@@ -98,11 +101,18 @@ class GuardFields(BaseChatModel):
     """Seed of the intervention; variants depend only on it and the question."""
     on_error: OnError = "abstain"
     """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
-    decide_on: Literal["esi", "context_reliance"] = "esi"
+    decide_on: Literal["esi", "context_reliance", "sentences"] = "esi"
     """The signal compared with ``threshold``: the ESI ``score`` (default; untrusted
-    above it), or ``context_reliance`` (untrusted *below* it: the answer barely depends
+    above it), ``context_reliance`` (untrusted *below* it: the answer barely depends
     on the retrieved context; needs ``with_prompt(..., context_key=...)``, else every
-    answer is unscored)."""
+    answer is unscored), or ``sentences``: each sentence's own score
+    (``ESIResult.sentences``), the answer untrusted when any sentence is past
+    ``sentence_threshold`` (a backend that cannot map tokens to text leaves every answer
+    unscored)."""
+    sentence_threshold: float | None = None
+    """The threshold of each sentence's score (its ESI, or with a combined score its
+    ``p_wrong``); None: ``threshold``. ``esi-guard calibrate --granularity sentence``
+    fits one."""
     combined: CombinedScore | None = None
     """A combined score (``esi-guard calibrate --score combined`` fits one; a threshold
     file carries it to ``from_calibration``): decisions are then made on its ``p_wrong``,

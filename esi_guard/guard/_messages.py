@@ -47,6 +47,8 @@ def chat_result(
     esi = result.as_dict()
     if result.decision == "abstain":
         content = abstain_message
+    elif result.decision == "redact":
+        content = result.kept_answer
     elif result.decision == "route":
         meta.update(getattr(fallback, "response_metadata", {}) or {})
         if getattr(fallback, "usage_metadata", None):

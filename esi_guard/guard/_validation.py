@@ -42,6 +42,12 @@ class Settings(Protocol):
     def min_variants(self) -> int | None: ...
     @property
     def stop_constant(self) -> float | None: ...
+    @property
+    def sentence_threshold(self) -> float | None: ...
+    @property
+    def esi_probe(self) -> object: ...
+    @property
+    def free_score(self) -> object: ...
 
 
 def score_range(guard: Settings) -> tuple[float, float, str]:
@@ -59,19 +65,50 @@ def score_range(guard: Settings) -> tuple[float, float, str]:
     return 0.0, bound * math.log(max(guard.top_k, 2)), what
 
 
-def check_settings(guard: Settings) -> None:
-    """Refuse settings that cannot work together."""
-    if not math.isfinite(guard.threshold):
-        msg = f"threshold must be a finite number, got {guard.threshold!r}"
+def _check_range(name: str, value: float, guard: Settings) -> None:
+    if not math.isfinite(value):
+        msg = f"{name} must be a finite number, got {value!r}"
         raise ConfigurationError(msg)
     low, high, what = score_range(guard)
-    if not low <= guard.threshold <= high:
-        effect = "every answer would be untrusted" if guard.threshold < low else "none would"
-        msg = (
-            f"threshold={guard.threshold!r} is outside the range of {what}, [{low:g}, "
-            f"{high:.4g}]: {effect}"
-        )
+    if not low <= value <= high:
+        effect = "every answer would be untrusted" if value < low else "none would"
+        msg = f"{name}={value!r} is outside the range of {what}, [{low:g}, {high:.4g}]: {effect}"
         raise ConfigurationError(msg)
+
+
+def check_sentences(guard: Settings) -> None:
+    """Refuse what cannot decide on sentences (``action="redact"``, ``decide_on="sentences"``).
+
+    Sentences are scored on their own tokens' ESI: every answer must run ESI in full, so
+    no sequential ESI, cascade or combined score without ESI; and a hidden-state probe
+    reads the whole answer, so no combined score with one.
+    """
+    if guard.sentence_threshold is not None:
+        _check_range("sentence_threshold", guard.sentence_threshold, guard)
+    if guard.action != "redact" and guard.decide_on != "sentences":
+        return
+    what = "action='redact'" if guard.action == "redact" else "decide_on='sentences'"
+    combined = guard.combined
+    reasons = {
+        "min_variants (sequential ESI decides on the whole answer)": guard.min_variants,
+        "an esi_probe cascade (it decides whole answers)": guard.esi_probe,
+        "a value-of-information cascade (free_score)": guard.free_score,
+        "a combined score with a hidden-state probe (it reads the whole answer)":
+            getattr(combined, "hidden", None),
+        "a combined score without ESI (sentences are scored on their ESI)":
+            combined is not None and not getattr(combined, "uses_esi", True),
+        "decide_on='context_reliance'": guard.decide_on == "context_reliance" or None,
+    }  # fmt: skip
+    for reason, setting in reasons.items():
+        if setting is not None and setting is not False:
+            msg = f"{what} decides on each sentence's ESI, which rules out {reason}"
+            raise ConfigurationError(msg)
+
+
+def check_settings(guard: Settings) -> None:
+    """Refuse settings that cannot work together."""
+    _check_range("threshold", guard.threshold, guard)
+    check_sentences(guard)
     if guard.action == "route" and guard.fallback is None:
         msg = "action='route' needs a fallback runnable"
         raise ConfigurationError(msg)
@@ -99,6 +136,6 @@ def check_settings(guard: Settings) -> None:
                 "and no combined score"
             )
             raise ConfigurationError(msg)
-    if guard.combined is not None and guard.decide_on != "esi":
-        msg = "a combined score decides on p_wrong: decide_on must stay 'esi'"
+    if guard.combined is not None and guard.decide_on not in ("esi", "sentences"):
+        msg = "a combined score decides on p_wrong: decide_on must be 'esi' or 'sentences'"
         raise ConfigurationError(msg)

@@ -434,6 +434,7 @@ class ESIGuard(GuardFields):
             keep_hidden=self.hidden_states,
             cascade=self._cascade,
             return_failures=failures,
+            sentence_threshold=self.sentence_threshold,
         )
 
     def _start(

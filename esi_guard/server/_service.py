@@ -161,6 +161,8 @@ class Service:
         content, finish = result.answer, result.finish_reason or "stop"
         if result.decision == "abstain":
             content, finish = self.abstain_message, ABSTAIN_FINISH_REASON
+        elif result.decision == "redact":
+            content = result.kept_answer
         elif routed is not None:
             esi["fallback_used"] = True
             content = message_text(routed)

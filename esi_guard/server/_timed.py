@@ -75,6 +75,10 @@ class TimedBackend(Backend):
         """The wrapped backend's."""
         return self.inner.encode_answer(prompt, answer)
 
+    def token_offsets(self, ids: Sequence[int], text: str) -> list[int] | None:
+        """The wrapped backend's."""
+        return self.inner.token_offsets(ids, text)
+
     def _timed(self, step: str, started: float) -> None:
         self._observe(step, time.perf_counter() - started)
 

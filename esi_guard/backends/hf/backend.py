@@ -270,6 +270,10 @@ class HFBackend(Backend):
         """
         return self._engine.render(prompt)
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of answer tokens, special tokens left out."""
+        return self._engine.decode(ids)
+
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer, as they would follow the generation prompt."""
         return list(self.tokenizer(answer, add_special_tokens=False)["input_ids"])

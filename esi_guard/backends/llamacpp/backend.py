@@ -307,6 +307,10 @@ class LlamaCppBackend(Backend):
         """
         return self._tokens.prompt(self.template.render(prompt))
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of answer tokens (bytes that are not whole UTF-8 characters dropped)."""
+        return self._tokens.decode(ids)
+
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of an answer, as they would follow the generation prompt."""
         return self._tokens.tokenize(answer, special=True)

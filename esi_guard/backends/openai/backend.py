@@ -313,6 +313,10 @@ class OpenAIBackend(Backend):
         """The token strings behind ids this backend produced (e.g. a top-k row's ids)."""
         return self._vocab.tokens(ids)
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The answer text of ids this backend produced: their token strings joined."""
+        return "".join(self.token_strings(ids))
+
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """Token ids of ``answer`` after ``prompt``, from an echo request (echo mode only)."""
         self._require_echo("scoring an answer it did not generate")
