@@ -12,6 +12,7 @@ reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
 
 from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import (
+    AnswerPiece,
     ChatMessage,
     Forced,
     ForcingRequest,
@@ -30,6 +31,7 @@ from esi_guard.backends.openai import OpenAIBackend, RequestStats
 __all__ = [
     "FINAL",
     "POSITIONS",
+    "AnswerPiece",
     "Backend",
     "ChatMessage",
     "FakeBackend",

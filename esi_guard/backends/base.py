@@ -23,7 +23,14 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from esi_guard.backends._engine_helpers import token_offsets
 from esi_guard.backends._session import ForcingSession
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends._types import (
+    AnswerPiece,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    Sample,
+)
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import ValueKind
@@ -201,6 +208,29 @@ class Backend(ABC):
         )
         if isinstance(gen, Generation) and gen.text:
             yield gen.text
+        yield gen
+
+    def stream_tokens(
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
+    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
+        """One prompt's answer as its tokens come (:class:`AnswerPiece`), then its Generation.
+
+        What scoring by sentence while the answer streams needs (each sentence forced as
+        soon as its tokens are in). By default the whole answer comes in one piece, after
+        :meth:`generate`; backends that can stream override this.
+        """
+        extra = {} if hidden is None else {"hidden": hidden}
+        (gen,) = self.generate(
+            [prompt], max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
+        if isinstance(gen, Generation) and gen.token_ids:
+            yield AnswerPiece(gen.token_ids, gen.topk)
         yield gen
 
     async def astream_generate(

@@ -10,28 +10,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
-from esi_guard.backends._engine_helpers import (
-    StreamedText,
-    check_sampling,
-    shared_prefix,
-)
+from esi_guard.backends._engine_helpers import check_sampling, shared_prefix, text_pieces
 from esi_guard.backends._identity import file_sha256, gguf_model_id
 from esi_guard.backends._session import ForcingSession, check_opening
 from esi_guard.backends._template import ChatTemplate
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends._types import (
+    AnswerPiece,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    Sample,
+)
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_template
 from esi_guard.backends.llamacpp._copy import PRECISIONS, forcing_llama, resolve_precision
-from esi_guard.backends.llamacpp._decoding import (
-    Greedy,
-    greedy,
-)
+from esi_guard.backends.llamacpp._decoding import Greedy, greedy
 from esi_guard.backends.llamacpp._engine import Engine
 from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
 from esi_guard.backends.llamacpp._loading import check_llama, open_gguf
@@ -39,10 +40,7 @@ from esi_guard.backends.llamacpp._pack import Job, force, forced
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
 from esi_guard.backends.llamacpp._session import Contexts, Session, cells
 from esi_guard.backends.llamacpp._tap import tensor_name
-from esi_guard.exceptions import (
-    BackendError,
-    ConfigurationError,
-)
+from esi_guard.exceptions import BackendError, ConfigurationError
 
 __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
 
@@ -369,25 +367,24 @@ class LlamaCppBackend(Backend):
 
         Closing the stream early stops the generation at the next token.
         """
-        text = StreamedText(self._tokens.decode, stop)
-        for item in self._greedy(prompt, max_new_tokens, top_k, stop, hidden):
-            if isinstance(item, list):
-                if piece := text.add(item):
-                    yield piece
-                continue
-            if isinstance(item, Generation) and (rest := text.rest(item.text)):
-                yield rest
-            yield item
+        tokens = self.stream_tokens(prompt, max_new_tokens=max_new_tokens, top_k=top_k,
+                                    stop=stop, hidden=hidden)  # fmt: skip
+        with closing(tokens):
+            yield from text_pieces(tokens, self._tokens.decode, stop)
 
-    def _greedy(
+    def stream_tokens(
         self,
         prompt: Messages,
+        *,
         max_new_tokens: int,
         top_k: int,
-        stop: Sequence[str],
+        stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
-    ) -> Generator[list[int] | Generation | BackendError, None, None]:
-        """Each new token (as a one-item list) as it comes, then the Generation."""
+    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
+        """Each token with its top-k as it is generated, then the :class:`Generation`.
+
+        Closing the stream early stops the generation at the next token.
+        """
         names = self._names(hidden)
         row = self.render(prompt)
         too_long = self._engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
