@@ -37,7 +37,7 @@ class Forcer(Protocol):
         ...
 
 
-__all__ = ["Forcer", "ForcingSession", "check_opening", "tail"]
+__all__ = ["Forcer", "ForcingSession", "check_opening", "joined", "tail"]
 
 
 def check_opening(request: ForcingRequest) -> None:
@@ -67,6 +67,38 @@ def tail(forced: Forced, start: int) -> Forced:
     observed = None if forced.observed is None else [max(n - start, 0) for n in forced.observed]
     original = None if forced.original is None else cut(forced.original)
     return Forced([cut(row) for row in forced.variants], original, observed)
+
+
+def joined(pieces: Sequence[Forced], length: int | None = None) -> Forced:
+    """A session's pieces as one :class:`Forced` of the whole answer (its first ``length``).
+
+    A variant's ``observed`` count runs on through a piece only while every position
+    before it was observed.
+    """
+    if not pieces:
+        msg = "no forced piece to join"
+        raise ConfigurationError(msg)
+
+    def cat(tops: Sequence[TopK]) -> TopK:
+        ids = np.concatenate([t.ids for t in tops])[:length]
+        return TopK(ids, np.concatenate([t.values for t in tops])[:length])
+
+    variants = [cat([p.variants[row] for p in pieces]) for row in range(len(pieces[0].variants))]
+    originals = [p.original for p in pieces if p.original is not None]
+    original = cat(originals) if len(originals) == len(pieces) else None
+    observed = None
+    if any(p.observed is not None for p in pieces):
+        observed = []
+        for row in range(len(variants)):
+            count = 0
+            for piece in pieces:
+                size = piece.variants[row].n_positions
+                seen = size if piece.observed is None else piece.observed[row]
+                count += seen
+                if seen < size:
+                    break
+            observed.append(min(count, variants[row].n_positions))
+    return Forced(variants, original, observed)
 
 
 class ForcingSession:

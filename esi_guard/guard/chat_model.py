@@ -23,6 +23,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
 from esi_guard._keywords import check_keywords
+from esi_guard._pipeline import by_sentence
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
@@ -31,7 +32,15 @@ from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import _assess, _batching, _config, _live, _tracing
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
-from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
+from esi_guard.guard._messages import (
+    chat_result,
+    decision,
+    last_chunk,
+    last_message_chunk,
+    piece_chunk,
+    sentence_chunk,
+    sentences_last_chunk,
+)
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention
 from esi_guard.result import ESIResult
@@ -210,7 +219,8 @@ class ESIGuard(GuardFields):
         Either way it runs the traced ``invoke`` (see :mod:`esi_guard.guard._live`), so the
         chat-model run, its tokens and every step show in callbacks and traces.
         """
-        yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs))
+        last = sentences_last_chunk if self.stream_mode == "sentences" else last_message_chunk
+        yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs), last)
 
     async def astream(
         self,
@@ -221,7 +231,9 @@ class ESIGuard(GuardFields):
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         """Async :meth:`stream`."""
-        async for chunk in _live.astream(lambda: self.ainvoke(input, config, stop=stop, **kwargs)):
+        last = sentences_last_chunk if self.stream_mode == "sentences" else last_message_chunk
+        ainvoke = lambda: self.ainvoke(input, config, stop=stop, **kwargs)  # noqa: E731
+        async for chunk in _live.astream(ainvoke, last):
             yield chunk
 
     def assess(
@@ -324,7 +336,7 @@ class ESIGuard(GuardFields):
     def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
         # Live: invoke (and astream_events) stream through _generate, which has the run
         # manager for token callbacks and child runs; stream() still goes to _stream.
-        if self.stream_mode == "live" and not kwargs.get("stream"):
+        if self.stream_mode in ("live", "sentences") and not kwargs.get("stream"):
             return False
         return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
@@ -348,13 +360,34 @@ class ESIGuard(GuardFields):
                 if run_manager is not None:
                     run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
                 _live.emit(piece)
+        elif self.stream_mode == "sentences" and _live.serving():
+            for chunk in self._sentences(item, pipeline, run_manager):
+                _live.emit(chunk)
         else:
             pipeline.run([item], hook)
-        routed = None
-        if decision(item) == "route":
-            callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
-            routed = self._fallback().invoke(messages, {"callbacks": callbacks})
-        return self._decided(item, routed)
+        return self._decided(item, self._routed(item, messages, run_manager))
+
+    def _sentences(
+        self, item: Item, pipeline: Pipeline, run_manager: CallbackManagerForLLMRun | None
+    ) -> Iterator[AIMessageChunk]:
+        """The item's sentences shown as they are scored (:mod:`._pipeline.by_sentence`)."""
+        judged = by_sentence.stream(pipeline, item, _tracing.Traced(run_manager))
+        for sentence in by_sentence.shown(judged, self.action):
+            chunk = sentence_chunk(sentence)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(
+                    sentence.text, chunk=ChatGenerationChunk(message=chunk)
+                )
+            yield chunk
+
+    def _routed(
+        self, item: Item, messages: list[BaseMessage], run_manager: CallbackManagerForLLMRun | None
+    ) -> Any:
+        """The fallback's answer where the item was routed; else None."""
+        if decision(item) != "route":
+            return None
+        callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
+        return self._fallback().invoke(messages, {"callbacks": callbacks})
 
     async def _agenerate(
         self,
@@ -395,6 +428,13 @@ class ESIGuard(GuardFields):
             yield last_chunk(self._generate(messages, stop, run_manager, **kwargs))
             return
         item, pipeline = self._start(messages, stop, kwargs)
+        if self.stream_mode == "sentences":
+            for chunk in self._sentences(item, pipeline, run_manager):
+                yield ChatGenerationChunk(message=chunk)
+            result = self._decided(item, self._routed(item, messages, run_manager))
+            last = sentences_last_chunk(result.generations[0].message)  # type: ignore[arg-type]
+            yield ChatGenerationChunk(message=last)
+            return
         sent = ""
         for piece in pipeline.stream(item, _tracing.Traced(run_manager)):
             sent += piece
