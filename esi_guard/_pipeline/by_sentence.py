@@ -20,7 +20,7 @@ whose forcing or scoring failed is never yielded, and neither is any after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -72,7 +72,9 @@ class Growing:
         return TopK(ids, np.concatenate([row.values for row in self.rows])[:length])
 
 
-def shown(sentences: Iterable[SentenceScore], action: Action) -> Iterator[SentenceScore]:
+def shown(
+    sentences: Iterable[SentenceScore], action: Action
+) -> Generator[SentenceScore, None, None]:
     """The judged sentences a stream shows, in order; the rest are withheld.
 
     Accepted ones are shown. A sentence past the threshold is never shown: with
@@ -89,7 +91,7 @@ def shown(sentences: Iterable[SentenceScore], action: Action) -> Iterator[Senten
             withheld = True
 
 
-def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Iterator[SentenceScore]:
+def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Generator[SentenceScore, None, None]:
     """Each sentence of ``item``'s answer, judged, once scored; then the item is decided.
 
     The last sentences come after the whole answer was decided (``item.outcome``): they

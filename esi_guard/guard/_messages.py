@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
@@ -22,6 +22,7 @@ __all__ = [
     "last_message_chunk",
     "piece_chunk",
     "sentence_chunk",
+    "sentences_last",
     "sentences_last_chunk",
 ]
 
@@ -119,3 +120,9 @@ def sentences_last_chunk(message: AIMessage, sent: str = "") -> AIMessageChunk:
     if decision not in ("abstain", "route"):
         chunk.content = ""
     return chunk
+
+
+def sentences_last(result: ChatResult) -> ChatGenerationChunk:
+    """:func:`sentences_last_chunk` of a chat result, as a generation chunk."""
+    message = result.generations[0].message
+    return ChatGenerationChunk(message=sentences_last_chunk(cast(AIMessage, message)))

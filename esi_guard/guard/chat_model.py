@@ -23,13 +23,12 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
 from esi_guard._keywords import check_keywords
-from esi_guard._pipeline import by_sentence
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
-from esi_guard.guard import _assess, _batching, _config, _live, _tracing
+from esi_guard.guard import _assess, _batching, _config, _live, _sentences, _tracing
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import (
@@ -38,7 +37,7 @@ from esi_guard.guard._messages import (
     last_chunk,
     last_message_chunk,
     piece_chunk,
-    sentence_chunk,
+    sentences_last,
     sentences_last_chunk,
 )
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
@@ -361,24 +360,18 @@ class ESIGuard(GuardFields):
                     run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
                 _live.emit(piece)
         elif self.stream_mode == "sentences" and _live.serving():
-            for chunk in self._sentences(item, pipeline, run_manager):
+            for chunk in _sentences.sentences(pipeline, item, self.action, run_manager):
                 _live.emit(chunk)
         else:
             pipeline.run([item], hook)
         return self._decided(item, self._routed(item, messages, run_manager))
 
-    def _sentences(
-        self, item: Item, pipeline: Pipeline, run_manager: CallbackManagerForLLMRun | None
-    ) -> Iterator[AIMessageChunk]:
-        """The item's sentences shown as they are scored (:mod:`._pipeline.by_sentence`)."""
-        judged = by_sentence.stream(pipeline, item, _tracing.Traced(run_manager))
-        for sentence in by_sentence.shown(judged, self.action):
-            chunk = sentence_chunk(sentence)
-            if run_manager is not None:
-                run_manager.on_llm_new_token(
-                    sentence.text, chunk=ChatGenerationChunk(message=chunk)
-                )
-            yield chunk
+    async def _arouted(self, item: Item, messages: list[BaseMessage], run_manager: Any) -> Any:
+        """Async :meth:`_routed`."""
+        if decision(item) != "route":
+            return None
+        callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
+        return await self._fallback().ainvoke(messages, {"callbacks": callbacks})
 
     def _routed(
         self, item: Item, messages: list[BaseMessage], run_manager: CallbackManagerForLLMRun | None
@@ -405,13 +398,12 @@ class ESIGuard(GuardFields):
                 if run_manager is not None:
                     await run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
                 _live.emit(piece)
+        elif self.stream_mode == "sentences" and _live.serving():
+            async for chunk in _sentences.asentences(pipeline, item, self.action, run_manager):
+                _live.emit(chunk)
         else:
             await pipeline.arun([item], hook)
-        routed = None
-        if decision(item) == "route":
-            callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
-            routed = await self._fallback().ainvoke(messages, {"callbacks": callbacks})
-        return self._decided(item, routed)
+        return self._decided(item, await self._arouted(item, messages, run_manager))
 
     def _stream(
         self,
@@ -429,11 +421,9 @@ class ESIGuard(GuardFields):
             return
         item, pipeline = self._start(messages, stop, kwargs)
         if self.stream_mode == "sentences":
-            for chunk in self._sentences(item, pipeline, run_manager):
+            for chunk in _sentences.sentences(pipeline, item, self.action, run_manager):
                 yield ChatGenerationChunk(message=chunk)
-            result = self._decided(item, self._routed(item, messages, run_manager))
-            last = sentences_last_chunk(result.generations[0].message)  # type: ignore[arg-type]
-            yield ChatGenerationChunk(message=last)
+            yield sentences_last(self._decided(item, self._routed(item, messages, run_manager)))
             return
         sent = ""
         for piece in pipeline.stream(item, _tracing.Traced(run_manager)):
@@ -453,6 +443,13 @@ class ESIGuard(GuardFields):
             yield last_chunk(await self._agenerate(messages, stop, run_manager, **kwargs))
             return
         item, pipeline = self._start(messages, stop, kwargs)
+        if self.stream_mode == "sentences":
+            async for chunk in _sentences.asentences(pipeline, item, self.action, run_manager):
+                yield ChatGenerationChunk(message=chunk)
+            yield sentences_last(
+                self._decided(item, await self._arouted(item, messages, run_manager))
+            )
+            return
         sent = ""
         async for piece in pipeline.astream(item, _tracing.ATraced(run_manager)):
             sent += piece

@@ -154,3 +154,27 @@ def test_settings_that_cannot_stream_sentences_are_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match=f"stream_mode='sentences'.*{named}"):
         ESIGuard(backend=Streaming(), threshold=0.5, stream_mode="sentences", **settings)
+
+
+async def test_astream_shows_the_same_sentences_as_stream() -> None:
+    values = scores()
+    threshold = (max(values) + sorted(values)[1]) / 2
+    guard = ESIGuard(backend=Streaming(), threshold=threshold, action="redact",
+                     stream_mode="sentences")  # fmt: skip
+    chunks = list(guard.stream(QUESTION))
+    achunks = [chunk async for chunk in guard.astream(QUESTION)]
+    assert [c.content for c in achunks] == [c.content for c in chunks]
+    assert [c.response_metadata for c in achunks] == [c.response_metadata for c in chunks]
+    assert len(achunks) == 3  # two sentences shown, one dropped, the last chunk
+
+
+async def test_astream_events_report_each_sentence_and_the_steps() -> None:
+    guard = ESIGuard(backend=Streaming(), threshold=4.5, stream_mode="sentences")
+    events = [event async for event in guard.astream_events(QUESTION, version="v2")]
+    kinds = [(event["event"], event["name"]) for event in events]
+    tokens = [event for event in events if event["event"] == "on_chat_model_stream"]
+    assert [event["data"]["chunk"].content for event in tokens][:3] == [
+        "Paris is in France. ", "Water boils at 100 degrees. ", "The moon is made of cheese."
+    ]  # fmt: skip
+    steps = {name for kind, name in kinds if kind == "on_chain_start"}
+    assert {"esi_intervene", "esi_generate", "esi_score"} <= steps
