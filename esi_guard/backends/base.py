@@ -199,16 +199,18 @@ class Backend(ABC):
         """One prompt's answer as text pieces while it is generated, then its Generation.
 
         The last item is the whole :class:`Generation` (or the prompt's error); the pieces
-        join to its ``text``. By default the answer comes in one piece, after
-        :meth:`generate`; backends that can stream override this.
+        join to its ``text``. By default the answer comes in one piece, once
+        :meth:`stream_tokens` gave its Generation; backends that can stream override this.
         """
         extra = {} if hidden is None else {"hidden": hidden}
-        (gen,) = self.generate(
-            [prompt], max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        tokens = self.stream_tokens(
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
         )
-        if isinstance(gen, Generation) and gen.text:
-            yield gen.text
-        yield gen
+        for item in tokens:
+            if isinstance(item, Generation) and item.text:
+                yield item.text
+            if not isinstance(item, AnswerPiece):
+                yield item
 
     def stream_tokens(
         self,
