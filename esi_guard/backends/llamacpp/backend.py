@@ -150,6 +150,9 @@ class LlamaCppBackend(Backend):
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
+        # A forcing copy's context has a lock of its own: forcing never waits for a
+        # streamed generation (which holds the lock between its tokens), nor it for forcing.
+        self._force_lock = self._lock if self._forcer is self._engine else threading.Lock()
         self._sessions = Contexts(self._forcing_llama or llama, n_seq_max, n_threads)
         close_at_exit(self)
         self._tokens = Tokens(llama, llama_cpp)
@@ -292,6 +295,7 @@ class LlamaCppBackend(Backend):
         with self._lock:
             self._sessions.close()
             self._engine.close()
+        with self._force_lock:
             if self._forcing_llama is not None:
                 self._forcer.close()
                 self._forcing_llama.close()
@@ -435,7 +439,7 @@ class LlamaCppBackend(Backend):
             shared = shared_prefix(rows, self.reuse_prefix)
             jobs[number] = Job(rows, answer, shared, self._names(request.hidden))
         taps = self.hidden_size if self.forces_original else None
-        with self._lock:
+        with self._force_lock:
             tops, states = force(self._forcer, list(jobs.values()), top_k, self.pack_rows, taps)
         done = dict(zip(jobs, zip(tops, states, strict=True), strict=True))
         return [
