@@ -20,6 +20,7 @@ whose forcing or scoring failed is never yielded, and neither is any after it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -39,6 +40,11 @@ from esi_guard.sentences import SentenceScore, score_sentences
 
 __all__ = ["Growing", "shown", "stream"]
 
+_BOUNDARY = re.compile(r"[.!?;:\u2026\u3002][^\s]*\s+\S|\n\s*\S")
+"""Where a sentence may end and the next have begun: end punctuation, or a line break,
+then space and a character. Only a quick filter (the splitter decides): splitting the
+answer so far at every token would cost a long answer time quadratic in its length."""
+
 
 @dataclass
 class Growing:
@@ -57,6 +63,8 @@ class Growing:
     """Characters of ``text.sent`` whose tokens were forced."""
     scored: int = 0
     """Sentences scored (and yielded) so far."""
+    scored_end: int = 0
+    """Where the last of them ends in ``text.sent``."""
     failed: bool = False
     """A forcing or scoring failed: nothing more is yielded before the end."""
 
@@ -163,6 +171,8 @@ def _complete(
 ) -> Iterator[SentenceScore]:
     """The sentences the answer so far shows complete and that were not yet yielded."""
     text = growing.text.sent
+    if not _BOUNDARY.search(text, growing.scored_end):  # no sentence can have ended yet
+        return
     ends = pipeline.backend.token_offsets(growing.ids, text)
     if ends is None:
         return
@@ -188,7 +198,7 @@ def _complete(
         growing.failed = True
         return
     yield from result.sentences[growing.scored : len(layout)]
-    growing.scored = len(layout)
+    growing.scored, growing.scored_end = len(layout), end
 
 
 def _decide(
