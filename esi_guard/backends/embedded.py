@@ -42,7 +42,8 @@ from esi_guard.backends._embedded_files import (
     embedded_threshold,
 )
 from esi_guard.backends._identity import file_sha256
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends._session import ForcingSession
+from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest, Generation, Messages
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.exceptions import BackendError
@@ -175,11 +176,36 @@ class EmbeddedBackend(Backend):
             prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
         )
 
+    def stream_tokens(
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
+    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
+        """See :meth:`Backend.stream_tokens`."""
+        extra = {} if hidden is None else {"hidden": hidden}
+        return self.loaded.stream_tokens(
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
+
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
     ) -> Sequence[Forced | BackendError]:
         """See :meth:`Backend.teacher_force`."""
         return self.loaded.teacher_force(requests, top_k=top_k)
+
+    def open_forcing(
+        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
+    ) -> ForcingSession:
+        """See :meth:`Backend.open_forcing` (llama.cpp's is incremental)."""
+        return self.loaded.open_forcing(request, top_k=top_k, max_answer_tokens=max_answer_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """See :meth:`Backend.decode`."""
+        return self.loaded.decode(ids)
 
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """See :meth:`Backend.encode_answer`."""
