@@ -9,6 +9,7 @@ guard reads back, deciding on sentences.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def test_the_sentences_tile_the_answer_and_its_tokens(flagged: dict[str, object]
     assert "".join(s["text"] for s in sentences) == flagged["answer"]
     assert sentences[0]["first_token"] == 0
     assert sentences[-1]["end_token"] == len(flagged["answer_token_ids"])  # type: ignore[arg-type]
-    assert all(a["end_token"] == b["first_token"] for a, b in zip(sentences, sentences[1:]))
+    assert all(a["end_token"] == b["first_token"] for a, b in pairwise(sentences))
     tokens = [s["end_token"] - s["first_token"] for s in sentences]
     mean = sum(n * s["score"] for n, s in zip(tokens, sentences, strict=True)) / sum(tokens)
     assert mean == pytest.approx(flagged["score"], rel=1e-9)
