@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections.abc import Generator, Sequence
+from typing import Any
 
 from esi_guard.backends._embedded_files import (
     EMBEDDED_GGUF,
@@ -59,6 +60,16 @@ __all__ = [
 ]
 
 _LOCK = threading.Lock()
+
+
+def _options(
+    max_new_tokens: int, top_k: int, stop: Sequence[str], hidden: HiddenSpec | None
+) -> dict[str, Any]:
+    """A generation's keywords, passed on to the loaded backend (``hidden`` only if given)."""
+    extra = {} if hidden is None else {"hidden": hidden}
+    return {"max_new_tokens": max_new_tokens, "top_k": top_k, "stop": stop, **extra}
+
+
 _LOADED: dict[int | None, Backend] = {}
 """The loaded copies by CPU threads (None: the engine's own choice); transformers: one."""
 _LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -171,10 +182,7 @@ class EmbeddedBackend(Backend):
         hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """See :meth:`Backend.stream_generate`."""
-        extra = {} if hidden is None else {"hidden": hidden}
-        return self.loaded.stream_generate(
-            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-        )
+        return self.loaded.stream_generate(prompt, **_options(max_new_tokens, top_k, stop, hidden))
 
     def stream_tokens(
         self,
@@ -186,10 +194,7 @@ class EmbeddedBackend(Backend):
         hidden: HiddenSpec | None = None,
     ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
         """See :meth:`Backend.stream_tokens`."""
-        extra = {} if hidden is None else {"hidden": hidden}
-        return self.loaded.stream_tokens(
-            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-        )
+        return self.loaded.stream_tokens(prompt, **_options(max_new_tokens, top_k, stop, hidden))
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
