@@ -9,7 +9,9 @@ to the last chunk), and the same stream with the backend's forcing session repla
 the base class's default, which re-forces the answer so far at every sentence (correct,
 not incremental). The threshold is set high so that every sentence is shown (the timing
 of the mechanism, not of a decision). Goals (issue 52): for a ``k``-sentence answer, the
-first sentence within ``1.3/k`` of the non-streamed call, the whole answer within 1.1x.
+first sentence within ``1.3/k`` of the non-streamed call, the whole answer within 1.1x;
+scores per sentence adding at most 2% to a guarded call (``sentence_work_over_call``: the
+per-sentence steps timed on each answer, over the call's own time).
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from esi_guard import ESIGuard, LlamaCppBackend
+import numpy as np
+
+from esi_guard import ESIGuard, LlamaCppBackend, TopK
 from esi_guard.backends import Backend
 from esi_guard.calibration.data import load_examples
+from esi_guard.combined import token_logprobs
+from esi_guard.sentences import score_sentences
 
 __all__ = ["add_arguments", "measure"]
 
@@ -58,6 +64,26 @@ def streamed(guard: ESIGuard, prompt: str) -> tuple[float | None, float, int]:
     return first, time.perf_counter() - start, len(last.response_metadata["esi"]["sentences"])
 
 
+def sentence_work(backend: Backend, esi: dict[str, Any], repeats: int = 20) -> float:
+    """Seconds the scores per sentence add to a guarded call (the mean of ``repeats``).
+
+    What the guard does beyond the whole answer's score: the tokens' offsets in the
+    answer's text, the tokens' log-probabilities on their top-100 rows, the split and each
+    sentence's means (:func:`~esi_guard.sentences.score_sentences`).
+    """
+    ids, answer = esi["answer_token_ids"], esi["answer"]
+    rng = np.random.default_rng(0)
+    top = TopK(rng.integers(0, 50000, (len(ids), 100)), rng.normal(size=(len(ids), 100)))
+    scores = np.asarray(esi["token_scores"])
+    start = time.perf_counter()
+    for _ in range(repeats):
+        ends = backend.token_offsets(ids, answer)
+        logprobs = token_logprobs(top, ids, "logits")
+        if ends is not None:
+            score_sentences(answer, ends, scores, logprobs, np.ones(len(ids)))
+    return (time.perf_counter() - start) / repeats
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Print the timings and return them."""
     backend = LlamaCppBackend.default(n_threads=1)
@@ -77,9 +103,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             del vars(backend)["open_forcing"]
         if number == 0:  # warm-up: contexts made, caches filled
             continue
-        tokens = len(message.response_metadata["esi"]["answer_token_ids"])
+        esi = message.response_metadata["esi"]
+        tokens = len(esi["answer_token_ids"])
         rows.append({"k": k, "call": whole, "first": first, "total": total, "tokens": tokens,
-                     "first_default": first_default, "total_default": total_default})  # fmt: skip
+                     "first_default": first_default, "total_default": total_default,
+                     "sentence_work": sentence_work(backend, esi)})  # fmt: skip
     mean = statistics.mean
     several = [r for r in rows if r["k"] >= 2 and r["first"] is not None]
     print(f"prompts={len(rows)} ({len(several)} with 2+ sentences shown), questions per prompt="
@@ -94,7 +122,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"default session, whole answer, mean    : {mean(r['total_default'] for r in rows):6.2f} s"
     )
+    print(f"scores per sentence, mean              : "
+          f"{1000 * mean(r['sentence_work'] for r in rows):6.2f} ms")  # fmt: skip
     ratios = {
+        "sentence_work_over_call": mean(r["sentence_work"] / r["call"] for r in rows),
         "first_over_call": mean(r["first"] / r["call"] for r in several),
         "goal_first_over_call": mean(1.3 / r["k"] for r in several),
         "total_over_call": mean(r["total"] / r["call"] for r in rows),
