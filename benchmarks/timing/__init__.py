@@ -29,6 +29,7 @@ SUBJECTS = {
     "engines": "engines",
     "kernels": "kernels",
     "streaming": "streaming",
+    "sentences": "sentences",
     "rag": "rag",
     "agent": "agent",
     "api": "api",

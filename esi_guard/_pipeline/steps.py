@@ -16,11 +16,11 @@ without restating the order, as ``BaseChatModel.generate`` hands its run manager
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncStepHook", "Pipeline", "Step", "StepHook"]
 
 Step = Literal["generate", "intervene", "score"]
+
+T = TypeVar("T")
 
 
 class StepHook(Protocol):
@@ -231,13 +233,21 @@ class Pipeline:
 
     def _pieces(self, item: Item) -> Iterator[str]:
         """One item's answer as text pieces while it is generated; then it is recorded."""
+        pieces = self.backend.stream_generate(item.prompt.messages, **self.stream_args())
+        return cast(Iterator[str], self.streamed(item, pieces))
+
+    def streamed(self, item: Item, pieces: Iterable[T | Generation | BackendError]) -> Iterator[T]:
+        """A backend stream's pieces but its last (the Generation), which is recorded.
+
+        A failure of the engine midway fails the answer closed.
+        """
         gen: Generation | BackendError | None = None
         try:
-            for piece in self.backend.stream_generate(item.prompt.messages, **self._stream_args()):
-                if isinstance(piece, str):
-                    yield piece
-                else:
+            for piece in pieces:
+                if isinstance(piece, (Generation, BackendError)):
                     gen = piece
+                else:
+                    yield piece
         except (ConfigurationError, InputError):
             raise
         except Exception as exc:  # the engine failed: this answer fails closed
@@ -247,7 +257,7 @@ class Pipeline:
     async def _apieces(self, item: Item) -> AsyncIterator[str]:
         """Async :meth:`_pieces`."""
         gen: Generation | BackendError | None = None
-        pieces = self.backend.astream_generate(item.prompt.messages, **self._stream_args())
+        pieces = self.backend.astream_generate(item.prompt.messages, **self.stream_args())
         try:
             async for piece in pieces:
                 if isinstance(piece, str):
@@ -260,7 +270,8 @@ class Pipeline:
             gen = wrapped(exc, "generate", BackendError)
         self.generated([item], [gen or BackendError("the backend streamed no answer")])
 
-    def _stream_args(self) -> dict[str, Any]:
+    def stream_args(self) -> dict[str, Any]:
+        """The generation settings of a streamed answer (``stream_generate``'s keywords)."""
         args: dict[str, Any] = {
             "max_new_tokens": self.config.max_new_tokens,
             "top_k": self.config.top_k,
@@ -308,7 +319,7 @@ class Pipeline:
         """
         if not self.rule.uses_esi:
             return self._force_free(items)
-        rounds = self._rounds(items, include_original)
+        rounds = self.rounds(items, include_original)
         requests = next(rounds)
         top_k = self.config.top_k
         while True:
@@ -343,7 +354,7 @@ class Pipeline:
 
     async def aforce(self, items: Sequence[Item]) -> list[Outcome]:
         """Async :meth:`force`."""
-        rounds = self._rounds(items, include_original=False)
+        rounds = self.rounds(items, include_original=False)
         requests = next(rounds)
         top_k = self.config.top_k
         while True:
@@ -354,7 +365,7 @@ class Pipeline:
             except StopIteration as done:
                 return cast(list[Outcome], done.value)
 
-    def _rounds(
+    def rounds(
         self, items: Sequence[Item], include_original: bool
     ) -> Generator[list[ForcingRequest], list[Forced | BackendError], list[Outcome]]:
         """The forcing requests of each round (sent back their results); the outcomes."""
@@ -366,4 +377,4 @@ class Pipeline:
                               intervention=self.intervention)  # fmt: skip
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
-        return {"prompts": [item.prompt.messages for item in items], **self._stream_args()}
+        return {"prompts": [item.prompt.messages for item in items], **self.stream_args()}

@@ -7,9 +7,12 @@ model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_i
 :func:`load_llama` loads a ``llama_cpp.Llama`` that is safe to decode on this CPU.
 :class:`HiddenSpec` and :class:`HiddenStates` are the hidden states a white-box backend
 reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
+:class:`ForcingSession` forces an answer as it grows (``Backend.open_forcing``).
 """
 
+from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import (
+    AnswerPiece,
     ChatMessage,
     Forced,
     ForcingRequest,
@@ -28,11 +31,13 @@ from esi_guard.backends.openai import OpenAIBackend, RequestStats
 __all__ = [
     "FINAL",
     "POSITIONS",
+    "AnswerPiece",
     "Backend",
     "ChatMessage",
     "FakeBackend",
     "Forced",
     "ForcingRequest",
+    "ForcingSession",
     "Generation",
     "HFBackend",
     "HiddenSpec",

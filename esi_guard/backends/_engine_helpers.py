@@ -6,12 +6,12 @@ llama.cpp) and, for stop sequences and streamed text, the API one: no engine imp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from esi_guard.backends._types import Generation, Sample
+from esi_guard.backends._types import AnswerPiece, Generation, Sample
 from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import TopK
 
@@ -24,6 +24,7 @@ __all__ = [
     "non_finite",
     "shared_prefix",
     "stopped_length",
+    "text_pieces",
     "token_offsets",
 ]
 
@@ -202,3 +203,24 @@ def token_offsets(
         last = min(max(last, len(decode(ids[:count])) - shift), len(text))
         ends.append(last)
     return ends
+
+
+def text_pieces(
+    items: Iterable[AnswerPiece | Generation | BackendError],
+    decode: Callable[[Sequence[Any]], str],
+    stop: Sequence[str],
+) -> Generator[str | Generation | BackendError, None, None]:
+    """A token stream (``stream_tokens``) as a text stream (``stream_generate``).
+
+    The text pieces (:class:`StreamedText`) join to the answer; the Generation (or the
+    error) passes through last.
+    """
+    text = StreamedText(decode, stop)
+    for item in items:
+        if isinstance(item, AnswerPiece):
+            if piece := text.add(item.token_ids):
+                yield piece
+            continue
+        if isinstance(item, Generation) and (rest := text.rest(item.text)):
+            yield rest
+        yield item

@@ -16,7 +16,15 @@ from typing import Literal, TypedDict
 from esi_guard.backends.hidden import HiddenSpec, HiddenStates
 from esi_guard.scoring import TopK
 
-__all__ = ["ChatMessage", "Forced", "ForcingRequest", "Generation", "Messages", "Sample"]
+__all__ = [
+    "AnswerPiece",
+    "ChatMessage",
+    "Forced",
+    "ForcingRequest",
+    "Generation",
+    "Messages",
+    "Sample",
+]
 
 
 class ChatMessage(TypedDict):
@@ -100,3 +108,19 @@ class Forced:
     score the distance's upper bound, see :func:`~esi_guard.esi_score`). ``None``: all."""
     hidden: HiddenStates | None = None
     """The original row's hidden states, when the request asked for them."""
+
+
+@dataclass(frozen=True)
+class AnswerPiece:
+    """The next tokens of an answer being generated, with their original top-k.
+
+    :meth:`~esi_guard.backends.base.Backend.stream_tokens` yields them before the whole
+    :class:`Generation`; the pieces' tokens are the answer's in order (a stop sequence
+    may yet cut the answer short of them, and the last token may come only with the
+    Generation).
+    """
+
+    token_ids: tuple[int, ...]
+    """The new tokens."""
+    topk: TopK
+    """Top-k of the original distribution at each of them."""

@@ -22,7 +22,15 @@ from collections.abc import AsyncIterator, Generator, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
 from esi_guard.backends._engine_helpers import token_offsets
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends._session import ForcingSession
+from esi_guard.backends._types import (
+    AnswerPiece,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    Sample,
+)
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import ValueKind
@@ -191,15 +199,40 @@ class Backend(ABC):
         """One prompt's answer as text pieces while it is generated, then its Generation.
 
         The last item is the whole :class:`Generation` (or the prompt's error); the pieces
-        join to its ``text``. By default the answer comes in one piece, after
+        join to its ``text``. By default the answer comes in one piece, once
+        :meth:`stream_tokens` gave its Generation; backends that can stream override this.
+        """
+        extra = {} if hidden is None else {"hidden": hidden}
+        tokens = self.stream_tokens(
+            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
+        )
+        for item in tokens:
+            if isinstance(item, Generation) and item.text:
+                yield item.text
+            if not isinstance(item, AnswerPiece):
+                yield item
+
+    def stream_tokens(
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
+    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
+        """One prompt's answer as its tokens come (:class:`AnswerPiece`), then its Generation.
+
+        What scoring by sentence while the answer streams needs (each sentence forced as
+        soon as its tokens are in). By default the whole answer comes in one piece, after
         :meth:`generate`; backends that can stream override this.
         """
         extra = {} if hidden is None else {"hidden": hidden}
         (gen,) = self.generate(
             [prompt], max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
         )
-        if isinstance(gen, Generation) and gen.text:
-            yield gen.text
+        if isinstance(gen, Generation) and gen.token_ids:
+            yield AnswerPiece(gen.token_ids, gen.topk)
         yield gen
 
     async def astream_generate(
@@ -222,6 +255,21 @@ class Backend(ABC):
                 yield piece  # type: ignore[misc]
         finally:
             await asyncio.to_thread(pieces.close)
+
+    def open_forcing(
+        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
+    ) -> ForcingSession:
+        """A session forcing ``request``'s answer as it grows (:class:`ForcingSession`).
+
+        ``request`` has no answer yet; each ``extend`` gives the next tokens and gets
+        their distributions under every variant (and the original where asked), as
+        :meth:`teacher_force` of the whole answer would give them there.
+        ``max_answer_tokens``: the longest the answer will grow (a backend may size its
+        state by it). By default each ``extend`` re-forces the answer so far (correct,
+        not incremental); a backend that can keep its rows' state overrides this.
+        """
+        del max_answer_tokens
+        return ForcingSession(self, request, top_k=top_k)
 
     async def ateacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int

@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections.abc import Generator, Sequence
+from typing import Any
 
 from esi_guard.backends._embedded_files import (
     EMBEDDED_GGUF,
@@ -42,7 +43,8 @@ from esi_guard.backends._embedded_files import (
     embedded_threshold,
 )
 from esi_guard.backends._identity import file_sha256
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends._session import ForcingSession
+from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest, Generation, Messages
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.exceptions import BackendError
@@ -58,6 +60,16 @@ __all__ = [
 ]
 
 _LOCK = threading.Lock()
+
+
+def _options(
+    max_new_tokens: int, top_k: int, stop: Sequence[str], hidden: HiddenSpec | None
+) -> dict[str, Any]:
+    """A generation's keywords, passed on to the loaded backend (``hidden`` only if given)."""
+    extra = {} if hidden is None else {"hidden": hidden}
+    return {"max_new_tokens": max_new_tokens, "top_k": top_k, "stop": stop, **extra}
+
+
 _LOADED: dict[int | None, Backend] = {}
 """The loaded copies by CPU threads (None: the engine's own choice); transformers: one."""
 _LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -170,16 +182,35 @@ class EmbeddedBackend(Backend):
         hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
         """See :meth:`Backend.stream_generate`."""
-        extra = {} if hidden is None else {"hidden": hidden}
-        return self.loaded.stream_generate(
-            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-        )
+        return self.loaded.stream_generate(prompt, **_options(max_new_tokens, top_k, stop, hidden))
+
+    def stream_tokens(
+        self,
+        prompt: Messages,
+        *,
+        max_new_tokens: int,
+        top_k: int,
+        stop: Sequence[str] = (),
+        hidden: HiddenSpec | None = None,
+    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
+        """See :meth:`Backend.stream_tokens`."""
+        return self.loaded.stream_tokens(prompt, **_options(max_new_tokens, top_k, stop, hidden))
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int
     ) -> Sequence[Forced | BackendError]:
         """See :meth:`Backend.teacher_force`."""
         return self.loaded.teacher_force(requests, top_k=top_k)
+
+    def open_forcing(
+        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
+    ) -> ForcingSession:
+        """See :meth:`Backend.open_forcing` (llama.cpp's is incremental)."""
+        return self.loaded.open_forcing(request, top_k=top_k, max_answer_tokens=max_answer_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """See :meth:`Backend.decode`."""
+        return self.loaded.decode(ids)
 
     def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
         """See :meth:`Backend.encode_answer`."""

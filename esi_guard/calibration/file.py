@@ -99,6 +99,12 @@ class ThresholdFile(BaseModel):
     probe_band: Band | None = None
     """Its band, fitted on the calibration answers (``fitted`` holds the certificate); with
     ``free_score``, the value-of-information cascade's band on that score's ``p_wrong``."""
+    granularity: Literal["answer", "sentence"] = "answer"
+    """What the threshold decides: whole answers, or each sentence (``calibrate
+    --granularity sentence``; the scoring's ``decide_on`` is then ``sentences``)."""
+    sentence_report: dict[str, Any] | None = None
+    """With ``--granularity sentence``: the prompts, sentences, how many were aligned to a
+    question and labelled, how many were left out, and how they were aligned."""
     free_score: CombinedScore | None = None
     """With ``calibrate --score combined --cascade``: the combined score refitted without
     ESI, the cheap score of a value-of-information cascade (ESI runs only where it falls

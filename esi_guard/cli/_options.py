@@ -20,6 +20,7 @@ __all__ = [
     "Data",
     "Device",
     "Distance",
+    "Granularity",
     "IncorrectField",
     "InterventionName",
     "InterventionOption",
@@ -60,6 +61,13 @@ class ScoreName(str, Enum):
 
     esi = "esi"
     combined = "combined"
+
+
+class Granularity(str, Enum):
+    """What a threshold decides: whole answers or each sentence."""
+
+    answer = "answer"
+    sentence = "sentence"
 
 
 class Selection(str, Enum):

@@ -50,6 +50,7 @@ from esi_guard.cli._options import (
     Device,
     Distance,
     DType,
+    Granularity,
     IncorrectField,
     InterventionName,
     InterventionOption,
@@ -73,6 +74,7 @@ from esi_guard.cli._options import (
     Threads,
     TopK,
 )
+from esi_guard.cli.calibrate_sentences import calibrate_sentences
 from esi_guard.cli.output import console, data_name, fail, needs_extra, stderr, used_modules, warn
 from esi_guard.cli.run import Run, Source, report, score_run
 from esi_guard.combined import FEATURES, HIDDEN
@@ -182,10 +184,37 @@ def calibrate(
                      "and hidden (a probe on the model's hidden states; transformers or "
                      "llama.cpp); cross-fitting keeps those that pay."),
     ] = ",".join(FEATURES),
+    granularity: Annotated[
+        Granularity,
+        typer.Option(help="answer: a threshold on whole answers; sentence: on each sentence, "
+                     "the questions asked --questions-per-prompt at a time, one sentence each, "
+                     "every sentence labelled (with --select risk, conformal back-off)."),
+    ] = Granularity.answer,
+    questions_per_prompt: Annotated[
+        int, typer.Option(help="--granularity sentence: questions asked in one prompt.")
+    ] = 3,
 ) -> None:  # fmt: skip
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     _check_targets(select, alpha, delta, coverage)
     build.local_threads(threads, api_base)
+    if granularity is Granularity.sentence:
+        _check_sentence_options(
+            score, min_variants, esi_probe, prompt, labels, questions_per_prompt
+        )
+        chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template,
+                                    dtype, threads)  # fmt: skip
+        scoring = build.ScoringOptions(intervention.value, n_variants, top_k, distance,
+                                       max_new_tokens)  # fmt: skip
+        calibrate_sentences(
+            lambda: build.guard(chosen, scoring), data, out, k=questions_per_prompt,
+            request={**chosen.request(), **scoring.request()},
+            load={"question_field": question_field, "answers_field": answers_field,
+                  "incorrect_field": incorrect_field, "answers_sep": answers_sep},
+            limit=limit, seed=seed, system=system, cache=cache, batch_size=batch_size,
+            select=select, targets={"alpha": alpha, "delta": delta, "coverage": coverage},
+            resamples=resamples,
+        )  # fmt: skip
+        return
     fits = score is ScoreName.combined or esi_probe is not None
     needs_extra("calibrate", used_modules(labels=labels.value, plot=plot is not None, fits=fits))
     names = _check_fits(score, min_variants, features, cascade, fit_fraction, esi_probe)
@@ -248,6 +277,24 @@ def calibrate(
     console.print(f"wrote {out}")
     if plot is not None:
         _plot(plot, scores, wrong, choice.threshold, title)
+
+
+def _check_sentence_options(
+    score: ScoreName, min_variants: int | None, esi_probe: Path | None, prompt: Path | None,
+    labels: LabelMethod, k: int,
+) -> None:  # fmt: skip
+    """What --granularity sentence does not take ends the command before any model loads."""
+    for given, option in (
+        (score is not ScoreName.esi, "--score combined"),
+        (min_variants is not None, "--min-variants"),
+        (esi_probe is not None, "--esi-probe"),
+        (prompt is not None, "--prompt (the sentence prompts are built in)"),
+        (labels is not LabelMethod.containment, "--labels other than containment"),
+    ):
+        if given:
+            fail(f"--granularity sentence decides on each sentence's ESI: not with {option}")
+    if not 1 <= k <= 9:
+        fail(f"--questions-per-prompt must be 1 to 9, got {k}")
 
 
 def _check_fits(

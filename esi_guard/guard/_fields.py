@@ -146,11 +146,27 @@ class GuardFields(BaseChatModel):
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
     temperature: float | None = None
     """Only ``0`` or ``None``: ESI scores the greedy answer, so the guard never samples."""
-    stream_mode: Literal["hold", "live"] = "hold"
+    stream_mode: Literal["hold", "live", "sentences"] = "hold"
     """``hold``: ``stream`` yields the answer once it is scored. ``live``: it yields the
     answer's text as it is generated, then a last chunk with the score and metadata; only
     with ``action="flag"`` and ``on_error`` ``"flag"`` or ``"raise"``, since an answer
-    already shown cannot be withheld."""
+    already shown cannot be withheld. ``sentences``: it yields each sentence once it is
+    scored (its tokens forced after the variants while the answer is still generated,
+    the backend's forcing session keeping the variants' state between sentences), with
+    its score in the chunk's ``response_metadata["esi"]["shown"]`` (a one-item list, so
+    that adding the chunks, as LangChain does, lists every sentence shown); a shown
+    sentence has been checked. A sentence past ``sentence_threshold`` is never shown:
+    with ``action="redact"`` it is dropped and the stream goes on; with ``flag``,
+    ``abstain`` or ``route`` it and every sentence after it are withheld, and the last
+    chunk carries nothing more of the answer (``flag``), the abstain message
+    (``abstain``) or the fallback's answer (``route``); the sentences shown before it
+    stay shown. Fail closed: a sentence that could not be scored is never shown, and an
+    answer that could not be scored shows none (whatever ``on_error``; the last chunk's
+    metadata says why). The last chunk's ``response_metadata["esi"]`` is the whole
+    answer's, as a non-streamed call gives it (``sentences`` included), and its scores
+    are those of the same guard's ``invoke`` up to the engine's rounding. Needs what
+    deciding on sentences needs (no ``min_variants``, cascade or probe) and
+    ``support="pair"``. ``invoke`` is not streamed and is the non-streamed call."""
     streaming: bool = False
     """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
 

@@ -4,8 +4,9 @@
 callbacks and the guard's child runs are all reported, which langchain-core's own
 streaming path cannot do: it does not hand ``_stream`` its run manager) and hands each
 piece of the answer over as the backend generates it, through a sink in a context
-variable (only with ``stream_mode="live"``; held, no piece comes before the end). The last
-chunk is the scored message itself, less the text already sent.
+variable (only with ``stream_mode="live"`` or ``"sentences"``, whose pieces are scored
+sentences with their metadata; held, no piece comes before the end). The last chunk is
+the scored message itself, less the text already sent (``last`` makes it).
 Closing the stream midway makes the next piece raise inside the guard, which stops the
 generation.
 """
@@ -24,9 +25,14 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 
 from esi_guard.guard._messages import last_message_chunk
 
-__all__ = ["astream", "emit", "stream"]
+__all__ = ["Last", "Piece", "astream", "emit", "serving", "stream"]
 
-_SINK: ContextVar[Callable[[str], None] | None] = ContextVar("esi_guard_sink", default=None)
+Piece = str | AIMessageChunk
+"""A piece of the answer: its text, or a chunk with metadata (a scored sentence)."""
+Last = Callable[[AIMessage, str], AIMessageChunk]
+"""The last chunk from the scored message and the text already sent."""
+
+_SINK: ContextVar[Callable[[Piece], None] | None] = ContextVar("esi_guard_sink", default=None)
 _END = object()
 
 
@@ -34,20 +40,31 @@ class _Gone(Exception):
     """The caller closed the stream: stop generating."""
 
 
-def emit(piece: str) -> None:
+def serving() -> bool:
+    """Whether a stream is being served (an ``emit`` reaches a caller)."""
+    return _SINK.get() is not None
+
+
+def _chunk(piece: Piece) -> AIMessageChunk:
+    return piece if isinstance(piece, AIMessageChunk) else AIMessageChunk(content=piece)
+
+
+def emit(piece: Piece) -> None:
     """Hand one piece of the answer to the live stream being served, if any."""
     sink = _SINK.get()
     if sink is not None:
         sink(piece)
 
 
-def stream(invoke: Callable[[], AIMessage]) -> Iterator[AIMessageChunk]:
+def stream(
+    invoke: Callable[[], AIMessage], last: Last = last_message_chunk
+) -> Iterator[AIMessageChunk]:
     """Pieces of ``invoke()``'s answer while it runs in a worker thread, then the rest."""
     pieces: queue.Queue[Any] = queue.Queue()
     gone = threading.Event()
     outcome: dict[str, Any] = {}
 
-    def sink(piece: str) -> None:
+    def sink(piece: Piece) -> None:
         if gone.is_set():
             raise _Gone
         pieces.put(piece)
@@ -66,17 +83,20 @@ def stream(invoke: Callable[[], AIMessage]) -> Iterator[AIMessageChunk]:
     sent = ""
     try:
         while (piece := pieces.get()) is not _END:
-            sent += piece
-            yield AIMessageChunk(content=piece)
+            chunk = _chunk(piece)
+            sent += str(chunk.content)
+            yield chunk
     finally:
         gone.set()
         thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    yield last_message_chunk(outcome["message"], sent)
+    yield last(outcome["message"], sent)
 
 
-async def astream(ainvoke: Callable[[], Awaitable[AIMessage]]) -> AsyncIterator[AIMessageChunk]:
+async def astream(
+    ainvoke: Callable[[], Awaitable[AIMessage]], last: Last = last_message_chunk
+) -> AsyncIterator[AIMessageChunk]:
     """Async :func:`stream`: ``ainvoke()`` runs as a task; closing the stream cancels it."""
     pieces: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -91,12 +111,13 @@ async def astream(ainvoke: Callable[[], Awaitable[AIMessage]]) -> AsyncIterator[
     sent = ""
     try:
         while (piece := await pieces.get()) is not _END:
-            sent += piece
-            yield AIMessageChunk(content=piece)
+            chunk = _chunk(piece)
+            sent += str(chunk.content)
+            yield chunk
         message = await task
     finally:
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    yield last_message_chunk(message, sent)
+    yield last(message, sent)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
@@ -13,8 +13,18 @@ from esi_guard._pipeline.items import Item
 from esi_guard._text import message_text
 from esi_guard.exceptions import BackendError
 from esi_guard.result import ESIResult, OnError
+from esi_guard.sentences import SentenceScore
 
-__all__ = ["chat_result", "decision", "last_chunk", "last_message_chunk", "piece_chunk"]
+__all__ = [
+    "chat_result",
+    "decision",
+    "last_chunk",
+    "last_message_chunk",
+    "piece_chunk",
+    "sentence_chunk",
+    "sentences_last",
+    "sentences_last_chunk",
+]
 
 
 def decision(item: Item) -> str | None:
@@ -86,3 +96,33 @@ def last_chunk(result: ChatResult, sent: str = "") -> ChatGenerationChunk:
 def piece_chunk(text: str) -> ChatGenerationChunk:
     """A chunk of a live stream: answer text as it is generated, before any score."""
     return ChatGenerationChunk(message=AIMessageChunk(content=text))
+
+
+def sentence_chunk(sentence: SentenceScore) -> AIMessageChunk:
+    """A scored sentence as a stream's chunk: its text, its score in the metadata.
+
+    ``response_metadata["esi"]["shown"]`` is a one-item list: langchain-core adds chunks'
+    metadata key by key (strings joined, lists concatenated, a float twice is an error),
+    so the stream's sum lists every sentence shown, beside the last chunk's ``esi``.
+    """
+    return AIMessageChunk(content=sentence.text,
+                          response_metadata={"esi": {"shown": [sentence.as_dict()]}})  # fmt: skip
+
+
+def sentences_last_chunk(message: AIMessage, sent: str = "") -> AIMessageChunk:
+    """The last chunk of a sentence stream: the whole answer's metadata, none of its text.
+
+    The answer's text comes only in its checked sentences; the last chunk's text is what
+    replaced the answer (the abstain message, the fallback's answer) or nothing.
+    """
+    chunk = last_message_chunk(message)
+    decision = message.response_metadata.get("esi", {}).get("decision")
+    if decision not in ("abstain", "route"):
+        chunk.content = ""
+    return chunk
+
+
+def sentences_last(result: ChatResult) -> ChatGenerationChunk:
+    """:func:`sentences_last_chunk` of a chat result, as a generation chunk."""
+    message = result.generations[0].message
+    return ChatGenerationChunk(message=sentences_last_chunk(cast(AIMessage, message)))

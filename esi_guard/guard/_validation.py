@@ -35,6 +35,8 @@ class Settings(Protocol):
     @property
     def stream_mode(self) -> str: ...
     @property
+    def support(self) -> str: ...
+    @property
     def on_error(self) -> str: ...
     @property
     def temperature(self) -> float | None: ...
@@ -77,17 +79,24 @@ def _check_range(name: str, value: float, guard: Settings) -> None:
 
 
 def check_sentences(guard: Settings) -> None:
-    """Refuse what cannot decide on sentences (``action="redact"``, ``decide_on="sentences"``).
+    """Refuse what cannot decide on (or stream) sentences.
 
+    That is ``action="redact"``, ``decide_on="sentences"`` and ``stream_mode="sentences"``.
     Sentences are scored on their own tokens' ESI: every answer must run ESI in full, so
     no sequential ESI, cascade or combined score without ESI; and a hidden-state probe
-    reads the whole answer, so no combined score with one.
+    reads the whole answer, so no combined score with one. A stream scores each sentence
+    before the answer's end, so a token's score may not depend on later tokens: no
+    ``support="all"``.
     """
     if guard.sentence_threshold is not None:
         _check_range("sentence_threshold", guard.sentence_threshold, guard)
-    if guard.action != "redact" and guard.decide_on != "sentences":
+    streams = guard.stream_mode == "sentences"
+    if guard.action != "redact" and guard.decide_on != "sentences" and not streams:
         return
-    what = "action='redact'" if guard.action == "redact" else "decide_on='sentences'"
+    what = (
+        "stream_mode='sentences'" if streams
+        else "action='redact'" if guard.action == "redact" else "decide_on='sentences'"
+    )  # fmt: skip
     combined = guard.combined
     reasons = {
         "min_variants (sequential ESI decides on the whole answer)": guard.min_variants,
@@ -98,6 +107,8 @@ def check_sentences(guard: Settings) -> None:
         "a combined score without ESI (sentences are scored on their ESI)":
             combined is not None and not getattr(combined, "uses_esi", True),
         "decide_on='context_reliance'": guard.decide_on == "context_reliance" or None,
+        "support='all' (a token's score would depend on the tokens after it)":
+            streams and guard.support == "all",
     }  # fmt: skip
     for reason, setting in reasons.items():
         if setting is not None and setting is not False:

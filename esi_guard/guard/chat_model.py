@@ -28,10 +28,18 @@ from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
-from esi_guard.guard import _assess, _batching, _config, _live, _tracing
+from esi_guard.guard import _assess, _batching, _config, _live, _sentences, _tracing
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
-from esi_guard.guard._messages import chat_result, decision, last_chunk, piece_chunk
+from esi_guard.guard._messages import (
+    chat_result,
+    decision,
+    last_chunk,
+    last_message_chunk,
+    piece_chunk,
+    sentences_last,
+    sentences_last_chunk,
+)
 from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention
 from esi_guard.result import ESIResult
@@ -210,7 +218,8 @@ class ESIGuard(GuardFields):
         Either way it runs the traced ``invoke`` (see :mod:`esi_guard.guard._live`), so the
         chat-model run, its tokens and every step show in callbacks and traces.
         """
-        yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs))
+        last = sentences_last_chunk if self.stream_mode == "sentences" else last_message_chunk
+        yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs), last)
 
     async def astream(
         self,
@@ -221,7 +230,9 @@ class ESIGuard(GuardFields):
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         """Async :meth:`stream`."""
-        async for chunk in _live.astream(lambda: self.ainvoke(input, config, stop=stop, **kwargs)):
+        last = sentences_last_chunk if self.stream_mode == "sentences" else last_message_chunk
+        ainvoke = lambda: self.ainvoke(input, config, stop=stop, **kwargs)  # noqa: E731
+        async for chunk in _live.astream(ainvoke, last):
             yield chunk
 
     def assess(
@@ -324,7 +335,7 @@ class ESIGuard(GuardFields):
     def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
         # Live: invoke (and astream_events) stream through _generate, which has the run
         # manager for token callbacks and child runs; stream() still goes to _stream.
-        if self.stream_mode == "live" and not kwargs.get("stream"):
+        if self.stream_mode in ("live", "sentences") and not kwargs.get("stream"):
             return False
         return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
@@ -348,13 +359,28 @@ class ESIGuard(GuardFields):
                 if run_manager is not None:
                     run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
                 _live.emit(piece)
+        elif self.stream_mode == "sentences" and _live.serving():
+            for chunk in _sentences.sentences(pipeline, item, self.action, run_manager):
+                _live.emit(chunk)
         else:
             pipeline.run([item], hook)
-        routed = None
-        if decision(item) == "route":
-            callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
-            routed = self._fallback().invoke(messages, {"callbacks": callbacks})
-        return self._decided(item, routed)
+        return self._decided(item, self._routed(item, messages, run_manager))
+
+    async def _arouted(self, item: Item, messages: list[BaseMessage], run_manager: Any) -> Any:
+        """Async :meth:`_routed`."""
+        if decision(item) != "route":
+            return None
+        callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
+        return await self._fallback().ainvoke(messages, {"callbacks": callbacks})
+
+    def _routed(
+        self, item: Item, messages: list[BaseMessage], run_manager: CallbackManagerForLLMRun | None
+    ) -> Any:
+        """The fallback's answer where the item was routed; else None."""
+        if decision(item) != "route":
+            return None
+        callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
+        return self._fallback().invoke(messages, {"callbacks": callbacks})
 
     async def _agenerate(
         self,
@@ -372,13 +398,12 @@ class ESIGuard(GuardFields):
                 if run_manager is not None:
                     await run_manager.on_llm_new_token(piece, chunk=piece_chunk(piece))
                 _live.emit(piece)
+        elif self.stream_mode == "sentences" and _live.serving():
+            async for chunk in _sentences.asentences(pipeline, item, self.action, run_manager):
+                _live.emit(chunk)
         else:
             await pipeline.arun([item], hook)
-        routed = None
-        if decision(item) == "route":
-            callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
-            routed = await self._fallback().ainvoke(messages, {"callbacks": callbacks})
-        return self._decided(item, routed)
+        return self._decided(item, await self._arouted(item, messages, run_manager))
 
     def _stream(
         self,
@@ -395,6 +420,11 @@ class ESIGuard(GuardFields):
             yield last_chunk(self._generate(messages, stop, run_manager, **kwargs))
             return
         item, pipeline = self._start(messages, stop, kwargs)
+        if self.stream_mode == "sentences":
+            for chunk in _sentences.sentences(pipeline, item, self.action, run_manager):
+                yield ChatGenerationChunk(message=chunk)
+            yield sentences_last(self._decided(item, self._routed(item, messages, run_manager)))
+            return
         sent = ""
         for piece in pipeline.stream(item, _tracing.Traced(run_manager)):
             sent += piece
@@ -413,6 +443,13 @@ class ESIGuard(GuardFields):
             yield last_chunk(await self._agenerate(messages, stop, run_manager, **kwargs))
             return
         item, pipeline = self._start(messages, stop, kwargs)
+        if self.stream_mode == "sentences":
+            async for chunk in _sentences.asentences(pipeline, item, self.action, run_manager):
+                yield ChatGenerationChunk(message=chunk)
+            yield sentences_last(
+                self._decided(item, await self._arouted(item, messages, run_manager))
+            )
+            return
         sent = ""
         async for piece in pipeline.astream(item, _tracing.ATraced(run_manager)):
             sent += piece

@@ -169,7 +169,9 @@ def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
 
     Score, decision, threshold, whether it was scored and why not, variants used; the
     combined score's ``p_wrong``, the cascade's ``decided_by`` and ``fallback_used`` where
-    they apply. A withheld answer's text is not sent.
+    they apply; each sentence's ``start``, ``end``, ``score`` and ``decision`` (offsets in
+    the model's answer), and ``redacted``, how many sentences were removed. A withheld
+    answer's text, or a removed sentence's, is not sent.
     """
     info = {
         "score": esi.get("score"),
@@ -183,6 +185,11 @@ def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
     for name in ("p_wrong", "decided_by", "fallback_used"):
         if esi.get(name) is not None:
             info[name] = esi[name]
+    if esi.get("sentences"):
+        keys = ("start", "end", "score", "decision", "p_wrong")
+        info["sentences"] = [{k: s[k] for k in keys if k in s} for s in esi["sentences"]]
+    if esi.get("redacted"):
+        info["redacted"] = len(esi["redacted"])
     return info
 
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from esi_guard.backends._types import AnswerPiece
 from esi_guard.backends.llamacpp._engine import Engine, Row, topk_rows
+from esi_guard.scoring import TopK
 
 __all__ = [
     "GROUP_CELLS",
@@ -41,8 +43,11 @@ def greedy(
     top_k: int,
     names: Sequence[str],
     is_end: Callable[[int], bool],
-) -> Generator[list[int], None, Greedy]:
+) -> Generator[AnswerPiece, None, Greedy]:
     """Greedy decoding of up to ``room`` tokens after ``row``; yields each token as it comes.
+
+    Each token comes with its step's top-k; the last (an end token, or the ``room``-th)
+    only in the returned answer.
 
     Returns (``yield from``) the tokens (the end token included when it came), the
     raw-logit top-k at each step and, per tensor of ``names``, its row at each step.
@@ -61,7 +66,7 @@ def greedy(
         tokens.append(token)
         if is_end(token) or len(tokens) >= room:
             break
-        yield [token]
+        yield AnswerPiece((token,), TopK(top_ids, top_values))
         logits = engine.decode([], [Row(0, [token], len(row) + len(tokens) - 1, [0])], names)
     return tokens, np.stack(ids), np.stack(values), states
 

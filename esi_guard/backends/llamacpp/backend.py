@@ -10,37 +10,37 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
-from esi_guard.backends._engine_helpers import (
-    StreamedText,
-    check_sampling,
-    shared_prefix,
-)
+from esi_guard.backends._engine_helpers import check_sampling, shared_prefix, text_pieces
 from esi_guard.backends._identity import file_sha256, gguf_model_id
+from esi_guard.backends._session import ForcingSession, check_opening
 from esi_guard.backends._template import ChatTemplate
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends._types import (
+    AnswerPiece,
+    Forced,
+    ForcingRequest,
+    Generation,
+    Messages,
+    Sample,
+)
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_template
 from esi_guard.backends.llamacpp._copy import PRECISIONS, forcing_llama, resolve_precision
-from esi_guard.backends.llamacpp._decoding import (
-    Greedy,
-    greedy,
-)
+from esi_guard.backends.llamacpp._decoding import Greedy, greedy
 from esi_guard.backends.llamacpp._engine import Engine
 from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
 from esi_guard.backends.llamacpp._loading import check_llama, open_gguf
 from esi_guard.backends.llamacpp._pack import Job, force, forced
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
+from esi_guard.backends.llamacpp._session import Contexts, Session, cells
 from esi_guard.backends.llamacpp._tap import tensor_name
-from esi_guard.exceptions import (
-    BackendError,
-    ConfigurationError,
-)
+from esi_guard.exceptions import BackendError, ConfigurationError
 
 __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
 
@@ -150,6 +150,10 @@ class LlamaCppBackend(Backend):
             self._forcer = Engine(
                 self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
             )
+        # A forcing copy's context has a lock of its own: forcing never waits for a
+        # streamed generation (which holds the lock between its tokens), nor it for forcing.
+        self._force_lock = self._lock if self._forcer is self._engine else threading.Lock()
+        self._sessions = Contexts(self._forcing_llama or llama, n_seq_max, n_threads)
         close_at_exit(self)
         self._tokens = Tokens(llama, llama_cpp)
         self._n_layers = int(llama_cpp.llama_model_n_layer(llama._model.model))
@@ -287,9 +291,11 @@ class LlamaCppBackend(Backend):
         return [tensor_name(layer) for layer in hidden.layers]
 
     def close(self) -> None:
-        """Free the backend's context (the ``Llama`` and its weights stay)."""
+        """Free the backend's contexts (the ``Llama`` and its weights stay)."""
         with self._lock:
+            self._sessions.close()
             self._engine.close()
+        with self._force_lock:
             if self._forcing_llama is not None:
                 self._forcer.close()
                 self._forcing_llama.close()
@@ -365,25 +371,24 @@ class LlamaCppBackend(Backend):
 
         Closing the stream early stops the generation at the next token.
         """
-        text = StreamedText(self._tokens.decode, stop)
-        for item in self._greedy(prompt, max_new_tokens, top_k, stop, hidden):
-            if isinstance(item, list):
-                if piece := text.add(item):
-                    yield piece
-                continue
-            if isinstance(item, Generation) and (rest := text.rest(item.text)):
-                yield rest
-            yield item
+        tokens = self.stream_tokens(prompt, max_new_tokens=max_new_tokens, top_k=top_k,
+                                    stop=stop, hidden=hidden)  # fmt: skip
+        with closing(tokens):
+            yield from text_pieces(tokens, self._tokens.decode, stop)
 
-    def _greedy(
+    def stream_tokens(
         self,
         prompt: Messages,
+        *,
         max_new_tokens: int,
         top_k: int,
-        stop: Sequence[str],
+        stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
-    ) -> Generator[list[int] | Generation | BackendError, None, None]:
-        """Each new token (as a one-item list) as it comes, then the Generation."""
+    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
+        """Each token with its top-k as it is generated, then the :class:`Generation`.
+
+        Closing the stream early stops the generation at the next token.
+        """
         names = self._names(hidden)
         row = self.render(prompt)
         too_long = self._engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
@@ -434,7 +439,7 @@ class LlamaCppBackend(Backend):
             shared = shared_prefix(rows, self.reuse_prefix)
             jobs[number] = Job(rows, answer, shared, self._names(request.hidden))
         taps = self.hidden_size if self.forces_original else None
-        with self._lock:
+        with self._force_lock:
             tops, states = force(self._forcer, list(jobs.values()), top_k, self.pack_rows, taps)
         done = dict(zip(jobs, zip(tops, states, strict=True), strict=True))
         return [
@@ -443,6 +448,26 @@ class LlamaCppBackend(Backend):
             else forced(*done[number], request, self._with_original(request), self.model_id)
             for number, request in enumerate(requests)
         ]
+
+    def open_forcing(
+        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
+    ) -> ForcingSession:
+        """An incremental forcing session: each row's KV cells kept between pieces.
+
+        It runs on a context of its own, holding no lock (:mod:`._session` tells why):
+        the backend's other calls, a streamed generation included, go on beside it and
+        their numbers do not change. Its distributions equal ``teacher_force``'s up to
+        llama.cpp's rounding; an answer longer than ``max_answer_tokens`` may not fit it
+        (a :class:`ContextLengthError` in place).
+        """
+        check_opening(request)
+        extra = [request.prompt] if self._with_original(request) else []
+        rows = [self.render(messages) for messages in [*extra, *request.variants]]
+        shared = shared_prefix(rows, self.reuse_prefix)
+        engine = self._sessions.take(cells(rows, shared, max_answer_tokens), len(rows))
+        return Session(self, engine, rows, shared, request, top_k=top_k,
+                       with_original=bool(extra), model_id=self.model_id,
+                       release=self._sessions.give)  # fmt: skip
 
     def _with_original(self, request: ForcingRequest) -> bool:
         return request.include_original or self.forces_original

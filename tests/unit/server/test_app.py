@@ -364,3 +364,25 @@ async def test_draining_answers_health_503_and_refuses_new_chat_requests() -> No
     assert refused.json()["error"]["code"] == "server_shutting_down"
     assert refused.headers["Retry-After"] == "1"
     assert live.status_code == 200 and "esi_guard_ready 0.0" in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_redacted_answer_is_served_without_the_sentences_it_lists(stream: bool) -> None:
+    question = "Tell me three things."
+    answer = "Paris is in France. Water boils at 100 degrees. The moon is made of cheese."
+    backend = FakeBackend({question: answer}, default_sensitivity=1.0)
+    scores = sorted(s.score for s in fake_guard(backend=backend).assess([question])[0].sentences)
+    guard = fake_guard(backend=backend, action="redact", threshold=(scores[-1] + scores[-2]) / 2)
+    async with client(guard) as c:
+        r = await c.post(CHAT, json=body(question, stream=stream))
+    assert r.status_code == 200 and r.headers["X-ESI-Decision"] == "redact"
+    if stream:
+        chunks = events(r)
+        content, esi = streamed_text(chunks), chunks[-1]["esi"]
+    else:
+        content, esi = r.json()["choices"][0]["message"]["content"], r.json()["esi"]
+    assert esi["redacted"] == 1
+    (removed,) = [s for s in esi["sentences"] if s["decision"] == "redact"]
+    assert removed["score"] == pytest.approx(scores[-1])
+    assert content == (answer[: removed["start"]] + answer[removed["end"] :]).rstrip()
+    assert answer[removed["start"] : removed["end"]] not in r.text  # nor anywhere else

@@ -1,0 +1,231 @@
+"""Scored streaming by sentence: each sentence scored as soon as its tokens are in.
+
+:func:`stream` runs one item's steps in the order streaming needs: the question's
+variants first (they do not depend on the answer), a forcing session opened on them
+(:meth:`~esi_guard.backends.base.Backend.open_forcing`), then the answer generated token
+by token (``stream_tokens``). Each time the splitter shows a sentence complete (a later
+one has started in the text that can no longer change, :class:`~esi_guard.backends.
+_engine_helpers.StreamedText`), that sentence's tokens are forced after every variant
+through the session and the answer so far is scored as the whole answer is
+(:func:`~esi_guard._pipeline.assess.scored` on the prefix, so a sentence's score, signals
+and decision are computed by the same code and from the same numbers as the final
+result's); the sentence is then yielded, judged. When the answer ends, its last tokens
+are forced and the whole answer is decided from the session's pieces joined, with no
+second forcing: the item's outcome is what a non-streamed call would give it, up to
+the engine's rounding of a different decode shape.
+
+Which judged sentences a caller may show is :func:`shown`'s rule. Fail closed: a sentence
+whose forcing or scoring failed is never yielded, and neither is any after it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from esi_guard._pipeline.assess import scored
+from esi_guard._pipeline.items import Item
+from esi_guard._pipeline.shield import shield
+from esi_guard._pipeline.steps import Pipeline, StepHook
+from esi_guard.backends._engine_helpers import StreamedText
+from esi_guard.backends._session import ForcingSession, joined
+from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest
+from esi_guard.exceptions import ConfigurationError, InputError
+from esi_guard.result import Action, ESIResult
+from esi_guard.scoring import TopK
+from esi_guard.sentences import SentenceScore, score_sentences
+
+__all__ = ["Growing", "shown", "stream"]
+
+_BOUNDARY = re.compile(r"[.!?;:\u2026\u3002][^\s]*\s+\S|\n\s*\S")
+"""Where a sentence may end and the next have begun: end punctuation, or a line break,
+then space and a character. Only a quick filter (the splitter decides): splitting the
+answer so far at every token would cost a long answer time quadratic in its length."""
+
+
+@dataclass
+class Growing:
+    """One answer while it streams: its tokens, and what of it was forced and scored."""
+
+    text: StreamedText
+    """Its text so far, never ahead of the final answer (``text.sent``)."""
+    ids: list[int] = field(default_factory=list)
+    rows: list[TopK] = field(default_factory=list)
+    """The original top-k of each piece."""
+    forced: list[Forced] = field(default_factory=list)
+    """The session's pieces, in order."""
+    n_forced: int = 0
+    """Tokens forced so far."""
+    text_forced: int = 0
+    """Characters of ``text.sent`` whose tokens were forced."""
+    scored: int = 0
+    """Sentences scored (and yielded) so far."""
+    scored_end: int = 0
+    """Where the last of them ends in ``text.sent``."""
+    failed: bool = False
+    """A forcing or scoring failed: nothing more is yielded before the end."""
+
+    def add(self, piece: AnswerPiece) -> None:
+        """Take the next tokens."""
+        self.ids += piece.token_ids
+        self.rows.append(piece.topk)
+        self.text.add(piece.token_ids)
+
+    def original(self, length: int) -> TopK:
+        """The first ``length`` positions' original top-k."""
+        ids = np.concatenate([row.ids for row in self.rows])[:length]
+        return TopK(ids, np.concatenate([row.values for row in self.rows])[:length])
+
+
+def shown(
+    sentences: Iterable[SentenceScore], action: Action
+) -> Generator[SentenceScore, None, None]:
+    """The judged sentences a stream shows, in order; the rest are withheld.
+
+    Accepted ones are shown. A sentence past the threshold is never shown: with
+    ``redact`` it is dropped and the stream goes on; with any other action it and every
+    sentence after it are withheld (the answer is flagged, abstained on or routed as a
+    whole; what was shown before it stays shown). ``sentences`` is drained either way,
+    so the answer is generated and scored to its end.
+    """
+    withheld = False
+    for sentence in sentences:
+        if sentence.decision == "accept" and not withheld:
+            yield sentence
+        elif action != "redact":
+            withheld = True
+
+
+def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Generator[SentenceScore, None, None]:
+    """Each sentence of ``item``'s answer, judged, once scored; then the item is decided.
+
+    The last sentences come after the whole answer was decided (``item.outcome``): they
+    are the final result's own.
+    """
+    with hook("intervene", [item]):
+        pipeline.intervened([item], pipeline.intervene([item]))
+    session = opened(pipeline, item)
+    growing = Growing(StreamedText(_decoder(pipeline), pipeline.stop))
+    try:
+        with hook("generate", [item]):
+            messages = item.prompt.messages
+            tokens = pipeline.backend.stream_tokens(messages, **pipeline.stream_args())
+            for piece in pipeline.streamed(item, tokens):
+                growing.add(piece)
+                if session is not None and not growing.failed:
+                    yield from _complete(pipeline, item, session, growing)
+        if item.outcome is None:
+            with hook("score", [item]):
+                _decide(pipeline, item, session, growing)
+    finally:
+        if session is not None:
+            session.close()
+    if isinstance(item.outcome, ESIResult):
+        yield from item.outcome.sentences[growing.scored :]
+
+
+def opened(pipeline: Pipeline, item: Item) -> ForcingSession | None:
+    """The forcing session of ``item``'s variants; None when it has none to force.
+
+    None too where the backend could not open one: the answer is then forced once it
+    is whole, and its sentences come at the end.
+    """
+    if item.outcome is not None or not item.changed:
+        return None
+    request = ForcingRequest(
+        prompt=item.prompt.messages,
+        variants=[item.prompt.with_question(text) for text in item.changed],
+        answer_ids=[],
+    )
+    config = pipeline.config
+    try:
+        return pipeline.backend.open_forcing(request, top_k=config.top_k,
+                                             max_answer_tokens=config.max_new_tokens)  # fmt: skip
+    except (ConfigurationError, InputError):
+        raise
+    except Exception:  # the engine failed: force the whole answer at the end
+        return None
+
+
+def _decoder(pipeline: Pipeline) -> Callable[[Sequence[int]], str]:
+    backend = pipeline.backend
+    return lambda ids: backend.decode(ids) or ""
+
+
+def _extend(session: ForcingSession, ids: Sequence[int], text: str) -> Forced | None:
+    """The session's next piece; None where it failed (the sentence is not shown)."""
+    try:
+        out = session.extend(ids, text)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception:  # the engine failed: fail closed
+        return None
+    return out if isinstance(out, Forced) else None
+
+
+def _complete(
+    pipeline: Pipeline, item: Item, session: ForcingSession, growing: Growing
+) -> Iterator[SentenceScore]:
+    """The sentences the answer so far shows complete and that were not yet yielded."""
+    text = growing.text.sent
+    if not _BOUNDARY.search(text, growing.scored_end):  # no sentence can have ended yet
+        return
+    ends = pipeline.backend.token_offsets(growing.ids, text)
+    if ends is None:
+        return
+    zeros = np.zeros(len(ends))
+    layout = score_sentences(text, ends, zeros, zeros, zeros)[:-1]  # the last may go on
+    if len(layout) <= growing.scored:
+        return
+    end, n = layout[-1].end, layout[-1].end_token
+    if n > growing.n_forced:
+        out = _extend(session, growing.ids[growing.n_forced : n], text[growing.text_forced : end])
+        if out is None:
+            growing.failed = True
+            return
+        growing.forced.append(out)
+        growing.n_forced, growing.text_forced = n, end
+    prefix = replace(
+        item, answer=text[:end], answer_ids=tuple(growing.ids[:n]), original=growing.original(n),
+        token_ends=[min(e, end) for e in ends[:n]], outcome=None, steps={},
+    )  # fmt: skip
+    result = scored(prefix, joined(growing.forced, n), None, pipeline.rule,
+                    pipeline.backend.values_kind)  # fmt: skip
+    if not result.scored or len(result.sentences) < len(layout):
+        growing.failed = True
+        return
+    yield from result.sentences[growing.scored : len(layout)]
+    growing.scored, growing.scored_end = len(layout), end
+
+
+def _decide(
+    pipeline: Pipeline, item: Item, session: ForcingSession | None, growing: Growing
+) -> None:
+    """Decide the whole answer from the session's pieces (its last tokens forced now).
+
+    Where the session cannot give the answer's rows (it failed, or the answer is not the
+    tokens it forced), they are forced once more, as a non-streamed call does.
+    """
+    rounds = pipeline.rounds([item], include_original=False)
+    requests = next(rounds)
+    ids = list(item.answer_ids)
+    main: Forced | None = None
+    same = growing.ids[: growing.n_forced] == ids[: growing.n_forced]
+    if session is not None and requests and not growing.failed and same:
+        rest = ids[growing.n_forced :]
+        out = _extend(session, rest, item.answer[growing.text_forced :]) if rest else None
+        if out is not None:
+            growing.forced.append(out)
+        if growing.forced and (out is not None or not rest):
+            main = joined(growing.forced, len(ids))
+    call = pipeline.backend.teacher_force
+    top_k = pipeline.config.top_k
+    todo = requests if main is None else requests[1:]
+    forced = shield(lambda: call(todo, top_k=top_k), len(todo), "teacher_force") if todo else []
+    try:
+        rounds.send([main, *forced] if main is not None else forced)
+    except StopIteration:
+        return

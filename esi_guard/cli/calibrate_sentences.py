@@ -1,0 +1,111 @@
+"""``esi-guard calibrate --granularity sentence``: a threshold on each sentence's score.
+
+The set's questions are asked ``--questions-per-prompt`` at a time and every sentence of
+the answers is scored and labelled (:mod:`esi_guard.cli.run.sentences`). The threshold is
+chosen on the labelled sentences: ``--select risk`` by conformal back-off, so that with
+probability ``1 - delta`` the share of answers whose kept sentences include a wrong one is
+at most ``alpha`` (:mod:`esi_guard.calibration.backoff`); ``coverage``, ``f1`` and
+``youden`` as for answers, on the sentences. The file records ``decide_on="sentences"``
+and ``granularity="sentence"``: a guard from it (``ESIGuard.from_calibration``) flags,
+abstains or routes an answer with a sentence past the threshold, or with
+``action="redact"`` removes those sentences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from esi_guard import __version__
+from esi_guard.calibration.backoff import by_backoff
+from esi_guard.calibration.data import load_files
+from esi_guard.calibration.file import DatasetInfo, ThresholdFile
+from esi_guard.calibration.metrics import summarise
+from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_youden
+from esi_guard.cli._options import Selection
+from esi_guard.cli.output import console, data_name, fail, warn
+from esi_guard.cli.run.sentences import SentenceRun, score_sentence_run
+from esi_guard.exceptions import ESIGuardError
+from esi_guard.guard import ESIGuard
+
+__all__ = ["calibrate_sentences"]
+
+
+def calibrate_sentences(
+    guard: Callable[[], ESIGuard],
+    data: list[Path],
+    out: Path,
+    *,
+    k: int,
+    request: dict[str, Any],
+    load: dict[str, Any],
+    limit: int | None,
+    seed: int | None,
+    system: str | None,
+    cache: Path | None,
+    batch_size: int,
+    select: Selection,
+    targets: dict[str, float],
+    resamples: int,
+) -> None:
+    """Score the grouped prompts, report per sentence, choose and write the threshold."""
+    try:
+        examples = load_files(data, limit=limit, seed=seed, **load)
+        run = score_sentence_run(guard, examples, k, request=request, data=data, cache=cache,
+                                 system=system, batch_size=batch_size)  # fmt: skip
+    except (ESIGuardError, ImportError) as exc:
+        fail(str(exc))
+    scores, wrong, _ = run.flat
+    if not scores:
+        fail("no sentence could be scored and labelled")
+    report = run.report()
+    console.print(
+        f"{report['prompts']} prompts of {k} questions ({report['scored_prompts']} scored): "
+        f"{report['sentences']} sentences, {report['labelled']} aligned to a question and "
+        f"labelled ({report['right']} right), {report['unaligned']} unaligned and left out"
+    )
+    metrics = summarise(scores, wrong, n_resamples=resamples)
+    auroc = metrics["auroc"]
+    console.print(f"sentence AUROC {auroc.value:.3f} [{auroc.low:.3f}, {auroc.high:.3f}] "
+                  f"on {len(scores)} sentences of {data_name(data)}")  # fmt: skip
+    choice = _choose(run, select, scores, wrong, targets)
+    if choice is None:
+        fail(
+            f"no sentence threshold keeps the share of answers with a wrong kept sentence "
+            f"at or below alpha={targets['alpha']:g} with delta={targets['delta']:g} on these "
+            f"{len(run.answers)} answers; no threshold file written. Calibrate on more "
+            "examples, or raise --alpha or --delta.",
+            code=1,
+        )
+    dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
+                          n=len(examples), limit=limit, seed=seed or 0)  # fmt: skip
+    written = ThresholdFile.from_run(
+        run.header, choice, label_method="containment", dataset=dataset, metrics=metrics,
+        version=__version__, granularity="sentence", sentence_report=report,
+    )  # fmt: skip
+    written.write(out)
+    console.print(
+        f"sentence threshold {choice.threshold:.4f} ({choice.method}): keeps "
+        f"{choice.coverage:.3f} of the calibration sentences, {choice.selective_risk:.3f} "
+        "of them wrong"
+    )
+    if choice.guarantee:
+        console.print(f"guarantee: {choice.guarantee['statement']}")
+    console.print(f"wrote {out}")
+
+
+def _choose(
+    run: SentenceRun, select: Selection, scores: list[float], wrong: list[int],
+    targets: dict[str, float],
+) -> Choice | None:  # fmt: skip
+    if select is Selection.risk:
+        if len(run.answers) < 100:
+            warn(f"only {len(run.answers)} answers: a guarantee over answers from so few "
+                 "is weak; calibrate on a few hundred prompts")  # fmt: skip
+        return by_backoff(run.answers, targets["alpha"], targets["delta"])
+    if select is Selection.coverage:
+        return by_coverage(scores, wrong, targets["coverage"])
+    if select is Selection.f1:
+        return by_f1(scores, wrong)
+    return by_youden(scores, wrong)
