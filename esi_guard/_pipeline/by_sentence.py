@@ -1,11 +1,12 @@
 """Scored streaming by sentence: each sentence scored as soon as its tokens are in.
 
 :func:`stream` runs one item's steps in the order streaming needs: the question's
-variants first (they do not depend on the answer), a forcing session opened on them
-(:meth:`~esi_guard.backends.base.Backend.open_forcing`), then the answer generated token
-by token (``stream_tokens``). Each time the splitter shows a sentence complete (a later
-one has started in the text that can no longer change, :class:`~esi_guard.backends.
-_engine_helpers.StreamedText`), that sentence's tokens are forced after every variant
+variants first (they do not depend on the answer), then a forcing session opened on them
+(:meth:`~esi_guard.backends.base.Backend.open_forcing`: the variants' prompts forced) in a
+worker thread while the answer is generated token by token (``stream_tokens``). Each
+time the splitter shows a sentence complete (a later one has started in the text that
+can no longer change, :class:`~esi_guard.backends._engine_helpers.StreamedText`), that
+sentence's tokens are forced after every variant
 through the session and the answer so far is scored as the whole answer is
 (:func:`~esi_guard._pipeline.assess.scored` on the prefix, so a sentence's score, signals
 and decision are computed by the same code and from the same numbers as the final
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -107,24 +109,44 @@ def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Generator[Sentence
     """
     with hook("intervene", [item]):
         pipeline.intervened([item], pipeline.intervene([item]))
-    session = opened(pipeline, item)
     growing = Growing(StreamedText(_decoder(pipeline), pipeline.stop))
-    try:
-        with hook("generate", [item]):
-            messages = item.prompt.messages
-            tokens = pipeline.backend.stream_tokens(messages, **pipeline.stream_args())
-            for piece in pipeline.streamed(item, tokens):
-                growing.add(piece)
-                if session is not None and not growing.failed:
-                    yield from _complete(pipeline, item, session, growing)
-        if item.outcome is None:
-            with hook("score", [item]):
-                _decide(pipeline, item, session, growing)
-    finally:
-        if session is not None:
-            session.close()
+    # The variants' prompts are forced (the session opened) while the answer starts: on a
+    # machine with a core to spare, the first sentence then waits only for its own tokens.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="esi-session") as pool:
+        opening = pool.submit(opened, pipeline, item)
+        try:
+            with hook("generate", [item]):
+                messages = item.prompt.messages
+                tokens = pipeline.backend.stream_tokens(messages, **pipeline.stream_args())
+                for piece in pipeline.streamed(item, tokens):
+                    growing.add(piece)
+                    if not growing.failed and _may_end(growing):
+                        session = opening.result()
+                        if session is not None:
+                            yield from _complete(pipeline, item, session, growing)
+            if item.outcome is None:
+                session = opening.result()
+                with hook("score", [item]):
+                    _decide(pipeline, item, session, growing)
+        finally:
+            _close(opening)
     if isinstance(item.outcome, ESIResult):
         yield from item.outcome.sentences[growing.scored :]
+
+
+def _may_end(growing: Growing) -> bool:
+    """Whether a sentence may have ended since the last one scored (a quick filter)."""
+    return _BOUNDARY.search(growing.text.sent, growing.scored_end) is not None
+
+
+def _close(opening: Future[ForcingSession | None]) -> None:
+    """Close the session once it is open (an opening that failed has nothing to close)."""
+    try:
+        session = opening.result()
+    except Exception:  # raised to the caller where it was needed; nothing to close
+        return
+    if session is not None:
+        session.close()
 
 
 def opened(pipeline: Pipeline, item: Item) -> ForcingSession | None:
@@ -171,7 +193,7 @@ def _complete(
 ) -> Iterator[SentenceScore]:
     """The sentences the answer so far shows complete and that were not yet yielded."""
     text = growing.text.sent
-    if not _BOUNDARY.search(text, growing.scored_end):  # no sentence can have ended yet
+    if not _may_end(growing):  # no sentence can have ended yet
         return
     ends = pipeline.backend.token_offsets(growing.ids, text)
     if ends is None:
