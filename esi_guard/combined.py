@@ -92,10 +92,12 @@ def free_signals(
     alphas: np.ndarray | None = None,
     *,
     text: str | None = None,
+    logprobs: np.ndarray | None = None,
 ) -> dict[str, float]:
     """``nll``, ``entropy`` and ``max_nll`` of an answer from its original top-k (no model call).
 
-    With the answer's ``text``, its :func:`repetition` too.
+    With the answer's ``text``, its :func:`repetition` too; with its tokens' ``logprobs``
+    (:func:`token_logprobs`, where the caller has them) they are not computed again.
 
     ``nll`` is :func:`~esi_guard.baselines.neg_log_likelihood` of the answer's tokens, each
     normalised over its position's top-k (the benchmark's "NLL (greedy)"); a token missing
@@ -106,11 +108,13 @@ def free_signals(
     from esi_guard.baselines import neg_log_likelihood
 
     entropy = truncated_entropy(original) if alphas is None else alphas
-    logprobs = token_logprobs(original, answer_ids, kind).tolist()
+    if logprobs is None:
+        logprobs = token_logprobs(original, answer_ids, kind)
+    values = logprobs.tolist()
     signals = {
-        "nll": neg_log_likelihood(logprobs),
+        "nll": neg_log_likelihood(values),
         "entropy": float(np.mean(entropy)),
-        "max_nll": float(-min(logprobs)) if logprobs else 0.0,
+        "max_nll": float(-min(values)) if values else 0.0,
     }
     if text is not None:
         signals["repetition"] = repetition(text)

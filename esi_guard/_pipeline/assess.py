@@ -88,13 +88,13 @@ def scored(
     # The free signals from the answer's own pass where it has one: what a guard that
     # decides without ESI reads (a forcing copy's numbers differ from the generator's).
     own = item.original if item.original is not None else base
-    alphas = esi.alphas if own is base else None
-    signals = free_signals(own, item.answer_ids, kind, alphas, text=item.answer)
+    entropies = esi.alphas if own is base else truncated_entropy(own)
+    logprobs = token_logprobs(own, item.answer_ids, kind)
+    signals = free_signals(own, item.answer_ids, kind, entropies, text=item.answer,
+                           logprobs=logprobs)  # fmt: skip
     hidden = item.hidden if item.hidden is not None else forced.hidden
     sentences = None
     if item.token_ends is not None:
-        entropies = esi.alphas if own is base else truncated_entropy(own)
-        logprobs = token_logprobs(own, item.answer_ids, kind)
         sentences = score_sentences(
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )

@@ -14,6 +14,7 @@ and ``--esi-probe`` a cascade's band (:mod:`esi_guard.cli._cascade`) beside it.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -211,7 +212,8 @@ def calibrate(
             load={"question_field": question_field, "answers_field": answers_field,
                   "incorrect_field": incorrect_field, "answers_sep": answers_sep},
             limit=limit, seed=seed, system=system, cache=cache, batch_size=batch_size,
-            select=select, targets={"alpha": alpha, "delta": delta, "coverage": coverage},
+            select=select, targets={"alpha": alpha, "delta": delta},
+            rule=partial(_select, select, alpha=alpha, delta=delta, coverage=coverage),
             resamples=resamples,
         )  # fmt: skip
         return

@@ -22,10 +22,10 @@ from esi_guard.calibration.backoff import by_backoff
 from esi_guard.calibration.data import load_files
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import summarise
-from esi_guard.calibration.thresholds import Choice, by_coverage, by_f1, by_youden
+from esi_guard.calibration.thresholds import Choice
 from esi_guard.cli._options import Selection
 from esi_guard.cli.output import console, data_name, fail, warn
-from esi_guard.cli.run.sentences import SentenceRun, score_sentence_run
+from esi_guard.cli.run.sentences import score_sentence_run
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 
@@ -47,9 +47,14 @@ def calibrate_sentences(
     batch_size: int,
     select: Selection,
     targets: dict[str, float],
+    rule: Callable[[list[float], list[int]], Choice | None],
     resamples: int,
 ) -> None:
-    """Score the grouped prompts, report per sentence, choose and write the threshold."""
+    """Score the grouped prompts, report per sentence, choose and write the threshold.
+
+    ``--select risk`` backs off (``targets``' alpha and delta, over answers); any other
+    ``rule`` (the answer-level command's) chooses on the labelled sentences.
+    """
     try:
         examples = load_files(data, limit=limit, seed=seed, **load)
         run = score_sentence_run(guard, examples, k, request=request, data=data, cache=cache,
@@ -69,7 +74,13 @@ def calibrate_sentences(
     auroc = metrics["auroc"]
     console.print(f"sentence AUROC {auroc.value:.3f} [{auroc.low:.3f}, {auroc.high:.3f}] "
                   f"on {len(scores)} sentences of {data_name(data)}")  # fmt: skip
-    choice = _choose(run, select, scores, wrong, targets)
+    if select is Selection.risk:
+        if len(run.answers) < 100:
+            warn(f"only {len(run.answers)} answers: a guarantee over answers from so few "
+                 "is weak; calibrate on a few hundred prompts")  # fmt: skip
+        choice = by_backoff(run.answers, targets["alpha"], targets["delta"])
+    else:
+        choice = rule(scores, wrong)
     if choice is None:
         fail(
             f"no sentence threshold keeps the share of answers with a wrong kept sentence "
@@ -93,19 +104,3 @@ def calibrate_sentences(
     if choice.guarantee:
         console.print(f"guarantee: {choice.guarantee['statement']}")
     console.print(f"wrote {out}")
-
-
-def _choose(
-    run: SentenceRun, select: Selection, scores: list[float], wrong: list[int],
-    targets: dict[str, float],
-) -> Choice | None:  # fmt: skip
-    if select is Selection.risk:
-        if len(run.answers) < 100:
-            warn(f"only {len(run.answers)} answers: a guarantee over answers from so few "
-                 "is weak; calibrate on a few hundred prompts")  # fmt: skip
-        return by_backoff(run.answers, targets["alpha"], targets["delta"])
-    if select is Selection.coverage:
-        return by_coverage(scores, wrong, targets["coverage"])
-    if select is Selection.f1:
-        return by_f1(scores, wrong)
-    return by_youden(scores, wrong)

@@ -33,7 +33,7 @@ from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import TemplatedPrompt
 from esi_guard.result import ESIResult
 
-__all__ = ["fill_states", "score_examples", "score_with_progress"]
+__all__ = ["fill_states", "renderer_for", "score_examples", "score_with_progress"]
 
 _READER = CombinedScore(features=("nll",), mean=(0.0,), scale=(1.0,), weights=(0.0,),
                         intercept=0.0, strength=0.0, n_fit=0)  # fmt: skip
@@ -54,7 +54,7 @@ def _assess(
     if template is None:
         prompts: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
         return list(guard.assess(prompts))
-    renderer = _renderer(guard, system_prompt, template)
+    renderer = renderer_for(guard, system_prompt, template)
     out: list[Any] = []
     for i in chunk:
         try:
@@ -66,7 +66,13 @@ def _assess(
     return [value if isinstance(value, BaseException) else next(results) for value in out]
 
 
-def _renderer(guard: ESIGuard, system_prompt: str | None, template: str) -> TemplatedPrompt:
+def renderer_for(
+    guard: ESIGuard, system_prompt: str | None, template: str, question_key: str = "question"
+) -> TemplatedPrompt:
+    """``template`` (after ``system_prompt``) as a prompt intervened on ``question_key`` only.
+
+    Its ``{context}`` variable, where it has one, is the context (``context_reliance``).
+    """
     from langchain_core.prompts import ChatPromptTemplate
 
     messages = [("system", system_prompt)] if system_prompt else []
@@ -75,7 +81,7 @@ def _renderer(guard: ESIGuard, system_prompt: str | None, template: str) -> Temp
     if guard.decide_on == "context_reliance" and context is None:
         msg = "decide_on='context_reliance' needs with_prompt(..., context_key=...)"
         raise ConfigurationError(msg)
-    return TemplatedPrompt(prompt=prompt, question_key="question", context_key=context)
+    return TemplatedPrompt(prompt=prompt, question_key=question_key, context_key=context)
 
 
 def _prompt(question: str, system_prompt: str | None) -> list[tuple[str, str]]:

@@ -27,8 +27,8 @@ from esi_guard.calibration.long_answers import (
 )
 from esi_guard.cli.output import console
 from esi_guard.cli.run.cache import RunHeader, complete_cache, default_cache, open_cache
+from esi_guard.cli.run.score import renderer_for
 from esi_guard.guard import ESIGuard
-from esi_guard.guard._templates import TemplatedPrompt
 from esi_guard.result import ESIResult
 
 __all__ = ["SentenceRun", "grouped", "score_sentence_run"]
@@ -87,15 +87,6 @@ def grouped(examples: Sequence[Example], k: int) -> list[LongPrompt]:
     return group_closed_book(examples, k)
 
 
-def _renderer(prompt: LongPrompt, system: str | None) -> TemplatedPrompt:
-    from langchain_core.prompts import ChatPromptTemplate
-
-    messages = [("system", system)] if system else []
-    template = ChatPromptTemplate.from_messages([*messages, ("human", prompt.template)])
-    context = "context" if prompt.context is not None else None
-    return TemplatedPrompt(prompt=template, question_key="questions", context_key=context)
-
-
 def _record(index: int, prompt: LongPrompt, result: ESIResult | BaseException) -> dict[str, Any]:
     """A prompt's record: the answer, its score and each sentence's score and label."""
     if not isinstance(result, ESIResult) or not result.scored:
@@ -145,11 +136,12 @@ def score_sentence_run(
     header = replace(header, scoring=header.scoring.model_copy(update={"decide_on": "sentences"}))
     done = open_cache(cache, header)
     todo = [i for i in range(len(prompts)) if i not in done]
+    renderer = renderer_for(the_guard, system, template, "questions") if template else None
     with cache.open("a", encoding="utf-8") as handle:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
-            rendered = [_renderer(prompts[i], system).render(prompts[i].variables())
-                        for i in chunk]  # fmt: skip
+            assert renderer is not None  # prompts to score: a template
+            rendered = [renderer.render(prompts[i].variables()) for i in chunk]
             results = the_guard.assess(rendered, failures="return")
             for i, result in zip(chunk, results, strict=True):
                 done[i] = _record(i, prompts[i], result)
