@@ -45,7 +45,7 @@ $(VENV)/.demo-installed: pyproject.toml $(LLAMA_STAMP) | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,serve,litellm,dev,docs]"
+	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,serve,ray,litellm,dev,docs]"
 	touch $@
 
 # LiteLLM's proxy, for the test that runs ESIGuardrail inside it (tests/server/test_litellm_proxy.py):

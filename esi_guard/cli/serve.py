@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import BaseModel, ConfigDict
 
 from esi_guard.cli import build
 from esi_guard.cli._options import (
@@ -34,8 +35,9 @@ from esi_guard.exceptions import ConfigurationError, ESIGuardError
 if TYPE_CHECKING:
     from esi_guard.backends import Backend
     from esi_guard.guard import ESIGuard
+    from esi_guard.server import ServeSettings
 
-__all__ = ["build_guard", "serve"]
+__all__ = ["GuardOptions", "build_guard", "serve"]
 
 KEY_VARIABLE = "ESI_GUARD_API_KEY"
 """The environment variable ``--api-key`` falls back to (keeps the key off the command line)."""
@@ -129,6 +131,82 @@ def _engine(
                          chat_template=template, max_concurrency=64)  # fmt: skip
 
 
+class GuardOptions(BaseModel):
+    """The served guard as ``esi-guard serve``'s flags give it, built where it runs.
+
+    Picklable and validated: with ``--ray`` each Ray Serve replica builds its own guard
+    from it (:mod:`esi_guard.ray`), and ``esi_guard.ray:app_builder`` reads it from a Serve
+    config's ``args``. Paths in it (a threshold file, a chat template) are read where the
+    guard is built: on a cluster, on each replica's node.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "default"
+    backend: LocalBackend = LocalBackend.auto
+    device: str | None = None
+    dtype: str | None = None
+    chat_template: str | None = None
+    threads: int | None = None
+    upstream: str | None = None
+    upstream_model: str | None = None
+    upstream_mode: str = "auto"
+    threshold: str | None = None
+    action: ServeAction = ServeAction.flag
+    on_error: ServeOnError = ServeOnError.abstain
+    abstain_message: str | None = None
+    fallback_upstream: str | None = None
+    fallback_model: str | None = None
+    n_variants: int | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+
+    def check(self) -> None:
+        """The flags' own conflicts, before anything loads.
+
+        Raises:
+            ConfigurationError: naming the flags that conflict.
+        """
+        msg = None
+        if (self.upstream is None) != (self.upstream_model is None):
+            msg = "--upstream and --upstream-model go together"
+        elif self.threads is not None and self.upstream:
+            msg = (f"--threads sets the CPU threads of a model run here; --upstream "
+                   f"{self.upstream} runs it")  # fmt: skip
+        elif self.action is ServeAction.route and not self.fallback_upstream:
+            msg = "--action route needs --fallback-upstream URL"
+        if msg is not None:
+            raise ConfigurationError(msg)
+
+    def build(self) -> ESIGuard:
+        """The guard: its engine loaded (or the upstream's client made), its threshold read."""
+        self.check()
+        engine = _engine(self.model, self.backend, self.device, self.dtype, self.chat_template,
+                         self.upstream, self.upstream_model, self.upstream_mode,
+                         self.threads)  # fmt: skip
+        fallback = None
+        if self.fallback_upstream:
+            name = self.fallback_model or self.upstream_model or self.model
+            fallback = _fallback(self.fallback_upstream, name)
+        return build_guard(
+            engine, self.threshold, action=self.action.value, on_error=self.on_error.value,
+            fallback=fallback, n_variants=self.n_variants, top_k=self.top_k,
+            max_new_tokens=self.max_tokens, abstain_message=self.abstain_message,
+        )  # fmt: skip
+
+    def settings(self, **values: Any) -> ServeSettings:
+        """The server's settings for this guard (``values``: the server's flags)."""
+        from esi_guard.server import ServeSettings
+
+        in_process = self.upstream is None
+        aliases = (self.model,) if in_process and values.get("model_name") is None else ()
+        if values.get("slots") is None:
+            values["slots"] = 1 if in_process else 4
+        return ServeSettings(model_aliases=aliases,
+                             threshold_source=_threshold_source(self.threshold),
+                             **values)  # fmt: skip
+
+
 def serve(
     model: Model = "default",
     backend: Runner = LocalBackend.auto,
@@ -195,38 +273,69 @@ def serve(
         int, typer.Option(help="On SIGTERM, how long in-flight requests may finish.")
     ] = 30,
     log_prompts: Annotated[bool, typer.Option(help="Log prompts and answers.")] = False,
+    ray: Annotated[
+        bool,
+        typer.Option("--ray", help="Serve on Ray Serve: the guard in --replicas replica "
+                     "processes behind one front (the ray extra)."),
+    ] = False,
+    replicas: Annotated[int, typer.Option(help="--ray: replicas, one guard each.")] = 1,
+    max_replicas: Annotated[
+        int | None,
+        typer.Option(help="--ray: autoscale from --replicas up to this many by load."),
+    ] = None,
+    replica_cpus: Annotated[
+        float, typer.Option(help="--ray: CPUs each replica holds (and its threads).")
+    ] = 1.0,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="--ray: a running Ray cluster (ray://... or auto; default "
+                     "RAY_ADDRESS, else a local one started here)."),
+    ] = None,
 ) -> None:
     """Serve the guard as an OpenAI-compatible /v1/chat/completions endpoint."""
     try:
-        from esi_guard.server import ServeSettings, create_app, run
+        from esi_guard.server import create_app, run
     except ImportError as exc:
         fail(f"esi-guard serve needs the serve extra: pip install 'esi-guard[serve]' ({exc})")
-    if (upstream is None) != (upstream_model is None):
-        fail("--upstream and --upstream-model go together")
-    build.local_threads(threads, upstream, "--upstream")
-    if action is ServeAction.route and not fallback_upstream:
-        fail("--action route needs --fallback-upstream URL")
     key = api_key or os.environ.get(KEY_VARIABLE) or None
     try:
-        engine = _engine(model, backend, device, dtype, chat_template, upstream,
-                         upstream_model, upstream_mode, threads)  # fmt: skip
-        fallback = None
-        if fallback_upstream:
-            fallback = _fallback(fallback_upstream, fallback_model or upstream_model or model)
-        guard = build_guard(
-            engine, threshold, action=action.value, on_error=on_error.value, fallback=fallback,
-            n_variants=n_variants, top_k=top_k, max_new_tokens=max_tokens,
-            abstain_message=abstain_message,
+        options = GuardOptions(
+            model=model, backend=backend, device=device, dtype=dtype,
+            chat_template=chat_template, threads=threads, upstream=upstream,
+            upstream_model=upstream_model, upstream_mode=upstream_mode, threshold=threshold,
+            action=action, on_error=on_error, abstain_message=abstain_message,
+            fallback_upstream=fallback_upstream, fallback_model=fallback_model,
+            n_variants=n_variants, top_k=top_k, max_tokens=max_tokens,
         )  # fmt: skip
-        aliases = (model,) if upstream is None and served_model_name is None else ()
-        settings = ServeSettings(
-            model_name=served_model_name, model_aliases=aliases,
-            threshold_source=_threshold_source(threshold),
-            max_batch=max_batch, batch_window_ms=batch_window_ms,
-            max_queue=max_queue, slots=slots or (4 if upstream else 1), api_key=key,
-            max_body_bytes=max_body_bytes, log_prompts=log_prompts,
+        options.check()
+        settings = options.settings(
+            model_name=served_model_name, max_batch=max_batch, batch_window_ms=batch_window_ms,
+            max_queue=max_queue, slots=slots, api_key=key, max_body_bytes=max_body_bytes,
+            log_prompts=log_prompts,
         )  # fmt: skip
-        server_app = create_app(guard, settings)
+        if ray:
+            _on_ray(options, settings, host=host, port=port, replicas=replicas,
+                    max_replicas=max_replicas, replica_cpus=replica_cpus,
+                    address=ray_address)  # fmt: skip
+            return
+        server_app = create_app(options.build(), settings)
     except (ESIGuardError, ImportError) as exc:
         fail(str(exc))
     run(server_app, host=host, port=port, drain_seconds=drain_seconds)
+
+
+def _on_ray(
+    options: GuardOptions, settings: ServeSettings, *, host: str, port: int, replicas: int,
+    max_replicas: int | None, replica_cpus: float, address: str | None,
+) -> None:  # fmt: skip
+    """``--ray``: the guard in Ray Serve replicas behind one front, until Ctrl-C/SIGTERM."""
+    try:
+        from esi_guard.ray import run_on_ray
+    except ImportError as exc:
+        fail(f"esi-guard serve --ray needs the ray extra: pip install 'esi-guard[ray]' ({exc})")
+    if options.upstream is None and options.threads is None:
+        # llama.cpp's threads spin: one replica's threads on its own CPUs only
+        options = options.model_copy(update={"threads": max(1, int(replica_cpus))})
+    run_on_ray(options.build, settings, host=host, port=port, replicas=replicas,
+               max_replicas=max_replicas, replica_cpus=replica_cpus,
+               address=address)  # fmt: skip

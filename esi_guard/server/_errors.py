@@ -18,6 +18,7 @@ the engine failed                        500     the error's reason code
 the upstream failed after its retries    502     ``upstream_error``
 queue full                              503     ``server_overloaded`` (``Retry-After``)
 draining after SIGTERM                  503     ``server_shutting_down`` (``Retry-After``)
+on Ray: the replica died or was gone    503     ``replica_unavailable`` (``Retry-After``)
 =======================================  ======  =========================================
 """
 
@@ -29,7 +30,14 @@ from pydantic import ValidationError
 
 from esi_guard.exceptions import APIError, BackendError, ContextLengthError, InputError, reason
 
-__all__ = ["ServeError", "from_exception", "from_validation", "overloaded", "shutting_down"]
+__all__ = [
+    "ServeError",
+    "from_exception",
+    "from_validation",
+    "overloaded",
+    "replica_unavailable",
+    "shutting_down",
+]
 
 
 class ServeError(Exception):
@@ -53,10 +61,22 @@ class ServeError(Exception):
         self.kind = kind
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled whole (a Ray Serve replica hands its errors to the front)."""
+        return (_rebuilt, (self.status, self.message, self.code, self.param, self.kind,
+                           self.headers))  # fmt: skip
+
     def body(self) -> dict[str, Any]:
         """The JSON body."""
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
                           "code": self.code}}  # fmt: skip
+
+
+def _rebuilt(
+    status: int, message: str, code: str | None, param: str | None, kind: str,
+    headers: dict[str, str],
+) -> ServeError:  # fmt: skip
+    return ServeError(status, message, code=code, param=param, kind=kind, headers=headers)
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool"})
@@ -110,6 +130,14 @@ def from_exception(exc: BaseException) -> ServeError:
 def overloaded(retry_after: int, why: str) -> ServeError:
     """A 503 with ``Retry-After``."""
     return ServeError(503, why, code="server_overloaded", kind="server_error",
+                      headers={"Retry-After": str(retry_after)})  # fmt: skip
+
+
+def replica_unavailable(retry_after: int, why: str) -> ServeError:
+    """The 503 of a request whose Ray Serve replica died (or could not be reached) before
+    it answered: no answer was sent, so the client's retry is safe (:mod:`esi_guard.ray`)."""
+    msg = f"the replica serving this request is gone ({why}): retry, another replica answers"
+    return ServeError(503, msg, code="replica_unavailable", kind="server_error",
                       headers={"Retry-After": str(retry_after)})  # fmt: skip
 
 

@@ -13,9 +13,9 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from langchain_core.messages import convert_to_messages
 
@@ -23,14 +23,14 @@ from esi_guard._text import message_text
 from esi_guard.exceptions import APIError, ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ESIResult
-from esi_guard.server._batcher import MicroBatcher
-from esi_guard.server._errors import ServeError, from_exception
+from esi_guard.server._batcher import Full, MicroBatcher
+from esi_guard.server._errors import ServeError, from_exception, overloaded
 from esi_guard.server._metrics import Metrics
-from esi_guard.server._schema import ABSTAIN_FINISH_REASON, esi_info
+from esi_guard.server._schema import ABSTAIN_FINISH_REASON, ChatRequest, esi_info
 from esi_guard.server._settings import ServeSettings
 from esi_guard.server._timed import TimedBackend
 
-__all__ = ["Answer", "Routed", "Service"]
+__all__ = ["Answer", "Gone", "Routed", "Served", "Service", "noted"]
 
 log = logging.getLogger("esi_guard.server")
 
@@ -53,6 +53,49 @@ class Answer:
     finish_reason: str
     usage: dict[str, int]
     esi: dict[str, Any]
+
+
+Gone = Callable[[], Awaitable[bool]]
+"""Whether the request's client went away (``Request.is_disconnected``)."""
+
+
+def noted(answer: Answer, warnings: list[str]) -> Answer:
+    """``answer`` with the request's warnings in its ``esi`` (unchanged when none)."""
+    if not warnings:
+        return answer
+    return replace(answer, esi={**answer.esi, "warnings": warnings})
+
+
+class Served(Protocol):
+    """What the app's routes ask of the answers' source.
+
+    :class:`Service` with the model in process, or the Ray front's service
+    (:mod:`esi_guard.ray`) with it in Ray Serve replicas.
+    """
+
+    settings: ServeSettings
+    metrics: Metrics
+    name: str
+    names: tuple[str, ...]
+    max_tokens: int
+    live: bool
+    ready: bool
+    draining: bool
+    in_flight: int
+
+    def start_line(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def complete(self, chat: ChatRequest, limit: int, gone: Gone) -> Answer | None:
+        """The request's answer (a failure raised as :class:`ServeError`); None: it went."""
+        ...
+
+    async def stream(self, chat: ChatRequest, limit: int, notes: list[str]) -> AsyncIterator[str]:
+        """A live stream's events (``live``): tokens as generated, the scored ending."""
+        ...
 
 
 class Service:
@@ -93,6 +136,50 @@ class Service:
         """Set on SIGTERM: not ready, new chat requests refused, those in flight finishing."""
         self.in_flight = 0
         """Chat requests being served (streams until their last event)."""
+        self.answered_at = 0.0
+        """When the engine last answered (``time.monotonic``; 0: never)."""
+        self.running_since: float | None = None
+        """When the batched call now running started (None: none is)."""
+        self._warming: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the batcher and warm up (or be ready at once without ``warm_up``)."""
+        log.info("%s", self.start_line())
+        self.batcher.start()
+        if self.settings.warm_up:
+            self._warming = asyncio.get_running_loop().create_task(self.warm_up())
+        else:
+            self.ready = True
+            self.metrics.ready.set(1)
+
+    async def warmed(self) -> None:
+        """Return once the warm-up has answered (at once without ``warm_up``)."""
+        if self._warming is not None:
+            await asyncio.shield(self._warming)
+
+    async def stop(self) -> None:
+        """Not ready; the warm-up cancelled, the batcher stopped."""
+        self.ready = False
+        if self._warming is not None:
+            self._warming.cancel()
+        await self.batcher.stop()
+
+    async def complete(self, chat: ChatRequest, limit: int, gone: Gone) -> Answer | None:
+        """The request through the micro-batcher; None if its client went away first."""
+        try:
+            future = self.batcher.submit((limit, chat.stops()), chat.chat())
+        except Full as exc:
+            raise overloaded(self.settings.retry_after, f"server overloaded: {exc}") from exc
+        output = await wait(future, gone)
+        if output is GONE:
+            return None
+        return self.answer(output)
+
+    async def stream(self, chat: ChatRequest, limit: int, notes: list[str]) -> AsyncIterator[str]:
+        """Tokens as generated, then the scored ending (``esi_guard.server._stream``)."""
+        from esi_guard.server._stream import live_events
+
+        return live_events(self, chat, limit, notes)
 
     def start_line(self) -> str:
         """What the server runs with, for its start-up log line (never the API key)."""
@@ -126,13 +213,17 @@ class Service:
     async def _run(self, key: Hashable, prompts: list[Any]) -> Sequence[Any]:
         limit, stop = cast("tuple[int, tuple[str, ...]]", key)
         started = time.perf_counter()
+        self.running_since = time.monotonic()
         try:
             results = await self.guard_for(limit).aassess(
                 prompts, stop=stop or None, failures="return"
             )
+            if any(isinstance(result, ESIResult) for result in results):
+                self.answered_at = time.monotonic()
             routed = (self._routed(p, r) for p, r in zip(prompts, results, strict=True))
             return await asyncio.gather(*routed)  # a batch's fallbacks answer at once
         finally:
+            self.running_since = None
             self._step("guard", time.perf_counter() - started)
 
     async def _routed(self, prompt: Any, result: Any) -> Any:
@@ -175,12 +266,7 @@ class Service:
                      "total_tokens": prompt_tokens + n + sum(more)}  # fmt: skip
         return self._counted(Answer(content, finish, usage, esi_info(esi)))
 
-    @staticmethod
-    def noted(answer: Answer, warnings: list[str]) -> Answer:
-        """``answer`` with the request's warnings in its ``esi`` (unchanged when none)."""
-        if not warnings:
-            return answer
-        return replace(answer, esi={**answer.esi, "warnings": warnings})
+    noted = staticmethod(noted)
 
     def _counted(self, answer: Answer) -> Answer:
         self.metrics.decided(answer.esi)
@@ -204,9 +290,37 @@ class Service:
                     [WARM_UP_PROMPT], failures="return"
                 )
             if isinstance(output, ESIResult):
+                self.answered_at = time.monotonic()
                 self.ready = not self.draining
                 self.metrics.ready.set(int(self.ready))
                 log.info("ready: %s answered", self.name)
                 return
             log.warning("not ready: the model did not answer (%s)", type(output).__name__)
             await asyncio.sleep(retry_seconds)
+
+
+GONE = object()
+"""What :func:`wait` gives when the client went away."""
+
+
+async def wait(future: asyncio.Future[Any], gone: Gone, poll: float = 0.1) -> Any:
+    """The future's output (a failure as its exception), or :data:`GONE`.
+
+    :data:`GONE` (and the future cancelled) once ``gone()`` says the client went away;
+    cancelled itself, it cancels the future too: a request that leaves before its batch
+    starts is taken out of the queue.
+    """
+    try:
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=poll)
+            if done:
+                try:
+                    return future.result()
+                except Exception as exc:  # a failure in place of the answer
+                    return exc
+            if await gone():
+                future.cancel()
+                return GONE
+    except asyncio.CancelledError:
+        future.cancel()
+        raise

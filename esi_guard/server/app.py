@@ -16,14 +16,12 @@ SIGTERM, :func:`run` drains: ``/health`` answers 503 while the requests in fligh
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import hmac
 import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -35,20 +33,19 @@ from starlette.exceptions import HTTPException
 
 from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import LONG_QUESTION
-from esi_guard.server._batcher import Full
-from esi_guard.server._errors import ServeError, from_validation, overloaded, shutting_down
+from esi_guard.server._errors import ServeError, from_validation, shutting_down
 from esi_guard.server._schema import (
     ChatRequest,
-    chunk,
     completion,
     esi_headers,
     warning_headers,
     whole_message_warning,
 )
-from esi_guard.server._service import Answer, Service
+from esi_guard.server._service import Served, Service, noted
 from esi_guard.server._settings import ServeSettings
+from esi_guard.server._stream import held_events, include_usage
 
-__all__ = ["create_app", "run"]
+__all__ = ["create_app", "run", "serving_app"]
 
 log = logging.getLogger("esi_guard.server")
 
@@ -66,25 +63,22 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
     Raises:
         ConfigurationError: ``guard.on_error="raise"``: a server answers every request.
     """
-    service = Service(guard, settings or ServeSettings())
+    return serving_app(Service(guard, settings or ServeSettings()))
+
+
+def serving_app(service: Served) -> FastAPI:
+    """The app's routes in front of ``service``.
+
+    The model in process (:class:`Service`), or in Ray Serve replicas (:mod:`esi_guard.ray`).
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        log.info("%s", service.start_line())
-        service.batcher.start()
-        warming = None
-        if service.settings.warm_up:
-            warming = asyncio.get_running_loop().create_task(service.warm_up())
-        else:
-            service.ready = True
-            service.metrics.ready.set(1)
+        await service.start()
         try:
             yield
         finally:
-            service.ready = False
-            if warming is not None:
-                warming.cancel()
-            await service.batcher.stop()
+            await service.stop()
 
     app = FastAPI(title="esi-guard", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
@@ -109,23 +103,19 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
         limit = min(chat.token_limit() or service.max_tokens, service.max_tokens)
         notes = [note for note in (whole_message_warning(chat, LONG_QUESTION),) if note]
         if chat.stream and service.live:
-            events = _live_events(service, chat, limit, notes)
+            events = await service.stream(chat, limit, notes)
             headers = {"X-ESI-Score": "pending", "X-ESI-Decision": "pending"}
             headers |= warning_headers(notes)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        try:
-            future = service.batcher.submit((limit, chat.stops()), chat.chat())
-        except Full as exc:
-            raise overloaded(service.settings.retry_after, f"server overloaded: {exc}") from exc
-        output = await _wait(request, future)
-        if output is _GONE:
+        answer = await service.complete(chat, limit, request.is_disconnected)
+        if answer is None:
             return Response(status_code=499)
-        answer = service.noted(service.answer(output), notes)
+        answer = noted(answer, notes)
         if service.settings.log_prompts:
             log.info("answer (%s): %s", answer.esi["decision"], answer.content)
         headers = esi_headers(answer.esi)
         if chat.stream:
-            events = _held_events(service.name, answer, _include_usage(chat))
+            events = held_events(service.name, answer, include_usage(chat))
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         return JSONResponse(completion(service.name, answer.content, answer.finish_reason,
                                        answer.usage, answer.esi), headers=headers)  # fmt: skip
@@ -209,10 +199,8 @@ def run(
 
 # -- requests --------------------------------------------------------------------------------
 
-_GONE = object()
 
-
-def _check_key(service: Service, request: Request) -> None:
+def _check_key(service: Served, request: Request) -> None:
     """Bearer key, compared in constant time; neither key is ever logged."""
     key = service.settings.api_key
     if key is None:
@@ -252,77 +240,6 @@ def _parse(body: bytes) -> ChatRequest:
         raise from_validation(exc) from exc
 
 
-async def _wait(request: Request, future: asyncio.Future[Any], poll: float = 0.1) -> Any:
-    """The request's output, or ``_GONE`` (its future cancelled) if the client went away."""
-    while True:
-        done, _ = await asyncio.wait({future}, timeout=poll)
-        if done:
-            try:
-                return future.result()
-            except Exception as exc:  # a failure in place of the answer
-                return exc
-        if await request.is_disconnected():
-            future.cancel()
-            return _GONE
-
-
-def _include_usage(chat: ChatRequest) -> bool:
-    return chat.stream_options is not None and chat.stream_options.include_usage
-
-
-# -- streams ---------------------------------------------------------------------------------
-
-
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-
-def _ending(ident: str, model: str, answer: Answer, rest: str, usage: bool) -> list[str]:
-    """The last events: what is left of the content, finish reason with ``esi``, usage."""
-    out = [_sse(chunk(ident, model, {"content": rest}))] if rest else []
-    out.append(_sse(chunk(ident, model, {}, finish_reason=answer.finish_reason, info=answer.esi)))
-    if usage:
-        out.append(_sse(chunk(ident, model, None, usage=answer.usage, info=answer.esi)))
-    out.append(_sse("[DONE]"))
-    return out
-
-
-async def _held_events(model: str, answer: Answer, usage: bool) -> AsyncIterator[str]:
-    ident = f"chatcmpl-{uuid.uuid4().hex}"
-    yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
-    for event in _ending(ident, model, answer, answer.content, usage):
-        yield event
-
-
-async def _live_events(
-    service: Service, chat: ChatRequest, limit: int, notes: list[str]
-) -> AsyncIterator[str]:
-    """Tokens as generated, then the scored ending; an error after the start as an event."""
-    ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
-    guard = service.guard_for(limit)
-    async with service.batcher.slot():
-        yield _sse(chunk(ident, model, {"role": "assistant", "content": ""}))
-        sent, output = "", None
-        try:
-            async for piece in guard.astream_assess(
-                chat.chat(), stop=chat.stops() or None, failures="return"
-            ):
-                if not isinstance(piece, str):
-                    output = piece
-                    break
-                sent += piece
-                yield _sse(chunk(ident, model, {"content": piece}))
-            answer = service.answer(output)
-        except Exception as exc:  # after the start, an error can only be an event
-            failure = exc if isinstance(exc, ServeError) else service.failure(exc)
-            yield _sse(failure.body())
-            return
-        answer = service.noted(answer, notes)
-        rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
-        for event in _ending(ident, model, answer, rest, _include_usage(chat)):
-            yield event
-
-
 # -- errors and counting ---------------------------------------------------------------------
 
 
@@ -342,7 +259,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 class _Counted:
     """ASGI middleware: requests by endpoint and status, the in-flight gauge, request seconds."""
 
-    def __init__(self, app: ASGI, service: Service) -> None:
+    def __init__(self, app: ASGI, service: Served) -> None:
         self.app = app
         self.service = service
         self.metrics = service.metrics
