@@ -34,6 +34,7 @@ SUBJECTS = {
     "agent": "agent",
     "api": "api",
     "server": "server",
+    "ray": "ray",
     "llamacpp-build": "llamacpp_build",
     "gpu": "gpu",
 }

@@ -35,6 +35,7 @@ __all__ = [
     "NVariants",
     "PromptFile",
     "QuestionField",
+    "RayAddress",
     "Resamples",
     "Runner",
     "ScoreName",
@@ -43,6 +44,7 @@ __all__ = [
     "System",
     "Threads",
     "TopK",
+    "Workers",
 ]
 
 
@@ -172,6 +174,21 @@ Cache = Annotated[
     ),
 ]
 BatchSize = Annotated[int, typer.Option(help="Questions per batched guard call.")]
+Workers = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Score on N Ray workers, one guard each, the same batches as one process "
+        "(the ray extra; each worker holds --threads CPUs, default 1).",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="--workers: a running Ray cluster (default RAY_ADDRESS, else a "
+        "local one started here)."
+    ),
+]
 System = Annotated[
     str | None,
     typer.Option(

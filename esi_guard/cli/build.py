@@ -32,6 +32,8 @@ __all__ = [
     "labeller",
     "local_threads",
     "template_text",
+    "worker_cpus",
+    "worker_threads",
 ]
 
 INTERVENTIONS = {"soc": SkipOneChar, "typo": Typo}
@@ -101,6 +103,21 @@ def local_threads(threads: int | None, server: str | None, option: str = "--api-
     """``--threads`` is for a model run here: with a server's URL the command ends at once."""
     if threads is not None and server:
         fail(f"--threads sets the CPU threads of a model run here; {option} {server} runs it")
+
+
+def worker_threads(threads: int | None, workers: int | None, server: str | None) -> int | None:
+    """A local model's threads: with ``--workers``, one each unless ``--threads`` says.
+
+    llama.cpp's threads spin: each worker's must stay on its own CPUs.
+    """
+    if workers and threads is None and not server:
+        return 1
+    return threads
+
+
+def worker_cpus(model: ModelOptions) -> float:
+    """The CPUs each ``--workers`` actor holds: its model's threads, none for a server's."""
+    return 0.0 if model.api_base else float(model.threads or 1)
 
 
 def template_text(chat_template: str | None) -> str | None:

@@ -66,6 +66,7 @@ from esi_guard.cli._options import (
     NVariants,
     PromptFile,
     QuestionField,
+    RayAddress,
     Resamples,
     Runner,
     ScoreName,
@@ -74,6 +75,7 @@ from esi_guard.cli._options import (
     System,
     Threads,
     TopK,
+    Workers,
 )
 from esi_guard.cli.calibrate_sentences import calibrate_sentences
 from esi_guard.cli.output import console, data_name, fail, needs_extra, stderr, used_modules, warn
@@ -194,11 +196,15 @@ def calibrate(
     questions_per_prompt: Annotated[
         int, typer.Option(help="--granularity sentence: questions asked in one prompt.")
     ] = 3,
+    workers: Workers = None,
+    ray_address: RayAddress = None,
 ) -> None:  # fmt: skip
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
     _check_targets(select, alpha, delta, coverage)
     build.local_threads(threads, api_base)
     if granularity is Granularity.sentence:
+        if workers:
+            fail("--workers scores whole answers: not with --granularity sentence")
         _check_sentence_options(
             score, min_variants, esi_probe, prompt, labels, questions_per_prompt
         )
@@ -223,7 +229,7 @@ def calibrate(
     probe = None if esi_probe is None else read_probe(esi_probe)
     hidden = HIDDEN in names or probe is not None
     chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template, dtype,
-                                threads)  # fmt: skip
+                                build.worker_threads(threads, workers, api_base))  # fmt: skip
     scoring = build.ScoringOptions(intervention.value, n_variants, top_k, distance,
                                    max_new_tokens)  # fmt: skip
     request = {**chosen.request(), **scoring.request()}
@@ -234,6 +240,7 @@ def calibrate(
         Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
         request=request, labeller=lambda: build.labeller(labels, label_threshold, judge),
         cache=cache, system=system, prompt_file=prompt, batch_size=batch_size,
+        workers=workers, ray_address=ray_address, worker_cpus=build.worker_cpus(chosen),
     )  # fmt: skip
     scores, wrong = run.scores, run.wrong
     metrics = report(run, data, resamples)

@@ -33,10 +33,12 @@ from esi_guard.cli._options import (
     LocalBackend,
     Model,
     QuestionField,
+    RayAddress,
     Resamples,
     Runner,
     Seed,
     Threads,
+    Workers,
 )
 from esi_guard.cli.output import console, data_name, fail, needs_extra, used_modules
 from esi_guard.cli.run import Source, report, score_run
@@ -69,6 +71,8 @@ def evaluate(
     cache: Cache = None,
     batch_size: BatchSize = 8,
     resamples: Resamples = 1000,
+    workers: Workers = None,
+    ray_address: RayAddress = None,
 ) -> None:
     """Metrics, realised coverage and selective risk of a threshold file on another set."""
     build.local_threads(threads, api_base)
@@ -78,7 +82,7 @@ def evaluate(
     except ESIGuardError as exc:
         fail(str(exc))
     chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template, dtype,
-                                threads)  # fmt: skip
+                                build.worker_threads(threads, workers, api_base))  # fmt: skip
     request = {
         **chosen.request(),
         "threshold": calibrated.model_dump(mode="json",
@@ -91,6 +95,7 @@ def evaluate(
         request=request, labeller=lambda: build.labeller(labels, label_threshold, judge),
         cache=cache, system=calibrated.scoring.system_prompt or "", prompt_file=None,
         batch_size=batch_size, template=calibrated.scoring.prompt_template,
+        workers=workers, ray_address=ray_address, worker_cpus=build.worker_cpus(chosen),
     )  # fmt: skip
     scores, wrong = run.scores, run.wrong
     if all(r["score"] is not None for r in run.records if r["scored"]):

@@ -275,8 +275,11 @@ def serve(
     log_prompts: Annotated[bool, typer.Option(help="Log prompts and answers.")] = False,
     ray: Annotated[
         bool,
-        typer.Option("--ray", help="Serve on Ray Serve: the guard in --replicas replica "
-                     "processes behind one front (the ray extra)."),
+        typer.Option(
+            "--ray",
+            help="Serve on Ray Serve: the guard in --replicas replica "
+            "processes behind one front (the ray extra).",
+        ),
     ] = False,
     replicas: Annotated[int, typer.Option(help="--ray: replicas, one guard each.")] = 1,
     max_replicas: Annotated[
@@ -288,8 +291,10 @@ def serve(
     ] = 1.0,
     ray_address: Annotated[
         str | None,
-        typer.Option(help="--ray: a running Ray cluster (ray://... or auto; default "
-                     "RAY_ADDRESS, else a local one started here)."),
+        typer.Option(
+            help="--ray: a running Ray cluster (ray://... or auto; default "
+            "RAY_ADDRESS, else a local one started here)."
+        ),
     ] = None,
 ) -> None:
     """Serve the guard as an OpenAI-compatible /v1/chat/completions endpoint."""

@@ -34,7 +34,8 @@ _WHERE = {
 def __getattr__(name: str) -> Any:
     """Ray is imported when a name is first used."""
     if name not in _WHERE:
-        raise AttributeError(f"module 'esi_guard.ray' has no attribute {name!r}")
+        msg = f"module 'esi_guard.ray' has no attribute {name!r}"
+        raise AttributeError(msg)
     import importlib
 
     return getattr(importlib.import_module(_WHERE[name]), name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -69,7 +70,7 @@ PROBE_PROMPT = "What is the capital of France?"
 class GuardReplica:
     """One guard, its micro-batcher and metrics: a replica of the ``ESIGuard`` deployment."""
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]
         self, guard: GuardFactory, settings: ServeSettings, *, fresh_s: float,
         engine_timeout_s: float, probe_timeout_s: float,
     ) -> None:  # fmt: skip
@@ -81,10 +82,12 @@ class GuardReplica:
         await self.service.warmed()  # takes traffic once the model has answered
 
     def describe(self) -> dict[str, Any]:
-        """What the front needs to check and route requests: names, limits, stream kind."""
+        """What the front needs to check and route requests (names, limits, stream kind),
+        and the replica's process id."""
         service = self.service
         return {"name": service.name, "names": service.names, "max_tokens": service.max_tokens,
-                "live": service.live, "line": service.start_line()}  # fmt: skip
+                "live": service.live, "line": service.start_line(),
+                "pid": os.getpid()}  # fmt: skip
 
     async def complete(self, chat: ChatRequest, limit: int) -> Answer | ServeError:
         """The request's answer through this replica's micro-batcher, or its error."""
@@ -109,7 +112,8 @@ class GuardReplica:
         """
         service, now = self.service, time.monotonic()
         if not service.ready:
-            raise RuntimeError("not ready: the model has not answered")
+            msg = "not ready: the model has not answered"
+            raise RuntimeError(msg)
         if now - service.answered_at < self.fresh_s:
             return
         running = service.running_since
@@ -126,7 +130,8 @@ class GuardReplica:
             msg = f"the engine did not answer a probe within {self.probe_timeout_s:g} s"
             raise RuntimeError(msg) from None
         if not isinstance(output, ESIResult):
-            raise RuntimeError(f"the engine cannot answer: {reason(output)}")
+            msg = f"the engine cannot answer: {reason(output)}"
+            raise RuntimeError(msg)
 
     async def _probe(self) -> Any:
         async with self.service.batcher.slot():
@@ -148,9 +153,7 @@ class RemoteService:
     back is the replica's answer or error as ``esi-guard serve`` would send it.
     """
 
-    def __init__(
-        self, replicas: Any, settings: ServeSettings, card: dict[str, Any]
-    ) -> None:
+    def __init__(self, replicas: Any, settings: ServeSettings, card: dict[str, Any]) -> None:
         self.replicas = replicas
         self.settings = settings
         self.metrics = Metrics()
@@ -236,7 +239,7 @@ async def _awaited(response: Any) -> Any:
 class GuardFront:
     """The HTTP front: ``esi-guard serve``'s app over :class:`RemoteService`."""
 
-    async def __init__(self, replicas: Any, settings: ServeSettings) -> None:
+    async def __init__(self, replicas: Any, settings: ServeSettings) -> None:  # type: ignore[misc]
         card = await replicas.describe.remote()
         self.service = RemoteService(replicas, settings, card)
 
@@ -274,7 +277,9 @@ def guard_app(
         max_ongoing_requests: Requests a replica takes at once (default: ``max_batch``,
             so one batched call can take them all); more wait in Ray's router, up to
             ``max_queue`` per replica, then 503 ``server_overloaded``.
-        health_check_period_s / health_check_timeout_s: Ray's health checks.
+        health_check_period_s: Seconds between Ray's health checks of a replica; an
+            engine that answered within them passes without a probe.
+        health_check_timeout_s: Seconds a health check may take (the probe half).
         engine_timeout_s: A batched call running longer fails the health check.
         ray_actor_options: More of the replicas' Ray options (``num_gpus``, a
             ``runtime_env``...); ``num_cpus`` is ``replica_cpus``.

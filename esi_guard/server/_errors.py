@@ -134,8 +134,10 @@ def overloaded(retry_after: int, why: str) -> ServeError:
 
 
 def replica_unavailable(retry_after: int, why: str) -> ServeError:
-    """The 503 of a request whose Ray Serve replica died (or could not be reached) before
-    it answered: no answer was sent, so the client's retry is safe (:mod:`esi_guard.ray`)."""
+    """The 503 of a request whose Ray Serve replica died before it answered.
+
+    No answer was sent, so the client's retry is safe (:mod:`esi_guard.ray`).
+    """
     msg = f"the replica serving this request is gone ({why}): retry, another replica answers"
     return ServeError(503, msg, code="replica_unavailable", kind="server_error",
                       headers={"Retry-After": str(retry_after)})  # fmt: skip

@@ -124,12 +124,16 @@ def score_run(
     prompt_file: Path | None,
     batch_size: int,
     template: str | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    worker_cpus: float = 1.0,
 ) -> Run:
     """Load, score (resumably) and label; an error or a missing extra ends it with code 2.
 
     ``guard`` is only called when some example is missing from the cache: a rerun from a
     complete cache written for the same ``request`` (the options that build the guard)
-    loads no model.
+    loads no model. With ``workers`` the batches are scored by that many Ray actors
+    (:class:`esi_guard.ray.ScoringPool`), each calling ``guard`` once: the same records.
     """
     try:
         question_field, answers_field, incorrect_field = source.fields
@@ -154,6 +158,17 @@ def score_run(
         if found is not None:
             header, records = found
             console.print(f"all {len(records)} examples found in {cache}: no model loaded")
+        elif workers:
+            from esi_guard.ray import ScoringPool
+
+            with ScoringPool(guard, workers, examples=examples, system_prompt=system,
+                             template=template, worker_cpus=worker_cpus,
+                             address=ray_address) as pool:  # fmt: skip
+                header = pool.header(digest, system, template, request)
+                records = score_with_progress(None, examples, cache=cache, header=header,
+                                              system=system, template=template,
+                                              batch_size=batch_size, pool=pool)  # fmt: skip
+            console.print(f"per-example results: {cache} (scored on {workers} Ray workers)")
         else:
             the_guard = guard()
             header = RunHeader.of(the_guard, digest, system, template, request)

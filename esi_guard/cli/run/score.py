@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from rich.progress import (
     BarColumn,
@@ -33,7 +33,25 @@ from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import TemplatedPrompt
 from esi_guard.result import ESIResult
 
-__all__ = ["fill_states", "renderer_for", "score_examples", "score_with_progress"]
+__all__ = [
+    "Pool",
+    "fill_states",
+    "renderer_for",
+    "score_chunk",
+    "score_examples",
+    "score_with_progress",
+]
+
+
+class Pool(Protocol):
+    """Workers that score batches elsewhere (:class:`esi_guard.ray.ScoringPool`)."""
+
+    def records(
+        self, chunks: Sequence[list[int]]
+    ) -> Iterator[tuple[list[int], list[dict[str, Any]]]]:
+        """Each batch's records (:func:`score_chunk`), as the batches finish."""
+        ...
+
 
 _READER = CombinedScore(features=("nll",), mean=(0.0,), scale=(1.0,), weights=(0.0,),
                         intercept=0.0, strength=0.0, n_fit=0)  # fmt: skip
@@ -103,8 +121,17 @@ def _appending(cache: Path) -> TextIO:
     return out
 
 
+def score_chunk(
+    guard: ESIGuard, examples: Sequence[Example], chunk: Sequence[int],
+    system_prompt: str | None, template: str | None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The records of the examples ``chunk``, scored as one batch."""
+    results = _assess(guard, examples, chunk, system_prompt, template)
+    return [_record(i, examples[i], r) for i, r in zip(chunk, results, strict=True)]
+
+
 def score_examples(
-    guard: ESIGuard,
+    guard: ESIGuard | None,
     examples: Sequence[Example],
     *,
     cache: Path,
@@ -113,23 +140,31 @@ def score_examples(
     template: str | None = None,
     batch_size: int = 8,
     on_batch: Callable[[int], None] | None = None,
+    pool: Pool | None = None,
 ) -> list[dict[str, Any]]:
     """One record per example (index, question, answers, prediction, score, scored, reason).
 
-    Examples already in ``cache`` are not scored again. ``on_batch(n)`` is called after
-    each batch with the number of examples it added (for a progress bar); it is also
-    called once at the start with the number found in the cache.
+    Examples already in ``cache`` are not scored again. The examples left are cut into
+    batches of ``batch_size``, scored by ``guard`` here or by the workers of ``pool``
+    (the same batches: the same records), each written to the cache as it finishes.
+    ``on_batch(n)`` is called after each batch with the number of examples it added (for a
+    progress bar); it is also called once at the start with the number found in the cache.
     """
     done = open_cache(cache, header)
     if on_batch is not None:
         on_batch(len(done))
     todo = [i for i in range(len(examples)) if i not in done]
+    chunks = [todo[start : start + batch_size] for start in range(0, len(todo), batch_size)]
+    if pool is not None:
+        scored = pool.records(chunks)
+    elif guard is not None:
+        scored = ((c, score_chunk(guard, examples, c, system_prompt, template)) for c in chunks)
+    else:
+        msg = "score_examples needs a guard or a pool"
+        raise ValueError(msg)
     with _appending(cache) as out:
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start : start + batch_size]
-            results = _assess(guard, examples, chunk, system_prompt, template)
-            for index, result in zip(chunk, results, strict=True):
-                record = _record(index, examples[index], result)
+        for chunk, records in scored:
+            for index, record in zip(chunk, records, strict=True):
                 done[index] = record
                 out.write(json.dumps(record) + "\n")
             out.flush()
@@ -139,7 +174,7 @@ def score_examples(
 
 
 def score_with_progress(
-    guard: ESIGuard,
+    guard: ESIGuard | None,
     examples: list[Example],
     *,
     cache: Path,
@@ -147,6 +182,7 @@ def score_with_progress(
     system: str | None,
     template: str | None,
     batch_size: int,
+    pool: Pool | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`score_examples` under a progress bar (its rate counts this run's answers)."""
     columns = (
@@ -168,7 +204,7 @@ def score_with_progress(
 
         return score_examples(
             guard, examples, cache=cache, header=header, system_prompt=system,
-            template=template, batch_size=batch_size, on_batch=advance,
+            template=template, batch_size=batch_size, on_batch=advance, pool=pool,
         )  # fmt: skip
 
 
