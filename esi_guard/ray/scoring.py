@@ -13,6 +13,7 @@ that dies is restarted by Ray and its batch run again.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -92,7 +93,11 @@ class ScoringPool:
             raise ValueError(msg)
         self._started = not ray.is_initialized()
         if self._started:
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            ray.init(
+                address=address or os.environ.get("RAY_ADDRESS") or "local",
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
         scorer = ray.remote(num_cpus=worker_cpus, max_restarts=3, max_task_retries=3)(_Scorer)
         shared = ray.put(list(examples))
         self.actors = [scorer.remote(guard, shared, system_prompt, template)

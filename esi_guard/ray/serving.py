@@ -48,7 +48,7 @@ from esi_guard.server._stream import sse
 from esi_guard.server.app import serving_app
 
 if TYPE_CHECKING:
-    from esi_guard.cli.serve import GuardOptions
+    from esi_guard.cli.served_guard import GuardOptions
     from esi_guard.guard import ESIGuard
 
 ray = import_extra("ray", needed_by="esi_guard.ray", what="Ray Serve", extra="ray")
@@ -82,8 +82,10 @@ class GuardReplica:
         await self.service.warmed()  # takes traffic once the model has answered
 
     def describe(self) -> dict[str, Any]:
-        """What the front needs to check and route requests (names, limits, stream kind),
-        and the replica's process id."""
+        """What the front needs to route requests, and the replica's process id.
+
+        The served names, the token limit, whether streams are live.
+        """
         service = self.service
         return {"name": service.name, "names": service.names, "max_tokens": service.max_tokens,
                 "live": service.live, "line": service.start_line(),
@@ -264,7 +266,7 @@ def guard_app(
 
     Args:
         guard: Builds the guard in each replica, e.g. ``lambda: ESIGuard(backend=...)`` or
-            :meth:`GuardOptions.build <esi_guard.cli.serve.GuardOptions.build>`. Its
+            :meth:`GuardOptions.build <esi_guard.cli.served_guard.GuardOptions.build>`. Its
             ``on_error`` must be ``"abstain"`` or ``"flag"``.
         settings: The server's settings (``esi-guard serve``'s flags), per replica for the
             batcher (``max_batch``, ``batch_window_ms``, ``max_queue``, ``slots``), at the
@@ -314,7 +316,7 @@ class GuardAppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     guard: dict[str, Any] = Field(default_factory=dict)
-    """``esi-guard serve``'s guard flags (:class:`~esi_guard.cli.serve.GuardOptions`):
+    """``esi-guard serve``'s guard flags (:class:`~esi_guard.cli.served_guard.GuardOptions`):
     ``model``, ``threshold``, ``action``, ``upstream``, ``upstream_model``..."""
     server: dict[str, Any] = Field(default_factory=dict)
     """The server's settings (:class:`~esi_guard.server.ServeSettings`): ``api_key``,
@@ -327,7 +329,7 @@ class GuardAppArgs(BaseModel):
 
 def app_builder(args: GuardAppArgs) -> Any:
     """The application from a Serve config: ``import_path: esi_guard.ray:app_builder``."""
-    from esi_guard.cli.serve import GuardOptions
+    from esi_guard.cli.served_guard import GuardOptions
 
     if isinstance(args, dict):
         args = GuardAppArgs.model_validate(args)
@@ -367,21 +369,27 @@ def run_on_ray(
     max_replicas: int | None = None,
     replica_cpus: float = 1.0,
     address: str | None = None,
+    route_prefix: str = "/",
     stop: threading.Event | None = None,
 ) -> None:
     """``esi-guard serve --ray``: serve :func:`guard_app` until SIGINT/SIGTERM (or ``stop``).
 
     Joins the Ray cluster at ``address`` (``RAY_ADDRESS`` when None), or starts a local
-    one; Serve's HTTP proxy listens on ``host:port``. On the signal the application is
+    one; Serve's HTTP proxy listens on ``host:port`` (on a running cluster, where its proxy
+    already listens), the app under ``route_prefix``. On the signal the application is
     deleted (Serve drains its replicas) and a Ray started here stops.
     """
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(
+            address=address or os.environ.get("RAY_ADDRESS") or "local",
+            logging_level=logging.WARNING,
+        )
     serve.start(http_options={"host": host, "port": port})
     app = guard_app(guard, settings, **_scale(replicas, max_replicas, replica_cpus, settings))
-    serve.run(app, name=APP_NAME, route_prefix="/")
-    log.info("esi-guard on Ray Serve: http://%s:%d/v1 (%d replicas)", host, port, replicas)
+    serve.run(app, name=APP_NAME, route_prefix=route_prefix)
+    base = f"http://{host}:{port}{route_prefix.rstrip('/')}/v1"
+    log.info("esi-guard on Ray Serve: %s (%d replicas)", base, replicas)
     stop = stop or threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip

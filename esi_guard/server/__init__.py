@@ -8,7 +8,9 @@ module:
 * ``_schema``   the wire format: OpenAI's request (unknown fields refused), responses, chunks
 * ``_errors``   OpenAI-shaped errors, each failure recognised by its type
 * ``_batcher``  the micro-batcher: concurrent requests in one batched guard call
-* ``_service``  the guards, the batcher and the answers, apart from HTTP
+* ``_service``  the guards, the batcher and the answers, apart from HTTP (``Served``: what
+                the routes ask of it, in process or on Ray: :mod:`esi_guard.ray`)
+* ``_stream``   server-sent events: chunks and the scored ending
 * ``_metrics``  Prometheus metrics; ``_timed`` times the backend's steps for them
 * ``app``       the routes, streams, key check and body limit
 

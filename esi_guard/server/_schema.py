@@ -12,12 +12,14 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "ABSTAIN_FINISH_REASON",
+    "Answer",
     "ChatRequest",
     "Message",
     "StreamOptions",
@@ -35,6 +37,16 @@ ABSTAIN_FINISH_REASON = "content_filter"
 filter withheld, so every client already knows it; the content is the abstention text."""
 
 _Strict = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's answer as the wire shows it."""
+
+    content: str
+    finish_reason: str
+    usage: dict[str, int]
+    esi: dict[str, Any]
 
 
 class TextPart(BaseModel):

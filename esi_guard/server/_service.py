@@ -13,6 +13,7 @@ import asyncio
 import logging
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
@@ -26,8 +27,9 @@ from esi_guard.result import ESIResult
 from esi_guard.server._batcher import Full, MicroBatcher
 from esi_guard.server._errors import ServeError, from_exception, overloaded
 from esi_guard.server._metrics import Metrics
-from esi_guard.server._schema import ABSTAIN_FINISH_REASON, ChatRequest, esi_info
+from esi_guard.server._schema import ABSTAIN_FINISH_REASON, Answer, ChatRequest, chunk, esi_info
 from esi_guard.server._settings import ServeSettings
+from esi_guard.server._stream import ending, include_usage, sse
 from esi_guard.server._timed import TimedBackend
 
 __all__ = ["Answer", "Gone", "Routed", "Served", "Service", "noted"]
@@ -43,16 +45,6 @@ class Routed:
 
     result: ESIResult
     fallback: Any
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One request's answer as the wire shows it."""
-
-    content: str
-    finish_reason: str
-    usage: dict[str, int]
-    esi: dict[str, Any]
 
 
 Gone = Callable[[], Awaitable[bool]]
@@ -177,8 +169,6 @@ class Service:
 
     async def stream(self, chat: ChatRequest, limit: int, notes: list[str]) -> AsyncIterator[str]:
         """Tokens as generated, then the scored ending (``esi_guard.server._stream``)."""
-        from esi_guard.server._stream import live_events
-
         return live_events(self, chat, limit, notes)
 
     def start_line(self) -> str:
@@ -324,3 +314,32 @@ async def wait(future: asyncio.Future[Any], gone: Gone, poll: float = 0.1) -> An
     except asyncio.CancelledError:
         future.cancel()
         raise
+
+
+async def live_events(
+    service: Service, chat: ChatRequest, limit: int, notes: list[str]
+) -> AsyncIterator[str]:
+    """Tokens as generated, then the scored ending; an error after the start as an event."""
+    ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
+    guard = service.guard_for(limit)
+    async with service.batcher.slot():
+        yield sse(chunk(ident, model, {"role": "assistant", "content": ""}))
+        sent, output = "", None
+        try:
+            async for piece in guard.astream_assess(
+                chat.chat(), stop=chat.stops() or None, failures="return"
+            ):
+                if not isinstance(piece, str):
+                    output = piece
+                    break
+                sent += piece
+                yield sse(chunk(ident, model, {"content": piece}))
+            answer = service.answer(output)
+        except Exception as exc:  # after the start, an error can only be an event
+            failure = exc if isinstance(exc, ServeError) else service.failure(exc)
+            yield sse(failure.body())
+            return
+        answer = service.noted(answer, notes)
+        rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
+        for event in ending(ident, model, answer, rest, include_usage(chat)):
+            yield event

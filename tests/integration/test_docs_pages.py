@@ -46,7 +46,10 @@ from tests.page_blocks import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVERS = {"serve.md": "esi-guard serve --action abstain"}
+SERVERS = {
+    "serve.md": "esi-guard serve --action abstain",
+    "ray.md": "esi-guard serve --ray --replicas 2",
+}
 """The server a page's snippets call: the first command its "Run it" section shows."""
 SHOWN_ADDRESS = "127.0.0.1:8000"
 """Where the pages' snippets find that server (its default address)."""

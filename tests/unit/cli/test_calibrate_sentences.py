@@ -105,3 +105,15 @@ def test_options_a_sentence_threshold_cannot_take_are_refused(
     ])  # fmt: skip
     assert result.exit_code == 2
     assert "--granularity sentence decides on each sentence's ESI" in result.output
+
+
+def test_workers_are_refused_for_sentences(
+    setting: tuple[FakeBackend, Path], tmp_path: Path
+) -> None:
+    _, data = setting
+    result = CliRunner().invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--granularity", "sentence",
+        "--out", str(tmp_path / "x.json"), "--workers", "2",
+    ])  # fmt: skip
+    assert result.exit_code == 2
+    assert "--workers scores whole answers" in result.output

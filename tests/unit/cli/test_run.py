@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from esi_guard import ESIGuard, FakeBackend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
@@ -15,7 +17,7 @@ from esi_guard.calibration.metrics import Estimate
 from esi_guard.calibration.thresholds import Choice
 from esi_guard.cli.run import CACHE_KIND, RunHeader
 from esi_guard.cli.run.cache import complete_cache
-from esi_guard.cli.run.score import fill_states, score_examples
+from esi_guard.cli.run.score import fill_states, score_chunk, score_examples
 
 HIDDEN = HiddenSpec((1, FINAL), ("prompt_last",))
 
@@ -88,3 +90,38 @@ def test_the_threshold_file_is_built_from_the_run_header() -> None:
     assert file.calibration_selective_risk is None
     assert file.metrics == {"auroc": {"value": 0.7, "low": None, "high": 0.9}}
     assert file.esi_guard_version == "1.2.3" and file.created
+
+
+class _Backwards:
+    """A pool of workers (``--workers``) in process: the batches scored, finished last first.
+
+    (Scored in order: the fake backend numbers words as it meets them.)
+    """
+
+    def __init__(self, scorer: ESIGuard) -> None:
+        self.scorer = scorer
+        self.chunks: list[list[int]] = []
+
+    def records(self, chunks: list[list[int]]) -> Iterator[tuple[list[int], list[dict[str, Any]]]]:
+        self.chunks = [list(c) for c in chunks]
+        done = [(c, score_chunk(self.scorer, EXAMPLES, c, None, None)) for c in chunks]
+        yield from reversed(done)
+
+
+def test_batches_scored_by_workers_give_the_same_records_and_a_resumable_cache(
+    tmp_path: Path,
+) -> None:
+    header = RunHeader.of(guard(), "ef" * 32, None, None, {"n": 2})
+    here = score_examples(guard(), EXAMPLES, cache=tmp_path / "one.jsonl", header=header,
+                          batch_size=2)  # fmt: skip
+    pool = _Backwards(guard())
+    spread = score_examples(None, EXAMPLES, cache=tmp_path / "two.jsonl", header=header,
+                            batch_size=2, pool=pool)  # fmt: skip
+    assert pool.chunks == [[0, 1], [2]]  # the batches one process scores
+    assert spread == here  # in the examples' order, whatever order the batches finished in
+    lines = (tmp_path / "two.jsonl").read_text().splitlines()
+    assert [json.loads(line)["index"] for line in lines[1:]] == [2, 0, 1]
+    again = _Backwards(guard())
+    assert score_examples(None, EXAMPLES, cache=tmp_path / "two.jsonl", header=header,
+                          batch_size=2, pool=again) == here  # fmt: skip
+    assert again.chunks == []  # all found in the cache

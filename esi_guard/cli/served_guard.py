@@ -1,0 +1,190 @@
+"""The guard ``esi-guard serve`` serves, from its flags: built where it runs.
+
+:class:`GuardOptions` holds the flags that choose the guard (the model or upstream, the
+threshold, the action); ``esi-guard serve`` builds its guard from it, and with ``--ray``
+each Ray Serve replica builds its own (:mod:`esi_guard.ray`).
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from esi_guard.cli import build
+from esi_guard.cli._options import LocalBackend
+from esi_guard.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from esi_guard.backends import Backend
+    from esi_guard.guard import ESIGuard
+    from esi_guard.server import ServeSettings
+
+__all__ = ["GuardOptions", "ServeAction", "ServeOnError", "build_guard"]
+
+
+class ServeAction(str, Enum):
+    """What the server does with an untrusted answer."""
+
+    flag = "flag"
+    abstain = "abstain"
+    route = "route"
+    redact = "redact"
+
+
+class ServeOnError(str, Enum):
+    """What the server does with an answer it could not score."""
+
+    abstain = "abstain"
+    flag = "flag"
+
+
+def build_guard(
+    backend: Backend,
+    threshold: str | None,
+    *,
+    action: str = "flag",
+    on_error: str = "abstain",
+    fallback: Any = None,
+    **settings: Any,
+) -> ESIGuard:
+    """The served guard: a calibration file through ``from_calibration``, or a number."""
+    from esi_guard.guard import ESIGuard
+
+    given = {k: v for k, v in settings.items() if v is not None}
+    common = {"action": action, "on_error": on_error, "fallback": fallback, **given}
+    if threshold is not None and Path(threshold).is_file():
+        return ESIGuard.from_calibration(threshold, backend=backend, **common)
+    if threshold is None:
+        return ESIGuard(backend=backend, **common)
+    if _names_a_file(threshold):
+        what = "is not a file" if Path(threshold).exists() else "not found"
+        msg = f"--threshold {threshold}: calibration file {what}"
+        raise ConfigurationError(msg)
+    try:
+        value = float(threshold)
+    except ValueError:
+        msg = f"--threshold must be a calibration file or a number, got {threshold!r}"
+        raise ConfigurationError(msg) from None
+    return ESIGuard(backend=backend, threshold=value, **common)
+
+
+def _names_a_file(threshold: str) -> bool:
+    """Whether ``--threshold`` looks like a path (``.json``, or a folder in it), not a number."""
+    return threshold.lower().endswith(".json") or any(s in threshold for s in ("/", os.sep))
+
+
+def _threshold_source(threshold: str | None) -> str:
+    """Where the served threshold comes from, as the start-up log line says it."""
+    if threshold is None:
+        return "the embedded model's shipped threshold file"
+    if Path(threshold).is_file():
+        return f"calibration file {threshold}"
+    return "--threshold"
+
+
+def _fallback(url: str, model: str) -> Any:
+    """A chat model on the fallback server (its key from ``OPENAI_API_KEY``, as the upstream's)."""
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError as exc:
+        msg = "--fallback-upstream needs langchain-openai: pip install 'esi-guard[serve]'"
+        raise ImportError(msg) from exc
+    key = os.environ.get("OPENAI_API_KEY", "EMPTY")
+    return ChatOpenAI(base_url=url, model=model, api_key=key, temperature=0)
+
+
+def _engine(
+    model: str, backend: LocalBackend, device: str | None, dtype: str | None,
+    chat_template: str | None, upstream: str | None, upstream_model: str | None,
+    upstream_mode: str, threads: int | None = None,
+) -> Backend:  # fmt: skip
+    """The model in process, or the upstream server through the API backend."""
+    if upstream is None or upstream_model is None:
+        chosen = build.ModelOptions(model, None, "auto", device, backend, chat_template, dtype,
+                                    threads)  # fmt: skip
+        return build.backend(chosen)
+    from esi_guard.backends.openai import OpenAIBackend
+
+    template = build.template_text(chat_template)
+    return OpenAIBackend(upstream_model, base_url=upstream, mode=upstream_mode,  # type: ignore[arg-type]
+                         chat_template=template, max_concurrency=64)  # fmt: skip
+
+
+class GuardOptions(BaseModel):
+    """The served guard as ``esi-guard serve``'s flags give it, built where it runs.
+
+    Picklable and validated: with ``--ray`` each Ray Serve replica builds its own guard
+    from it (:mod:`esi_guard.ray`), and ``esi_guard.ray:app_builder`` reads it from a Serve
+    config's ``args``. Paths in it (a threshold file, a chat template) are read where the
+    guard is built: on a cluster, on each replica's node.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "default"
+    backend: LocalBackend = LocalBackend.auto
+    device: str | None = None
+    dtype: str | None = None
+    chat_template: str | None = None
+    threads: int | None = None
+    upstream: str | None = None
+    upstream_model: str | None = None
+    upstream_mode: str = "auto"
+    threshold: str | None = None
+    action: ServeAction = ServeAction.flag
+    on_error: ServeOnError = ServeOnError.abstain
+    abstain_message: str | None = None
+    fallback_upstream: str | None = None
+    fallback_model: str | None = None
+    n_variants: int | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+
+    def check(self) -> None:
+        """The flags' own conflicts, before anything loads.
+
+        Raises:
+            ConfigurationError: naming the flags that conflict.
+        """
+        msg = None
+        if (self.upstream is None) != (self.upstream_model is None):
+            msg = "--upstream and --upstream-model go together"
+        elif self.threads is not None and self.upstream:
+            msg = (f"--threads sets the CPU threads of a model run here; --upstream "
+                   f"{self.upstream} runs it")  # fmt: skip
+        elif self.action is ServeAction.route and not self.fallback_upstream:
+            msg = "--action route needs --fallback-upstream URL"
+        if msg is not None:
+            raise ConfigurationError(msg)
+
+    def build(self) -> ESIGuard:
+        """The guard: its engine loaded (or the upstream's client made), its threshold read."""
+        self.check()
+        engine = _engine(self.model, self.backend, self.device, self.dtype, self.chat_template,
+                         self.upstream, self.upstream_model, self.upstream_mode,
+                         self.threads)  # fmt: skip
+        fallback = None
+        if self.fallback_upstream:
+            name = self.fallback_model or self.upstream_model or self.model
+            fallback = _fallback(self.fallback_upstream, name)
+        return build_guard(
+            engine, self.threshold, action=self.action.value, on_error=self.on_error.value,
+            fallback=fallback, n_variants=self.n_variants, top_k=self.top_k,
+            max_new_tokens=self.max_tokens, abstain_message=self.abstain_message,
+        )  # fmt: skip
+
+    def settings(self, **values: Any) -> ServeSettings:
+        """The server's settings for this guard (``values``: the server's flags)."""
+        from esi_guard.server import ServeSettings
+
+        in_process = self.upstream is None
+        aliases = (self.model,) if in_process and values.get("model_name") is None else ()
+        if values.get("slots") is None:
+            values["slots"] = 1 if in_process else 4
+        return ServeSettings(model_aliases=aliases,
+                             threshold_source=_threshold_source(self.threshold),
+                             **values)  # fmt: skip
