@@ -250,33 +250,49 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             "p50": done["p50"], "p99": done["p99"]}  # fmt: skip
 
 
+def _records(cache: Path) -> dict[int, dict[str, Any]]:
+    lines = cache.read_text(encoding="utf-8").splitlines()[1:]
+    return {r["index"]: r for r in map(json.loads, lines)}
+
+
 def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     """One process (1 thread, every core), then ``--workers 2``; wall times, same file?"""
+    cores = os.cpu_count() or 1
     arms = (("one process, 1 thread", ["--threads", "1"]),
-            (f"one process, {os.cpu_count()} threads", ["--threads", str(os.cpu_count())]),
+            (f"one process, {cores} threads", ["--threads", str(cores)]),
             ("2 Ray workers", ["--workers", "2"]))  # fmt: skip
     out: dict[str, Any] = {}
     files: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as folder:
+    records: dict[str, dict[int, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(args.keep or scratch)
+        folder.mkdir(parents=True, exist_ok=True)
         for n, (name, extra) in enumerate(arms):
-            path = Path(folder) / f"t{n}.json"
+            path, cache = folder / f"t{n}.json", folder / f"c{n}.jsonl"
+            cache.unlink(missing_ok=True)
             command = [sys.executable, "-m", "esi_guard.cli", "calibrate", "--data", args.data,
                        "--limit", str(args.limit), "--select", "coverage", "--resamples", "200",
-                       "--cache", str(Path(folder) / f"c{n}.jsonl"), "--out", str(path),
-                       *extra]  # fmt: skip
+                       "--cache", str(cache), "--out", str(path), *extra]  # fmt: skip
             started = time.perf_counter()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             out[name] = time.perf_counter() - started
             files[name] = {k: v for k, v in json.loads(path.read_text()).items() if k != "created"}
+            records[name] = _records(cache)
             print(f"{name}: {out[name]:.1f} s", flush=True)
-    first, cores, workers = (out[name] for name, _ in arms)
-    same = all(f == files[arms[0][0]] for f in files.values())
-    print(f"ray: calibrate questions={args.limit} one_1thread_s={first:.1f} "
-          f"one_allcores_s={cores:.1f} workers2_s={workers:.1f} "
-          f"ratio_vs_1thread={first / workers:.2f} ratio_vs_allcores={cores / workers:.2f} "
-          f"same_file={same}")  # fmt: skip
-    return {"seconds": out, "same_file": same, "ratio_vs_1thread": first / workers,
-            "ratio_vs_allcores": cores / workers}  # fmt: skip
+    first = arms[0][0]
+    differ = {name: sorted(i for i in records[first] if records[name][i] != records[first][i])
+              for name, _ in arms[1:]}  # fmt: skip
+    for name, indices in differ.items():
+        print(f"{name}: {len(indices)} records differ from {first!r} {indices[:10]}")
+    one, every, workers = (out[name] for name, _ in arms)
+    same = {name: files[name] == files[first] for name, _ in arms[1:]}
+    print(f"ray: calibrate questions={args.limit} one_1thread_s={one:.1f} "
+          f"one_allcores_s={every:.1f} workers2_s={workers:.1f} "
+          f"ratio_vs_1thread={one / workers:.2f} ratio_vs_allcores={every / workers:.2f} "
+          f"same_file_allcores={same[arms[1][0]]} "
+          f"same_file_workers={same[arms[2][0]]}")  # fmt: skip
+    return {"seconds": out, "same_file": same, "records_differ": differ,
+            "ratio_vs_1thread": one / workers, "ratio_vs_allcores": every / workers}  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -291,6 +307,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-retries", type=int, default=5, help="soak: the SDK's retries")
     parser.add_argument("--data", default="../shared/data/sciq/test.jsonl")
     parser.add_argument("--limit", type=int, default=200, help="calibrate: questions")
+    parser.add_argument("--keep", default=None, help="calibrate: keep files and caches here")
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -90,7 +91,7 @@ def evaluate(
                                                     "esi_probe", "probe_band", "free_score"}),
     }  # fmt: skip
     run = score_run(
-        lambda: ESIGuard.from_calibration(threshold, backend=build.backend(chosen)),
+        partial(_guard, threshold.resolve(), chosen),
         Source(data, (question_field, answers_field, incorrect_field), limit, seed, answers_sep),
         request=request, labeller=lambda: build.labeller(labels, label_threshold, judge),
         cache=cache, system=calibrated.scoring.system_prompt or "", prompt_file=None,
@@ -125,3 +126,8 @@ def evaluate(
             f"cascade: full ESI ran on {paths.count('esi')} of {len(paths)} answers "
             f"({paths.count('esi') / len(paths):.1%}); the cheap score decided the others"
         )
+
+
+def _guard(threshold: Path, chosen: build.ModelOptions) -> ESIGuard:
+    """The guard the file describes, on the chosen model (built here or in a Ray worker)."""
+    return ESIGuard.from_calibration(threshold, backend=build.backend(chosen))

@@ -35,14 +35,12 @@ Chunk = list[int]
 
 
 class _Scorer:
-    """One worker: its guard, built once, and the run's examples and prompts."""
+    """One worker: its guard, built once, and the run's prompts."""
 
     def __init__(
-        self, guard: Callable[[], ESIGuard], examples: Sequence[Example],
-        system_prompt: str | None, template: str | None,
-    ) -> None:  # fmt: skip
+        self, guard: Callable[[], ESIGuard], system_prompt: str | None, template: str | None
+    ) -> None:
         self.guard = guard()
-        self.examples = examples
         self.system_prompt = system_prompt
         self.template = template
 
@@ -53,10 +51,13 @@ class _Scorer:
 
         return RunHeader.of(self.guard, digest, system, template, request)
 
-    def records(self, chunk: Chunk) -> tuple[Chunk, list[dict[str, Any]]]:
+    def records(
+        self, chunk: Chunk, examples: dict[int, Example]
+    ) -> tuple[Chunk, list[dict[str, Any]]]:
+        """The batch's records; its examples come with it (a restarted worker needs them)."""
         from esi_guard.cli.run.score import score_chunk
 
-        return chunk, score_chunk(self.guard, self.examples, chunk, self.system_prompt,
+        return chunk, score_chunk(self.guard, examples, chunk, self.system_prompt,
                                   self.template)  # fmt: skip
 
 
@@ -70,7 +71,7 @@ class ScoringPool:
     Args:
         guard: Builds each worker's guard (pickled to it).
         workers: How many actors.
-        examples: The run's examples (sent to the cluster once).
+        examples: The run's examples (each batch's go with it).
         system_prompt: The run's system prompt.
         template: The run's prompt template (``{question}``, ``{context}``).
         worker_cpus: Ray's ``num_cpus`` for each actor.
@@ -99,9 +100,8 @@ class ScoringPool:
                 logging_level=logging.WARNING,
             )
         scorer = ray.remote(num_cpus=worker_cpus, max_restarts=3, max_task_retries=3)(_Scorer)
-        shared = ray.put(list(examples))
-        self.actors = [scorer.remote(guard, shared, system_prompt, template)
-                       for _ in range(workers)]  # fmt: skip
+        self.examples = examples
+        self.actors = [scorer.remote(guard, system_prompt, template) for _ in range(workers)]
 
     def header(
         self, digest: str, system: str | None, template: str | None, request: dict[str, Any]
@@ -112,7 +112,12 @@ class ScoringPool:
     def records(self, chunks: Sequence[Chunk]) -> Iterator[tuple[Chunk, list[dict[str, Any]]]]:
         """Each batch's records, as the batches finish (any order)."""
         pool = actor_pool.ActorPool(self.actors)
-        yield from pool.map_unordered(lambda actor, chunk: actor.records.remote(chunk), chunks)
+        examples = self.examples
+
+        def send(actor: Any, chunk: Chunk) -> Any:
+            return actor.records.remote(chunk, {i: examples[i] for i in chunk})
+
+        yield from pool.map_unordered(send, chunks)
 
     def close(self) -> None:
         """Stop the workers (and a Ray started here)."""

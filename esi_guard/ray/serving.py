@@ -259,7 +259,7 @@ def guard_app(
     max_ongoing_requests: int | None = None,
     health_check_period_s: float = 10.0,
     health_check_timeout_s: float = 30.0,
-    engine_timeout_s: float = 300.0,
+    engine_timeout_s: float = 900.0,
     ray_actor_options: dict[str, Any] | None = None,
 ) -> Any:
     """The guard as a Ray Serve application (pass it to ``serve.run``).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 
+Examples = Sequence[Example] | Mapping[int, Example]
+"""A run's examples by index: all of them, or (in a worker) those of its batch."""
+
+
 class Pool(Protocol):
     """Workers that score batches elsewhere (:class:`esi_guard.ray.ScoringPool`)."""
 
@@ -60,7 +64,7 @@ without forcing any variant (:func:`fill_states`; its decision is not used)."""
 
 
 def _assess(
-    guard: ESIGuard, examples: Sequence[Example], chunk: Sequence[int],
+    guard: ESIGuard, examples: Examples, chunk: Sequence[int],
     system_prompt: str | None, template: str | None,
 ) -> list[ESIResult | BaseException]:  # fmt: skip
     """The guard's results (or errors) for the examples ``chunk``, asked as a run asks.
@@ -122,7 +126,7 @@ def _appending(cache: Path) -> TextIO:
 
 
 def score_chunk(
-    guard: ESIGuard, examples: Sequence[Example], chunk: Sequence[int],
+    guard: ESIGuard, examples: Examples, chunk: Sequence[int],
     system_prompt: str | None, template: str | None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The records of the examples ``chunk``, scored as one batch."""
