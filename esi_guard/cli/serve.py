@@ -174,9 +174,7 @@ def _on_ray(
         from esi_guard.ray import run_on_ray
     except ImportError as exc:
         fail(f"esi-guard serve --ray needs the ray extra: pip install 'esi-guard[ray]' ({exc})")
-    if options.upstream is None and options.threads is None:
-        # llama.cpp's threads spin: one replica's threads on its own CPUs only
-        options = options.model_copy(update={"threads": max(1, int(replica_cpus))})
+    options = options.on_cpus(replica_cpus)
     run_on_ray(options.build, settings, host=host, port=port, replicas=replicas,
                max_replicas=max_replicas, replica_cpus=replica_cpus, address=address,
                route_prefix=route_prefix)  # fmt: skip

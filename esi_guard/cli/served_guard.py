@@ -161,6 +161,16 @@ class GuardOptions(BaseModel):
         if msg is not None:
             raise ConfigurationError(msg)
 
+    def on_cpus(self, cpus: float) -> GuardOptions:
+        """These options for a replica holding ``cpus`` CPUs.
+
+        A model run in it gets that many threads unless ``threads`` says: llama.cpp's
+        threads spin, so each replica's must stay on its own CPUs.
+        """
+        if self.upstream is None and self.threads is None:
+            return self.model_copy(update={"threads": max(1, int(cpus))})
+        return self
+
     def build(self) -> ESIGuard:
         """The guard: its engine loaded (or the upstream's client made), its threshold read."""
         self.check()

@@ -48,7 +48,6 @@ from esi_guard.server._stream import sse
 from esi_guard.server.app import serving_app
 
 if TYPE_CHECKING:
-    from esi_guard.cli.served_guard import GuardOptions
     from esi_guard.guard import ESIGuard
 
 ray = import_extra("ray", needed_by="esi_guard.ray", what="Ray Serve", extra="ray")
@@ -333,18 +332,11 @@ def app_builder(args: GuardAppArgs) -> Any:
 
     if isinstance(args, dict):
         args = GuardAppArgs.model_validate(args)
-    options = _threaded(GuardOptions.model_validate(args.guard), args.replica_cpus)
+    options = GuardOptions.model_validate(args.guard).on_cpus(args.replica_cpus)
     options.check()
     settings = options.settings(**args.server)
     return guard_app(options.build, settings, **_scale(args.num_replicas, args.max_replicas,
                                                         args.replica_cpus, settings))  # fmt: skip
-
-
-def _threaded(options: GuardOptions, replica_cpus: float) -> GuardOptions:
-    """A model in the replica gets the replica's CPUs as threads (llama.cpp's spin)."""
-    if options.upstream is None and options.threads is None:
-        return options.model_copy(update={"threads": max(1, int(replica_cpus))})
-    return options
 
 
 def _scale(

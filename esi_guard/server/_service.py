@@ -256,8 +256,6 @@ class Service:
                      "total_tokens": prompt_tokens + n + sum(more)}  # fmt: skip
         return self._counted(Answer(content, finish, usage, esi_info(esi)))
 
-    noted = staticmethod(noted)
-
     def _counted(self, answer: Answer) -> Answer:
         self.metrics.decided(answer.esi)
         return answer
@@ -339,7 +337,7 @@ async def live_events(
             failure = exc if isinstance(exc, ServeError) else service.failure(exc)
             yield sse(failure.body())
             return
-        answer = service.noted(answer, notes)
+        answer = noted(answer, notes)
         rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
         for event in ending(ident, model, answer, rest, include_usage(chat)):
             yield event
