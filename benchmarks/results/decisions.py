@@ -3,12 +3,14 @@ r"""Decisions worth their cost (issue 50): calibration at a user's sizes, the va
     OMP_NUM_THREADS=1 python -m benchmarks.results.decisions calibration \
         --cache .bench-cache/probe --name triviaqa-smollm2 --name sciq-smollm2 \
         --sizes 150 300 --repeats 3 --json cal.json
+    OMP_NUM_THREADS=1 python -m benchmarks.results.decisions coverage --cache .bench-cache/probe \
+        --name triviaqa-smollm2 --sizes 300 --repeats 5 --json coverage.json
     OMP_NUM_THREADS=1 python -m benchmarks.results.decisions cascade --cache .bench-cache/probe \
         --name triviaqa-smollm2 --name sciq-smollm2 --json cascade.json
     OMP_NUM_THREADS=1 python -m benchmarks.results.decisions cost --cache .bench-cache/probe \
         --name triviaqa-smollm2 --data triviaqa/subset.jsonl --limit 24 --json cost.json
 
-All three read the runs ``python -m benchmarks.probe collect`` left (the embedded model on
+All four read the runs ``python -m benchmarks.probe collect`` left (the embedded model on
 llama.cpp: each question's greedy answer, its free signals, ESI(SOC) L=10 k=100, its
 hidden states, containment labels); ``repetition`` comes from the answer's text.
 
@@ -21,6 +23,11 @@ calibration questions by their AUROC), and the full combined + hidden score fitt
 same ``n`` without selection; paired differences with 95% bootstrap intervals per repeat,
 and their mean over repeats. ``--sizes all``: 5-fold outer cross-fitting on every
 question instead (each fold's selection on the other four).
+
+``coverage``: whether a threshold chosen for 80% coverage holds it on questions it never
+saw (:func:`coverage`): ESI's, and the combined score's with the fold models averaged
+(what the guard runs) and refitted (what it ran before), with the AUROC the calibration
+reported beside the one the unseen questions give.
 
 ``cascade``: the value-of-information cascade against always running ESI. Out-of-fold
 ``p_wrong`` (5 folds) of the full combined + hidden score (``esi,nll,entropy,max_nll``
@@ -142,6 +149,66 @@ def calibration(run: Run, size: int | str, repeats: int, seed: int) -> dict[str,
                 for r in rounds for k in ("esi", "best_free"))}  # fmt: skip
 
 
+def coverage(run: Run, size: int, repeats: int, seed: int, target: float = COVERAGE,
+             nested: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Does a threshold chosen for ``target`` coverage hold it on questions it never saw?
+
+    ``repeats`` stratified splits: ``size`` calibration questions, the rest unseen. On the
+    calibration questions, as ``esi-guard calibrate --select coverage`` does: ESI's
+    threshold (:func:`by_coverage` on their scores), and the selected combined score's
+    (:func:`select`, the threshold on its out-of-fold ``p_wrong``). On the unseen
+    questions, the share accepted: ESI's; the combined score as the guard runs it now
+    (``after``: the fold models averaged) and as it ran before (``before``: the kept
+    candidate refitted on every calibration question); and the AUROC the calibration
+    reported (out of fold; nested) against the one the unseen questions give.
+    """
+    from sklearn.model_selection import train_test_split
+
+    from esi_guard.calibration.thresholds import by_coverage
+
+    y = run.labels["wrong"].astype(np.float64)
+    states, signals = _states(run), run.signals
+    esi = np.array([s["esi"] for s in signals])
+    rounds = []
+    for r in range(repeats):
+        cal, test = (np.asarray(part) for part in train_test_split(
+            np.arange(len(y)), train_size=size, stratify=y, random_state=seed + r))  # fmt: skip
+        start = time.perf_counter()
+        chosen = select([signals[i] for i in cal], y[cal].astype(int).tolist(),
+                        requested=REQUESTED, states=[states[i] for i in cal], seed=seed,
+                        resamples=200, explain=False, nested=nested)  # fmt: skip
+        threshold = by_coverage(chosen.p_wrong, y[cal], target).threshold
+        refit = _fit(signals, y, states, chosen.chosen, cal, seed)
+        after, before = _p(chosen.model, signals, states, test), _p(refit, signals, states, test)
+        esi_threshold = by_coverage(esi[cal], y[cal], target).threshold
+        yt = y[test]
+        rounds.append({
+            "n_cal": len(cal), "n_test": len(test), "wrong_cal": int(y[cal].sum()),
+            "chosen": chosen.chosen.name, "target": target,
+            "coverage": {"esi": float(np.mean(esi[test] <= esi_threshold)),
+                         "after": float(np.mean(after <= threshold)),
+                         "before": float(np.mean(before <= threshold))},
+            "auroc": {"reported_oof": _interval(chosen.table[chosen.chosen.name]),
+                      "reported_nested": None if chosen.nested is None
+                      else _interval(chosen.nested),
+                      "unseen_after": _interval(bootstrap(auroc, after, yt,
+                                                          n_resamples=RESAMPLES)),
+                      "unseen_before": _interval(bootstrap(auroc, before, yt,
+                                                           n_resamples=RESAMPLES)),
+                      "unseen_esi": _interval(bootstrap(auroc, esi[test], yt,
+                                                        n_resamples=RESAMPLES))},
+            "seconds": time.perf_counter() - start,
+        })  # fmt: skip
+        c = rounds[-1]["coverage"]
+        print(f"  {run.name} split {r}: {chosen.chosen.name}; coverage at {target}: "
+              f"esi {c['esi']:.3f} after {c['after']:.3f} before {c['before']:.3f} "
+              f"({rounds[-1]['seconds']:.0f} s)", flush=True)  # fmt: skip
+    mean = {k: float(np.mean([r["coverage"][k] for r in rounds])) for k in rounds[0]["coverage"]}
+    spread = {k: float(np.std([r["coverage"][k] for r in rounds])) for k in mean}
+    return {"dataset": run.name, "size": size, "n": len(y), "target": target,
+            "rounds": rounds, "mean_coverage": mean, "sd_coverage": spread}  # fmt: skip
+
+
 def cascade(run: Run, seed: int) -> dict[str, Any]:
     """The value cascade against the full score, out of fold (see the module's text)."""
     from sklearn.model_selection import StratifiedKFold
@@ -245,7 +312,17 @@ def markdown(records: list[dict[str, Any]]) -> str:
     """The records as the results page's tables (one row per set and size, or per set)."""
     lines: list[str] = []
     for r in records:
-        if "rounds" in r:
+        if "mean_coverage" in r:
+            m, sd = r["mean_coverage"], r["sd_coverage"]
+            first = r["rounds"][0]["auroc"]
+            nested = first["reported_nested"]
+            lines.append(
+                f"| {r['dataset']} | {r['size']} / {r['n'] - r['size']} | {len(r['rounds'])} | "
+                f"{r['target']:.2f} | {m['esi']:.3f} ± {sd['esi']:.3f} | "
+                f"{m['before']:.3f} ± {sd['before']:.3f} | {m['after']:.3f} ± {sd['after']:.3f} | "
+                f"{_ci(first['reported_oof'])} | {'n/a' if nested is None else _ci(nested)} | "
+                f"{_ci(first['unseen_after'])} |")  # fmt: skip
+        elif "rounds" in r:
             for i, one in enumerate(r["rounds"]):
                 a, d = one["auroc"], one["difference"]
                 lines.append(
@@ -272,9 +349,9 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``calibration``, ``cascade`` or ``cost``: print the records and write them."""
+    """``calibration``, ``coverage``, ``cascade`` or ``cost``: print the records, write them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("calibration", "cascade", "cost"))
+    parser.add_argument("what", choices=("calibration", "coverage", "cascade", "cost"))
     parser.add_argument("--cache", type=Path, default=Path(".bench-cache/probe"))
     parser.add_argument("--name", action="append", default=[])
     parser.add_argument("--sizes", nargs="+", default=["150", "300"])
@@ -292,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             for size in args.sizes:
                 records.append(calibration(run, size if size == "all" else int(size),
                                            args.repeats, args.seed))  # fmt: skip
+        elif args.what == "coverage":
+            for size in args.sizes:
+                records.append(coverage(run, int(size), args.repeats, args.seed))
         elif args.what == "cascade":
             records.append(cascade(run, args.seed))
         else:

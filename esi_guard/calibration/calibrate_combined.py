@@ -2,8 +2,8 @@
 
 By default (:func:`fit_all`) every answer is used twice over, never at once: candidate
 feature sets are cross-fitted (:mod:`esi_guard.calibration.crossfit`), the best (the
-cheapest near it) is kept and refitted on every answer, and the threshold is chosen on
-its out-of-fold ``p_wrong``. With ``--fit-fraction`` (:func:`fit_on_part`) the score is
+cheapest near it) is kept, its fold models averaged are the score, and the threshold is
+chosen on its out-of-fold ``p_wrong``. With ``--fit-fraction`` (:func:`fit_on_part`) the score is
 fitted on that stratified share and the threshold chosen on the rest, which the model
 never saw: the split that the risk guarantee holds for exactly (docs/calibration.md).
 """
@@ -11,7 +11,7 @@ never saw: the split that the risk guarantee holds for exactly (docs/calibration
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from esi_guard.backends.hidden import HiddenStates
 from esi_guard.calibration.combined_fit import fit_combined
-from esi_guard.calibration.crossfit import Candidate, Selection, out_of_fold, select
+from esi_guard.calibration.crossfit import Candidate, Selection, cross_fit, select
 from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error
 from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, repetition
 from esi_guard.exceptions import ConfigurationError
@@ -123,11 +123,15 @@ def fit_all(
     folds: int = 5,
     cascade: bool = False,
     resamples: int = 1000,
+    nested: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Combined:
     """Cross-fit and select on every scored record (see the module's text).
 
     ``cascade``: also the kept score without ESI (a value-of-information cascade's cheap
-    score), cross-fitted on the same folds and refitted on all.
+    score), cross-fitted on the same folds, its fold models averaged. ``nested``: also
+    the selection's AUROC with each fold outside its own selection (``auroc_nested``).
+    ``progress`` hears a line before each long step.
 
     Raises:
         ConfigurationError: Records without the signals or states asked for, too few
@@ -135,7 +139,8 @@ def fit_all(
     """
     signals, states = _inputs(records, features)
     selection = select(signals, wrong, requested=features, states=states, folds=folds,
-                       seed=seed, resamples=resamples)  # fmt: skip
+                       seed=seed, resamples=resamples, nested=nested,
+                       progress=progress)  # fmt: skip
     labels = [int(w) for w in wrong]
     p_wrong = [float(p) for p in selection.p_wrong]
     model = selection.model
@@ -153,6 +158,8 @@ def fit_all(
     free: CombinedScore | None = None
     free_p: list[float] = []
     if cascade and model.uses_esi:  # else no variant is ever forced: nothing to cascade
+        if progress is not None:
+            progress("cross-fitting the cascade's score without ESI")
         free, free_p = _free(selection, features, signals, states, labels, seed)
         report["free"] = {"features": list(free.features) + ([HIDDEN] if free.hidden else []),
                           "auroc": asdict(bootstrap(auroc, free_p, labels, groups=selection.folds,
@@ -164,7 +171,7 @@ def _free(
     selection: Selection, features: Sequence[str], signals: list[dict[str, float]],
     states: list[HiddenStates] | None, labels: list[int], seed: int,
 ) -> tuple[CombinedScore, list[float]]:  # fmt: skip
-    """The kept score without ESI, refitted on all, and its out-of-fold ``p_wrong``.
+    """The kept score without ESI (its fold models averaged) and its out-of-fold ``p_wrong``.
 
     A kept score of ESI alone gives way to the requested features less ESI.
     """
@@ -178,11 +185,9 @@ def _free(
     y = np.asarray(labels, dtype=np.float64)
     splits = [(np.flatnonzero(selection.folds != k), np.flatnonzero(selection.folds == k))
               for k in range(int(selection.folds.max()) + 1)]  # fmt: skip
-    oof = selection.fit_more(cheap, lambda c: out_of_fold(signals, y, states, c, splits,
-                                                          seed=seed))  # fmt: skip
-    model = fit_combined(signals, labels, features=cheap.features, seed=seed,
-                         hidden=states if cheap.hidden else None)  # fmt: skip
-    return model, [float(p) for p in oof]
+    oof = selection.fit_more(cheap, lambda c: cross_fit(signals, y, states, c, splits,
+                                                        seed=seed))  # fmt: skip
+    return selection.averaged(cheap), [float(p) for p in oof]
 
 
 def _probe_report(report: dict[str, Any], model: CombinedScore) -> None:

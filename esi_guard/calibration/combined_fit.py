@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from esi_guard.backends.hidden import HiddenStates
+from esi_guard.backends.hidden import POSITIONS, HiddenStates
 from esi_guard.calibration.probe_search import search_states, standard
-from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, _sigmoid
+from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, HiddenProbe, _sigmoid
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["STRENGTHS", "fit_combined"]
+__all__ = ["STRENGTHS", "average", "fit_combined"]
 
 STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 """The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
@@ -174,3 +174,70 @@ def _held_out(
 
 def _log_loss(y: np.ndarray, z: np.ndarray) -> np.ndarray:
     return np.asarray(np.logaddexp(0.0, z) - y * z)
+
+
+def average(models: Sequence[CombinedScore], *, n_fit: int | None = None) -> CombinedScore:
+    """One score whose logit is the mean of ``models``' logits (same features).
+
+    Cross-fitting leaves one model per fold, each fitted without its fold and scoring it:
+    the threshold is chosen on those out-of-fold ``p_wrong``. At run time every question
+    is new to every fold model, so their mean is a score whose values sit where the
+    out-of-fold ones sat (a model refitted on every answer, its probe's settings chosen
+    again, sits elsewhere: the threshold then misses its coverage). Every part is
+    linear, so the mean folds into one :class:`CombinedScore`: the signals' weights on
+    the raw signals averaged (still >= 0), the probes' weights over the union of their
+    layers and positions (0 where a fold's probe does not read).
+
+    ``n_fit``: the answers behind them all (default: the members' sum).
+
+    Raises:
+        ConfigurationError: No model, or models over different signals.
+    """
+    if not models:
+        msg = "average() needs at least one fitted score"
+        raise ConfigurationError(msg)
+    names = models[0].features
+    if any(m.features != names for m in models):
+        msg = f"average() needs scores over the same signals; got {[m.features for m in models]}"
+        raise ConfigurationError(msg)
+    means = np.array([m.mean for m in models]).reshape(len(models), len(names))
+    scales = np.array([m.scale for m in models]).reshape(len(models), len(names))
+    raw = np.array([m.weights for m in models]).reshape(len(models), len(names)) / scales
+    offsets = np.array([m.intercept for m in models]) - np.sum(raw * means, axis=1)
+    mean, scale, weight = means.mean(axis=0), scales.mean(axis=0), raw.mean(axis=0)
+    intercept = float(offsets.mean() + np.dot(weight, mean))
+    probes = [m.hidden for m in models if m.hidden is not None]
+    if probes and len(probes) != len(models):
+        msg = "average() needs every score with a hidden-state probe or none"
+        raise ConfigurationError(msg)
+    return CombinedScore(
+        features=names, mean=tuple(map(float, mean)), scale=tuple(map(float, scale)),
+        weights=tuple(float(max(w, 0.0)) for w in weight * scale), intercept=intercept,
+        strength=float(np.mean([m.strength for m in models])),
+        n_fit=sum(m.n_fit for m in models) if n_fit is None else n_fit,
+        hidden=_average_probes(probes) if probes else None,
+    )  # fmt: skip
+
+
+def _average_probes(probes: Sequence[HiddenProbe]) -> HiddenProbe:
+    """The mean of ``probes``' terms as one probe over the union of what they read."""
+    layers = tuple(dict.fromkeys(layer for p in probes for layer in p.layers))
+    read = {position for p in probes for position in p.positions}
+    positions = tuple(p for p in POSITIONS if p in read)
+    size = probes[0].hidden_size
+    if any(p.hidden_size != size for p in probes):
+        msg = f"average() needs probes of one hidden size; got {[p.hidden_size for p in probes]}"
+        raise ConfigurationError(msg)
+    total = np.zeros((len(layers), len(positions), size))
+    for p in probes:
+        w = np.asarray(p.weights).reshape(len(p.layers), len(p.positions), size)
+        li = [layers.index(layer) for layer in p.layers]
+        pi = [positions.index(position) for position in p.positions]
+        total[np.ix_(li, pi)] += w
+    shared = set.intersection(*(set(p.selection) for p in probes))
+    return HiddenProbe(
+        layers=layers, positions=positions, hidden_size=size,
+        weights=tuple(map(float, (total / len(probes)).reshape(-1))),
+        components=max(p.components for p in probes),
+        selection={k: float(np.mean([p.selection[k] for p in probes])) for k in sorted(shared)},
+    )  # fmt: skip
