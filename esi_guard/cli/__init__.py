@@ -2,8 +2,9 @@
 
 Needs the ``cli`` extra. ``commands`` holds the typer app and registers the commands, one
 module each: ``calibrate``, ``evaluate``, ``distill`` (an ESI probe from unlabelled
-questions), ``env`` (what this machine runs the guard with, for bug reports) and
-``serve`` (the guard as an OpenAI-compatible server, :mod:`esi_guard.server`). What they
+questions), ``env`` (what this machine runs the guard with, for bug reports),
+``serve`` (the guard as an OpenAI-compatible server, :mod:`esi_guard.server`) and
+``fetch_model`` (a bigger model known by name, from the package registry). What they
 share: ``_options`` (their options), ``build`` (the backend, guard and labeller from
 those options), ``output`` (stdout, stderr, errors), ``run`` (score a set resumably into
 a cache, label it, report it). This folder sits above the guard;

@@ -19,6 +19,7 @@ from esi_guard.cli.calibrate import calibrate
 from esi_guard.cli.distill import distill
 from esi_guard.cli.env import env
 from esi_guard.cli.evaluate import evaluate
+from esi_guard.cli.fetch_model import fetch_model
 from esi_guard.cli.serve import serve
 
 __all__ = ["HELP", "QUIET", "app", "main", "quiet_third_party"]
@@ -27,13 +28,14 @@ HELP = (
     "Guard LLM answers with the ESI uncertainty score. calibrate scores a labelled QA set "
     "and writes a threshold file; evaluate measures one on another set; distill fits an "
     "ESI probe on unlabelled questions; serve runs the guard as an OpenAI-compatible "
-    "server; env reports this machine's setup for bug reports. Run esi-guard COMMAND "
-    "--help for a command's options."
+    "server; env reports this machine's setup for bug reports; fetch-model downloads a "
+    "bigger model known by name. Run esi-guard COMMAND --help for a command's options."
 )
 """The top-level help: plain text (no markup), naming every command."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
-for command in (calibrate, evaluate, distill, env, serve):  # the order --help lists them in
+# the order --help lists them in
+for command in (calibrate, evaluate, distill, env, serve, fetch_model):
     app.command()(command)
 
 

@@ -25,6 +25,21 @@ def test_all_imports_are_exported() -> None:
     assert esi_guard.__all__ == sorted(public)
 
 
+def test_backends_exports_every_public_name_it_binds() -> None:
+    """``esi_guard.backends`` too, the known models' names among them."""
+    from esi_guard import backends
+
+    public = {
+        name
+        for name, value in vars(backends).items()
+        if not name.startswith("_") and not isinstance(value, ModuleType)
+    }
+    assert set(backends.__all__) == public
+    assert {"KNOWN_MODELS", "KnownModel", "ModelPart", "known_model_path"} <= public
+    for name in ("KnownModel", "ModelPart"):
+        assert getattr(backends, name).__doc__, name
+
+
 def test_every_exported_class_says_what_it_is() -> None:
     for name in esi_guard.__all__:
         value = getattr(esi_guard, name)
