@@ -30,6 +30,7 @@ __all__ = [
     "risk_coverage",
     "selective_accuracy",
     "summarise",
+    "undefined_because",
 ]
 
 COVERAGES = (0.9, 0.8, 0.7)
@@ -67,6 +68,23 @@ def auroc(scores: ArrayLike, wrong: ArrayLike) -> float:
     ranks = rankdata(s)  # ties get their mean rank
     u = float(ranks[w == 1].sum()) - positives * (positives + 1) / 2
     return u / (positives * negatives)
+
+
+def undefined_because(wrong: ArrayLike) -> str | None:
+    """Why AUROC and PRR are undefined on these labels, or None where they are defined.
+
+    Both compare the wrong answers with the right ones: with one kind only there is
+    nothing to compare, and :func:`auroc` and :func:`prr` return NaN. Commands print the
+    reason instead of the NaN.
+    """
+    w = np.asarray(wrong).astype(np.int_)
+    if w.size == 0:
+        return "no labelled answer"
+    if not w.any():
+        return "no wrong answer"
+    if w.all():
+        return "no right answer"
+    return None
 
 
 def risk_coverage(scores: ArrayLike, wrong: ArrayLike) -> tuple[NDArray[np.float64], ...]:

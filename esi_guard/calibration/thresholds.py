@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
+    "MIN_PER_CLASS",
     "STOP_CONSTANTS",
     "Choice",
     "RiskTest",
@@ -39,6 +40,7 @@ __all__ = [
     "by_f1",
     "by_risk",
     "by_youden",
+    "class_counts",
     "fit_stop_constant",
     "min_accepted",
     "min_examples",
@@ -46,6 +48,22 @@ __all__ = [
     "risk_search",
     "risk_tests",
 ]
+
+
+MIN_PER_CLASS = 10
+"""Fewer wrong (or right) calibration answers than this are too few to lean on.
+
+Every rule compares the wrong answers' scores with the right ones': with a handful of
+either kind, the threshold and the metrics (AUROC, PRR) turn on those few answers and move
+a lot from one sample to the next. ``esi-guard calibrate`` warns below it and refuses a
+set with none of a kind.
+"""
+
+
+def class_counts(wrong: ArrayLike) -> tuple[int, int]:
+    """How many of the labelled answers are wrong, and how many right."""
+    w = np.asarray(wrong).astype(np.int_)
+    return int(w.sum()), int(w.size - w.sum())
 
 
 @dataclass(frozen=True)

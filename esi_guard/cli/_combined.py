@@ -9,16 +9,20 @@ and turns refusals into the command's errors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from esi_guard.calibration.calibrate_combined import Combined, fit_all, fit_on_part
 from esi_guard.calibration.cascade_fit import fit_band
+from esi_guard.calibration.crossfit import TOLERANCE, candidates
 from esi_guard.calibration.metrics import Estimate
-from esi_guard.cli.output import console, fail
-from esi_guard.cli.run import Run
+from esi_guard.cli.output import console, data_name, fail, progress, shown
+from esi_guard.cli.run import Run, metrics_table, summary
+from esi_guard.combined import HIDDEN
 from esi_guard.exceptions import ESIGuardError
 
-__all__ = ["CROSS_FITTED", "fit_run", "value_band"]
+__all__ = ["CROSS_FITTED", "FOLDS", "explain", "fit_run", "headline", "kept_rule", "value_band"]
 
 CROSS_FITTED = (
     " (the threshold chosen on out-of-fold p_wrong: exact for the fold models, approximate "
@@ -26,22 +30,78 @@ CROSS_FITTED = (
 )
 """Appended to a cross-fitted combined score's guarantee statement (docs/calibration.md)."""
 
+FOLDS = 5
+"""Folds of the cross-fit."""
+
 
 def fit_run(
     run: Run, fraction: float | None, seed: int, features: tuple[str, ...], *,
     cascade: bool = False, resamples: int = 1000,
 ) -> Combined:  # fmt: skip
-    """Fit the combined score on the run's answers; print how it does out of sample."""
+    """Fit the combined score on the run's answers, saying first (on stderr) what it fits.
+
+    Prints no result: :func:`headline` and :func:`explain` do, once ESI's table is out.
+    """
     scored = [r for r in run.records if r["scored"]]
+    progress(_fitting(features, fraction, len(scored), cascade))
     try:
         if fraction is None:
-            combined = fit_all(scored, run.wrong, seed=seed, features=features, cascade=cascade,
-                               resamples=resamples)  # fmt: skip
-        else:
-            combined = fit_on_part(scored, run.wrong, fraction=fraction, seed=seed,
-                                   features=features)  # fmt: skip
+            return fit_all(scored, run.wrong, seed=seed, features=features, folds=FOLDS,
+                           cascade=cascade, resamples=resamples)  # fmt: skip
+        return fit_on_part(scored, run.wrong, fraction=fraction, seed=seed, features=features)
     except ESIGuardError as exc:
         fail(str(exc))
+
+
+def _fitting(features: Sequence[str], fraction: float | None, n: int, cascade: bool) -> str:
+    """The line said before the fit: how many models, and what makes it slow."""
+    probe = " (hidden-state probe: may take a minute)" if HIDDEN in features else ""
+    if fraction is not None:
+        return f"fitting the combined score on {fraction:g} of the {n} answers{probe}..."
+    then = ", then the cascade's score without ESI" if cascade else ""
+    return (
+        f"fitting {len(candidates(features))} candidate combined scores on {FOLDS} folds of "
+        f"{n} answers{probe}, then each kept feature's contribution{then}..."
+    )
+
+
+def _kept_name(combined: Combined) -> str:
+    """The kept score's features, ``hidden`` for the probe (``nll+entropy+hidden``)."""
+    chosen = combined.report.get("chosen")
+    if chosen is not None:
+        return str(chosen)
+    model = combined.model
+    return "+".join((*model.features, *((HIDDEN,) if model.hidden is not None else ())))
+
+
+def headline(combined: Combined, run: Run, data: Sequence[Path], resamples: int) -> None:
+    """The kept score's metrics, where the threshold is chosen: the table printed first.
+
+    Cross-fitted, its AUROC is the one the selection compared (within each fold,
+    averaged); the other metrics are over the out-of-fold ``p_wrong`` the threshold is
+    chosen on.
+    """
+    p_wrong, wrong, report = combined.p_wrong, combined.wrong, combined.report
+    metrics = summary(p_wrong, wrong, resamples)
+    cross = report["fit"] == "cross"
+    if cross:
+        metrics["auroc"] = Estimate(**report["auroc_p_wrong"])
+    accuracy = 1 - sum(wrong) / len(wrong)
+    where = "out of fold" if cross else f"held out (fitted on {report['n_fit']} others)"
+    title = (
+        f"P(wrong) of the kept score ({_kept_name(combined)}) on {data_name(data)}, {where}: "
+        f"n={len(wrong)}, accuracy {accuracy:.3f}, labels {run.labeller.name}"
+    )
+    table = metrics_table(metrics, title, wrong)
+    table.caption = (
+        "the threshold is chosen on this score; AUROC within each fold, averaged"
+        if cross else "the threshold is chosen on this score, on these answers"
+    )  # fmt: skip
+    console.print(table)
+
+
+def explain(combined: Combined, features: tuple[str, ...]) -> None:
+    """How the score was chosen and fitted, and how it does out of sample (after the tables)."""
     report = combined.report
     if report["fit"] == "cross":
         _selection(report, features)
@@ -59,10 +119,35 @@ def fit_run(
     )
     console.print(
         f"combined score: {where} (threshold chosen there): ECE {report['ece']:.3f}, AUROC "
-        f"[95% CI] P(wrong) {Estimate(**report['auroc_p_wrong'])} vs ESI "
-        f"{Estimate(**report['auroc_esi'])}"
+        f"[95% CI] P(wrong) {shown(Estimate(**report['auroc_p_wrong']))} vs ESI "
+        f"{shown(Estimate(**report['auroc_esi']))}"
     )
-    return combined
+
+
+def kept_rule(report: dict[str, Any]) -> str:
+    """Which rule kept the score: the best out of fold, or cheaper and near the best.
+
+    Read from the cross-fit's report (``chosen``, ``candidates``): the selection keeps the
+    best candidate unless one within :data:`~esi_guard.calibration.crossfit.TOLERANCE` of
+    it costs less (no ESI, no states).
+    """
+    table = {name: Estimate(**e) for name, e in report["candidates"].items()}
+    chosen = report["chosen"]
+    best = max(table, key=lambda name: table[name].value)
+    kept = table[chosen]
+    if kept.value >= table[best].value:
+        return f"kept: {chosen}, the best out of fold (AUROC {kept})"
+    parts, best_parts = chosen.split("+"), best.split("+")
+    saved = [
+        what
+        for name, what in (("esi", "no ESI"), (HIDDEN, "no states"))
+        if name in best_parts and name not in parts
+    ]
+    cheaper = ", ".join(saved) or "fewer features"
+    return (
+        f"kept: {chosen} (AUROC {kept}): it is cheaper ({cheaper}) and within {TOLERANCE:g} "
+        f"of the best out of fold, which was {best} at AUROC {table[best]}"
+    )
 
 
 def _selection(report: dict[str, Any], features: tuple[str, ...]) -> None:
@@ -71,12 +156,8 @@ def _selection(report: dict[str, Any], features: tuple[str, ...]) -> None:
     console.print(f"out-of-fold AUROC [95% CI] of each candidate: {rows}")
     for name, why in report["skipped"].items():
         console.print(f"not fitted: {name} ({why})")
-    chosen = report["chosen"]
-    left = [f for f in features if f not in chosen.split("+")]
-    console.print(
-        f"kept: {chosen} (the best out of fold, or the best of a cheaper kind within 0.005 "
-        "of it: no ESI, no states)" + (f"; left out: {', '.join(left)}" if left else "")
-    )
+    left = [f for f in features if f not in report["chosen"].split("+")]
+    console.print(kept_rule(report) + (f"; left out: {', '.join(left)}" if left else ""))
     for name, e in report["contributions"].items():
         estimate = Estimate(e["value"], e["low"], e["high"])
         console.print(
@@ -88,6 +169,7 @@ def _selection(report: dict[str, Any], features: tuple[str, ...]) -> None:
 def value_band(combined: Combined, threshold: float, most: float, delta: float) -> dict[str, Any]:
     """The threshold file's ``free_score`` and ``probe_band``; the command ends if none fits."""
     assert combined.free is not None  # fit_run(..., cascade=True)
+    progress("fitting the cascade's band (where ESI can change the decision)...")
     band = fit_band(combined.free_p_wrong, combined.p_wrong, threshold, max_disagreement=most,
                     delta=delta, logit=True)  # fmt: skip
     n = len(combined.p_wrong)

@@ -13,6 +13,7 @@ and ``--esi-probe`` a cascade's band (:mod:`esi_guard.cli._cascade`) beside it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -38,7 +39,7 @@ from esi_guard.calibration.thresholds import (
 )
 from esi_guard.cli import build
 from esi_guard.cli._cascade import fit_cascade, read_probe
-from esi_guard.cli._combined import CROSS_FITTED, fit_run, value_band
+from esi_guard.cli._combined import CROSS_FITTED, explain, fit_run, headline, value_band
 from esi_guard.cli._options import (
     AnswersField,
     AnswersSep,
@@ -78,7 +79,17 @@ from esi_guard.cli._options import (
     Workers,
 )
 from esi_guard.cli.calibrate_sentences import calibrate_sentences
-from esi_guard.cli.output import console, data_name, fail, needs_extra, stderr, used_modules, warn
+from esi_guard.cli.output import (
+    check_classes,
+    console,
+    data_name,
+    fail,
+    needs_extra,
+    progress,
+    stderr,
+    used_modules,
+    warn,
+)
 from esi_guard.cli.run import Run, Source, report, score_run
 from esi_guard.combined import FEATURES, HIDDEN
 from esi_guard.exceptions import ESIGuardError
@@ -95,6 +106,7 @@ def _stop_rule(
 ) -> dict[str, Any] | None:
     """Fit sequential ESI's stopping constant on the run's variant scores, and say so."""
     rows = [r["variant_scores"] for r in records if r["scored"] and r.get("variant_scores")]
+    progress(f"fitting sequential ESI's stopping rule on {len(rows)} answers...")
     rule = fit_stop_constant(
         rows, threshold, min_variants=min_variants, max_disagreement=most, delta=delta
     )
@@ -242,13 +254,10 @@ def calibrate(
         cache=cache, system=system, prompt_file=prompt, batch_size=batch_size,
         workers=workers, ray_address=ray_address, worker_cpus=build.worker_cpus(chosen),
     )  # fmt: skip
-    scores, wrong = run.scores, run.wrong
-    metrics = report(run, data, resamples)
-    combined = None
-    if score is ScoreName.combined:
-        combined = fit_run(run, fit_fraction, seed or 0, names, cascade=cascade,
-                           resamples=resamples)  # fmt: skip
-        scores, wrong = combined.p_wrong, combined.wrong  # the threshold is chosen on these
+    fit = None if score is ScoreName.esi else (fit_fraction, seed or 0, names, cascade)
+    metrics, combined = _reported(run, data, resamples, fit)
+    scores, wrong = (run.scores, run.wrong) if combined is None else (
+        combined.p_wrong, combined.wrong)  # fmt: skip
     _warn_if_small(len(scores), select, alpha, delta)
     choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
     title = f"{'P(wrong)' if combined else 'ESI'} on {data_name(data)}"
@@ -274,18 +283,49 @@ def calibrate(
         result = result.model_copy(update=value_band(combined, choice.threshold,
                                                      max_disagreement, stop_delta))  # fmt: skip
     if probe is not None:
+        progress("fitting the cascade's band on the ESI probe...")
         result = result.model_copy(update=fit_cascade(
             run, probe, choice.threshold, combined, max_disagreement, stop_delta))  # fmt: skip
     result.write(out)
     console.print(
         f"threshold {choice.threshold:.4f} ({choice.method}): calibration coverage "
-        f"{choice.coverage:.3f}, selective risk {choice.selective_risk:.3f}"
+        f"{choice.coverage:.3f}, selective risk {_risk(choice)}"
     )
     if choice.guarantee:
         console.print(f"guarantee: {choice.guarantee['statement']}")
     console.print(f"wrote {out}")
     if plot is not None:
         _plot(plot, scores, wrong, choice.threshold, title)
+
+
+def _reported(
+    run: Run, data: list[Path], resamples: int,
+    fit: tuple[float | None, int, tuple[str, ...], bool] | None,
+) -> tuple[dict[str, Estimate], Combined | None]:  # fmt: skip
+    """The tables, after refusing a set of one kind of answer; with ``fit``, the combined score.
+
+    ``fit``: ``--fit-fraction``, the seed, the features and ``--cascade``. The kept score's
+    table comes first (the threshold is chosen on it), ESI's after, then how it was kept.
+    """
+    check_classes(run.wrong)
+    combined = None
+    if fit is not None:
+        fraction, seed, names, cascade = fit
+        combined = fit_run(run, fraction, seed, names, cascade=cascade, resamples=resamples)
+        headline(combined, run, data, resamples)
+    metrics = report(run, data, resamples)
+    if combined is not None:
+        explain(combined, names)
+        if combined.report["fit"] == "split":
+            check_classes(combined.wrong, "held-out answers (the threshold is chosen on them)")
+    return metrics, combined
+
+
+def _risk(choice: Choice) -> str:
+    """The chosen threshold's calibration risk, or why it has none (it accepts no answer)."""
+    if math.isnan(choice.selective_risk):
+        return "n/a (it accepts no calibration answer)"
+    return f"{choice.selective_risk:.3f}"
 
 
 def _check_sentence_options(
@@ -392,6 +432,7 @@ def _refuse(scores: list[float], wrong: list[int], alpha: float, delta: float) -
 def _plot(
     path: Path, scores: list[float], wrong: list[int], threshold: float | None, title: str
 ) -> None:
+    progress(f"drawing {path}...")
     from esi_guard.calibration.plot import plot_calibration
 
     plot_calibration(path, scores, wrong, threshold=threshold, title=title)

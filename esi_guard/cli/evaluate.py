@@ -12,7 +12,12 @@ from typing import Annotated
 import typer
 
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.calibration.metrics import auroc, bootstrap, expected_calibration_error
+from esi_guard.calibration.metrics import (
+    auroc,
+    bootstrap,
+    expected_calibration_error,
+    undefined_because,
+)
 from esi_guard.cli import build
 from esi_guard.cli._options import (
     AnswersField,
@@ -41,7 +46,7 @@ from esi_guard.cli._options import (
     Threads,
     Workers,
 )
-from esi_guard.cli.output import console, data_name, fail, needs_extra, used_modules
+from esi_guard.cli.output import console, data_name, fail, needs_extra, shown, used_modules
 from esi_guard.cli.run import Source, report, score_run
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
@@ -108,12 +113,13 @@ def evaluate(
         scores = [float(r["p_wrong"]) for r in run.records if r["scored"]]
         ece = expected_calibration_error(scores, wrong)
         estimate = bootstrap(auroc, scores, wrong, n_resamples=resamples)
-        console.print(f"P(wrong): AUROC [95% CI] {estimate}, ECE {ece:.3f}")
+        console.print(f"P(wrong): AUROC [95% CI] {shown(estimate, undefined_because(wrong))}, "
+                      f"ECE {ece:.3f}")  # fmt: skip
     accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
-    realised_risk = sum(accepted) / len(accepted) if accepted else float("nan")
+    risk = f"{sum(accepted) / len(accepted):.3f}" if accepted else "n/a (no answer accepted)"
     console.print(
         f"threshold {calibrated.threshold:.4f} ({calibrated.method}): coverage "
-        f"{len(accepted) / len(scores):.3f}, selective risk {realised_risk:.3f}"
+        f"{len(accepted) / len(scores):.3f}, selective risk {risk}"
         + (f" (unscored, withheld: {run.unscored})" if run.unscored else "")
     )
     if calibrated.guarantee:

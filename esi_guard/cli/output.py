@@ -1,8 +1,13 @@
-"""What every ``esi-guard`` command prints: results on stdout, errors and warnings on stderr."""
+"""What every ``esi-guard`` command prints: results on stdout; the rest on stderr.
+
+Errors, warnings, progress bars and progress lines go to stderr, so that
+``esi-guard calibrate ... > results.txt`` holds the results alone.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -11,12 +16,27 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["console", "data_name", "fail", "needs_extra", "stderr", "used_modules", "warn"]
+from esi_guard.calibration.metrics import Estimate
+from esi_guard.calibration.thresholds import MIN_PER_CLASS, class_counts
+
+__all__ = [
+    "check_classes",
+    "console",
+    "data_name",
+    "fail",
+    "needs_extra",
+    "progress",
+    "shown",
+    "shown_parts",
+    "stderr",
+    "used_modules",
+    "warn",
+]
 
 console = Console(soft_wrap=True)
 """Results: tables, thresholds, what was written (stdout); a long line (a path) is never cut."""
 stderr = Console(stderr=True, soft_wrap=True)
-"""Errors and warnings (stderr)."""
+"""Errors, warnings, progress bars and progress lines (stderr)."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -59,6 +79,58 @@ def used_modules(*, labels: str = "", plot: bool = False, fits: bool = False) ->
 def warn(message: str) -> None:
     """Print ``warning: message`` on stderr."""
     stderr.print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+
+def progress(message: str) -> None:
+    """Say on stderr what a step that may take a while is doing (``fitting ...``)."""
+    stderr.print(escape(message), highlight=False)
+
+
+def shown(estimate: Estimate, why: str | None = None) -> str:
+    """``0.701 [0.612, 0.790]``, or ``n/a (why)`` for a metric these answers leave undefined.
+
+    ``why``: the reason (:func:`~esi_guard.calibration.metrics.undefined_because`).
+    """
+    value, interval = shown_parts(estimate, why)
+    return value if math.isnan(estimate.value) else f"{value} {interval}"
+
+
+def shown_parts(estimate: Estimate, why: str | None = None) -> tuple[str, str]:
+    """The value and the interval as :func:`shown` prints them, apart (a table's columns)."""
+    if math.isnan(estimate.value):
+        return f"n/a ({why or 'undefined on these answers'})", "n/a"
+    if math.isnan(estimate.low) or math.isnan(estimate.high):
+        return f"{estimate.value:.3f}", "[n/a: no resample held both right and wrong answers]"
+    return f"{estimate.value:.3f}", f"[{estimate.low:.3f}, {estimate.high:.3f}]"
+
+
+def check_classes(wrong: Sequence[int], unit: str = "answers") -> None:
+    """End a calibration that has no wrong or no right ``unit``; warn when either is few.
+
+    A threshold is chosen by comparing the wrong answers' scores with the right ones': with
+    one kind only nothing can be chosen (exit 2, before any file is written), and with
+    fewer than :data:`~esi_guard.calibration.thresholds.MIN_PER_CLASS` of a kind the
+    threshold and the metrics rest on a handful of them.
+    """
+    bad, good = class_counts(wrong)
+    counts = f"{bad} wrong and {good} right of {bad + good} labelled {unit}"
+    if bad == 0 or good == 0:
+        fail(
+            f"{counts}: a threshold tells wrong {unit} from right ones and cannot be "
+            f"calibrated on one kind alone; no threshold file written. Calibrate on "
+            f"{'a harder' if bad == 0 else 'an easier'} or larger set, or on more questions "
+            "(a larger --limit)"
+            + ("" if bad == 0 else ", and check that --labels fits how the model answers")
+        )
+    few = [kind for kind, n in (("wrong", bad), ("right", good)) if n < MIN_PER_CLASS]
+    if few:
+        kind = {"wrong": "a harder or larger set", "right": "an easier or larger set"}
+        warn(
+            f"only {counts}: with fewer than {MIN_PER_CLASS} {' or '.join(few)} ones the "
+            "threshold and the metrics rest on a handful of them and move a lot from one "
+            "sample to the next; calibrate on more questions "
+            f"({kind[few[0]] if len(few) == 1 else 'a larger set'})."
+        )
 
 
 def data_name(data: Sequence[Path]) -> str:

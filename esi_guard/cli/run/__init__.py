@@ -15,6 +15,16 @@ it, through ``ESIGuard.assess``), :mod:`.labelled` (load, score, label, report).
 """
 
 from esi_guard.cli.run.cache import CACHE_KIND, CACHE_VERSION, RunHeader
-from esi_guard.cli.run.labelled import Run, Source, report, score_run
+from esi_guard.cli.run.labelled import Run, Source, metrics_table, report, score_run, summary
 
-__all__ = ["CACHE_KIND", "CACHE_VERSION", "Run", "RunHeader", "Source", "report", "score_run"]
+__all__ = [
+    "CACHE_KIND",
+    "CACHE_VERSION",
+    "Run",
+    "RunHeader",
+    "Source",
+    "metrics_table",
+    "report",
+    "score_run",
+    "summary",
+]

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from esi_guard.calibration import labels as label_methods
 from esi_guard.calibration.data import Example, dataset_hash, load_files
-from esi_guard.calibration.metrics import Estimate, summarise
+from esi_guard.calibration.metrics import Estimate, summarise, undefined_because
 from esi_guard.calibration.prompts import run_prompts
-from esi_guard.cli.output import console, data_name, fail, warn
+from esi_guard.cli.output import console, data_name, fail, progress, shown_parts, warn
 from esi_guard.cli.run.cache import (
     RunHeader,
     beside,
@@ -26,7 +26,7 @@ from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig
 
-__all__ = ["Run", "Source", "report", "score_run"]
+__all__ = ["Run", "Source", "metrics_table", "report", "score_run", "summary"]
 
 
 class Run(NamedTuple):
@@ -161,6 +161,7 @@ def score_run(
         elif workers:
             from esi_guard.ray import ScoringPool
 
+            progress(f"starting {workers} Ray workers, each loading the model...")
             with ScoringPool(guard, workers, examples=examples, system_prompt=system,
                              template=template, worker_cpus=worker_cpus,
                              address=ray_address) as pool:  # fmt: skip
@@ -170,6 +171,7 @@ def score_run(
                                               batch_size=batch_size, pool=pool)  # fmt: skip
             console.print(f"per-example results: {cache} (scored on {workers} Ray workers)")
         else:
+            progress("loading the model...")
             the_guard = guard()
             header = RunHeader.of(the_guard, digest, system, template, request)
             if header.hidden_states is not None:
@@ -189,15 +191,23 @@ def score_run(
                records, header)  # fmt: skip
 
 
+def summary(
+    scores: Sequence[float], wrong: Sequence[int], resamples: int, unit: str = "answers"
+) -> dict[str, Estimate]:
+    """Every reported metric with its interval, saying first that it is bootstrapping."""
+    progress(f"bootstrapping 95% intervals ({resamples} resamples of {len(scores)} {unit})...")
+    return summarise(scores, wrong, n_resamples=resamples)
+
+
 def report(run: Run, data: Sequence[Path], resamples: int) -> dict[str, Estimate]:
-    """Print the metrics table (and how many examples were unscored); return the metrics."""
-    metrics = summarise(run.scores, run.wrong, n_resamples=resamples)
+    """Print ESI's metrics table (and how many examples were unscored); return the metrics."""
+    metrics = summary(run.scores, run.wrong, resamples)
     accuracy = 1 - sum(run.wrong) / len(run.wrong)
     title = (
         f"ESI on {data_name(data)}: n={len(run.scores)}, accuracy {accuracy:.3f}, "
         f"labels {run.labeller.name}"
     )
-    console.print(_metrics_table(metrics, title))
+    console.print(metrics_table(metrics, title, run.wrong))
     if run.unscored:
         warn(f"{run.unscored} example(s) could not be scored and are left out")
     if any(not e.answerable for e in run.examples):
@@ -216,11 +226,13 @@ def _by_answerability(run: Run) -> str:
     return "accuracy " + "; ".join(parts)
 
 
-def _metrics_table(metrics: dict[str, Estimate], title: str) -> Table:
+def metrics_table(metrics: dict[str, Estimate], title: str, wrong: Sequence[int]) -> Table:
+    """The metrics as a table; one these labels leave undefined reads ``n/a (why)``."""
+    why = undefined_because(wrong)
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95% bootstrap CI", justify="right")
     for name, estimate in metrics.items():
-        table.add_row(name, f"{estimate.value:.3f}", f"[{estimate.low:.3f}, {estimate.high:.3f}]")
+        table.add_row(name, *shown_parts(estimate, why))
     return table

@@ -25,7 +25,7 @@ from rich.progress import (
 from esi_guard.backends.hidden import HiddenStates
 from esi_guard.calibration.calibrate_combined import encode_states
 from esi_guard.calibration.data import Example
-from esi_guard.cli.output import console
+from esi_guard.cli.output import stderr
 from esi_guard.cli.run.cache import Records, RunHeader, open_cache
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
@@ -188,14 +188,14 @@ def score_with_progress(
     batch_size: int,
     pool: Pool | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`score_examples` under a progress bar (its rate counts this run's answers)."""
+    """:func:`score_examples` under a progress bar on stderr (its rate: this run's answers)."""
     columns = (
         TextColumn("[bold]scoring"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
         TimeRemainingColumn(),
     )  # fmt: skip
     start, scored, resumed = time.monotonic(), 0, False
-    with Progress(*columns, console=console) as progress:
+    with Progress(*columns, console=stderr) as progress:  # results stay alone on stdout
         task = progress.add_task("score", total=len(examples), rate="")
 
         def advance(count: int) -> None:

@@ -25,7 +25,7 @@ from esi_guard.calibration.long_answers import (
     group_rag,
     label_sentences,
 )
-from esi_guard.cli.output import console
+from esi_guard.cli.output import console, progress
 from esi_guard.cli.run.cache import RunHeader, complete_cache, default_cache, open_cache
 from esi_guard.cli.run.score import renderer_for
 from esi_guard.guard import ESIGuard
@@ -131,6 +131,7 @@ def score_sentence_run(
         header, records = found
         console.print(f"all {len(records)} prompts found in {cache}: no model loaded")
         return SentenceRun(prompts, records, header, digest)
+    progress("loading the model...")
     the_guard = guard()
     header = RunHeader.of(the_guard, digest, system, template, request)
     header = replace(header, scoring=header.scoring.model_copy(update={"decide_on": "sentences"}))
@@ -147,6 +148,6 @@ def score_sentence_run(
                 done[i] = _record(i, prompts[i], result)
                 handle.write(json.dumps(done[i]) + "\n")
             handle.flush()
-            console.print(f"{len(done)}/{len(prompts)} prompts scored", highlight=False)
+            progress(f"{len(done)}/{len(prompts)} prompts scored")
     console.print(f"per-prompt results: {cache}")
     return SentenceRun(prompts, [done[i] for i in range(len(prompts))], header, digest)

@@ -83,3 +83,19 @@ def test_grouped_bootstrap_measures_each_fitted_model_on_its_own_answers() -> No
     assert (plain.value, plain.low, plain.high) == (same.value, same.low, same.high)
     with pytest.raises(ValueError, match="one label per example"):
         metrics.bootstrap(metrics.auroc, scores, w, groups=[0, 1])
+
+
+@pytest.mark.parametrize(
+    ("wrong", "why"),
+    [([0, 0, 0], "no wrong answer"), ([1, 1], "no right answer"), ([], "no labelled answer"),
+     (WRONG, None)],
+)  # fmt: skip
+def test_undefined_because_says_why_auroc_and_prr_are_nan(
+    wrong: list[int], why: str | None
+) -> None:
+    assert metrics.undefined_because(wrong) == why
+    if why is not None and wrong:
+        scores = list(range(len(wrong)))
+        assert math.isnan(metrics.auroc(scores, wrong)) and math.isnan(metrics.prr(scores, wrong))
+        summary = metrics.summarise(scores, wrong, n_resamples=20)  # and no warning raised
+        assert math.isnan(summary["auroc"].value) and summary["aurc"].value in (0.0, 1.0)

@@ -118,3 +118,9 @@ def test_the_search_says_what_each_tested_threshold_got(alpha: float, met: bool)
     assert bool(within) is met and (choice is not None) is met
     if choice is not None:  # the tested threshold accepting most within alpha
         assert choice.threshold == max(within, key=lambda t: t.accepted).threshold
+
+
+def test_class_counts_and_the_documented_minimum() -> None:
+    assert thresholds.class_counts(WRONG) == (2, 3)
+    assert thresholds.class_counts([0, 0]) == (0, 2)
+    assert thresholds.MIN_PER_CLASS == 10  # docs/calibration.md names it

@@ -16,15 +16,16 @@ from esi_guard.cli import commands as cli_module
 
 @pytest.fixture
 def loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """``tmp_path/qa.jsonl`` (12 questions), the working folder; every local load recorded."""
+    """``tmp_path/qa.jsonl`` (12 questions, half answered right), the working folder, loads."""
     rows = [{"question": f"Which city is number {i} on the list?", "answer": f"city{i}"}
             for i in range(12)]  # fmt: skip
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = {r["question"]: r["answer"] for r in rows[::2]}  # calibrate refuses one kind
     recorded: list[dict[str, Any]] = []
 
     def local_backend(model: str, **kwargs: Any) -> FakeBackend:
         recorded.append({"model": model, **kwargs})
-        return FakeBackend()
+        return FakeBackend(answers)
 
     monkeypatch.setattr(build, "local_backend", local_backend)
     monkeypatch.chdir(tmp_path)  # where the default caches go

@@ -232,7 +232,7 @@ def test_csv_answers_are_split_on_the_separator_given(
     common = ["--data", str(data), "--question-field", "q", "--answers-field", "a",
               "--select", "coverage", "--out", str(tmp_path / "t.json")]  # fmt: skip
     result = calibrate(*common, "--answers-sep", "|", "--cache", str(cache))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 2 and "1 wrong and 0 right" in flat(result.stderr)  # one answer
     assert json.loads(cache.read_text().splitlines()[1])["answers"] == ["8", "eight"]
 
 
@@ -248,6 +248,22 @@ def test_the_command_silences_other_libraries_progress_bars(
     assert exited.value.code == 0
     assert environment["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     assert environment["TQDM_DISABLE"] == "0"
+
+
+def test_a_library_warning_reads_as_one_warning_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after
+    cli_module.one_line_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # not pytest's "error": shown, as a user sees it
+        warnings.warn("No positive samples in y_true", UserWarning, stacklevel=1)
+    said = capsys.readouterr()
+    assert said.out == "" and flat(said.err) == (
+        "warning: UserWarning: No positive samples in y_true"
+    )
 
 
 def test_a_missing_extra_is_an_error_naming_it(
@@ -293,3 +309,102 @@ def test_a_missing_cli_extra_ends_the_command_before_any_model_loads(
         f"(no module named '{hidden}')"
     )
     assert loads == [] and result.stdout == ""
+
+
+def one_kind(monkeypatch: pytest.MonkeyPatch, n: int, *, right: bool) -> list[dict[str, Any]]:
+    """Rows whose every answer is right (or every one wrong) on the fake model."""
+    rows, answers = questions(n)
+    answers = {q: row["answers"][0] if right else "Atlantis"
+               for q, row in zip(answers, rows, strict=True)}  # fmt: skip
+    sensitivity = {q: 0.1 + 0.8 * i / n for i, q in enumerate(answers)}  # scores that differ
+    monkeypatch.setattr(
+        build, "backend", lambda *a: DigestBackend(answers, sensitivity=sensitivity)
+    )
+    return rows
+
+
+@pytest.mark.parametrize("right", [True, False], ids=["no-wrong", "no-right"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["--select", "risk"],
+        ["--select", "coverage"],
+        ["--select", "f1"],
+        ["--select", "youden", "--plot", "cal.png"],
+        ["--score", "combined", "--select", "youden"],
+        ["--score", "combined", "--fit-fraction", "0.5", "--select", "coverage"],
+    ],
+    ids=["risk", "coverage", "f1", "youden-plot", "combined", "combined-split"],
+)
+def test_a_set_of_one_kind_of_answer_is_refused_before_any_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right: bool, how: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = write(tmp_path / "qa.jsonl", one_kind(monkeypatch, 20, right=right))
+    out = tmp_path / "t.json"
+    result = calibrate("--data", str(data), "--out", str(out), "--cache", "c.jsonl", *how)
+    assert result.exit_code == 2, result.output
+    counts = "0 wrong and 20 right" if right else "20 wrong and 0 right"
+    assert flat(result.stderr).endswith(
+        f"error: {counts} of 20 labelled answers: a threshold tells wrong answers from right "
+        "ones and cannot be calibrated on one kind alone; no threshold file written. "
+        f"Calibrate on {'a harder' if right else 'an easier'} or larger set, or on more "
+        "questions (a larger --limit)"
+        + ("" if right else ", and check that --labels fits how the model answers")
+    )
+    assert not out.exists() and not (tmp_path / "cal.png").exists()
+    assert "nan" not in result.output.lower()  # no metric printed as NaN, no raw warning
+
+
+def test_few_of_a_kind_warns_with_the_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows, answers = questions(24)
+    answers = {q: ("Atlantis" if i in (0, 5, 11) else row["answers"][0])
+               for i, (q, row) in enumerate(zip(answers, rows, strict=True))}  # fmt: skip
+    monkeypatch.setattr(build, "backend", lambda *a: FakeBackend(answers))
+    data, out = write(tmp_path / "qa.jsonl", rows), tmp_path / "t.json"
+    result = calibrate("--data", str(data), "--select", "coverage", "--out", str(out),
+                       "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: only 3 wrong and 21 right of 24 labelled answers: with fewer than 10 "
+        "wrong ones the threshold and the metrics rest on a handful of them and move a lot "
+        "from one sample to the next; calibrate on more questions (a harder or larger set)."
+    ) in flat(result.stderr)
+    assert out.exists() and "warning" not in result.stdout
+
+
+def test_evaluate_on_one_kind_of_answer_prints_n_a_not_nan(
+    tmp_path: Path, loads: list[FakeBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write(tmp_path / "qa.jsonl", questions(30)[0])
+    out = tmp_path / "t.json"
+    made = calibrate("--data", str(data), "--select", "coverage", "--out", str(out),
+                     "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip
+    assert made.exit_code == 0, made.output
+    rows = one_kind(monkeypatch, 12, right=True)
+    held = write(tmp_path / "held.jsonl", rows)
+    result = CliRunner().invoke(cli_module.app, [
+        "evaluate", "--threshold", str(out), "--data", str(held), "--resamples", "20",
+        "--cache", str(tmp_path / "e.jsonl"),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows_of = {line.split()[1]: line for line in result.stdout.splitlines() if "│" in line}
+    for metric in ("auroc", "prr"):
+        cells = [cell.strip() for cell in rows_of[metric].split("│")]
+        assert cells[2:4] == ["n/a (no wrong answer)", "n/a"], rows_of
+    assert "nan" not in result.output.lower()
+
+
+def test_results_alone_go_to_stdout(tmp_path: Path, loads: list[FakeBackend]) -> None:
+    data = write(tmp_path / "qa.jsonl", questions(30)[0])
+    out = tmp_path / "t.json"
+    result = calibrate("--data", str(data), "--select", "coverage", "--out", str(out),
+                       "--cache", str(tmp_path / "c.jsonl"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for said in ("loading the model...", "scoring", "bootstrapping 95% intervals"):
+        assert said in result.stderr and said not in result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert lines[0].strip().startswith("per-example results:")
+    assert lines[-1] == f"wrote {out}"

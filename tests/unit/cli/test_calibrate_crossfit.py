@@ -18,6 +18,7 @@ from esi_guard import ESIGuard, FakeBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
+from esi_guard.cli._combined import kept_rule
 
 LOOP = "Atlantis Atlantis Atlantis Atlantis Atlantis"
 
@@ -93,7 +94,58 @@ def test_selection_keeps_what_pays_and_says_what_each_feature_adds(
                                          "nll+repetition"}  # fmt: skip
     assert report["candidates"]["esi"]["value"] == pytest.approx(1.0)
     assert report["candidates"]["repetition"]["value"] > 0.7  # the loops
-    assert "kept: esi" in said and "left out: nll, repetition" in said
+    assert "kept: esi, the best out of fold (AUROC 1.000 [" in said
+    assert "left out: nll, repetition" in said
+
+
+def estimate(value: float) -> dict[str, float]:
+    return {"value": value, "low": value - 0.05, "high": value + 0.05}
+
+
+@pytest.mark.parametrize(
+    ("chosen", "best", "saved"),
+    [("nll+entropy", "esi+nll+entropy", "no ESI"), ("nll", "esi+nll+hidden", "no ESI, no states"),
+     ("esi+nll", "esi+nll+hidden", "no states")],
+)  # fmt: skip
+def test_the_kept_line_says_which_rule_kept_a_cheaper_score(
+    chosen: str, best: str, saved: str
+) -> None:
+    report = {"chosen": chosen, "candidates": {"esi": estimate(0.62), chosen: estimate(0.701),
+                                               best: estimate(0.704)}}  # fmt: skip
+    assert kept_rule(report) == (
+        f"kept: {chosen} (AUROC 0.701 [0.651, 0.751]): it is cheaper ({saved}) and within "
+        f"0.005 of the best out of fold, which was {best} at AUROC 0.704 [0.654, 0.754]"
+    )
+
+
+def test_the_kept_line_says_when_the_kept_score_was_the_best() -> None:
+    report = {"chosen": "nll", "candidates": {"nll": estimate(0.71), "esi+nll": estimate(0.7)}}
+    assert kept_rule(report) == "kept: nll, the best out of fold (AUROC 0.710 [0.660, 0.760])"
+
+
+def test_the_kept_score_s_metrics_come_first_and_progress_goes_to_stderr(
+    setting: tuple[FakeBackend, Path, list[str]], tmp_path: Path
+) -> None:
+    _, data, _ = setting
+    out = tmp_path / "t.json"
+    result = CliRunner().invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--n-variants", "4", "--resamples", "50",
+        "--score", "combined", "--features", "nll,repetition", "--select", "youden",
+        "--out", str(out), "--cache", str(tmp_path / "c.jsonl"),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    stdout, stderr = " ".join(result.stdout.split()), " ".join(result.stderr.split())
+    report = ThresholdFile.read(out).combined_report or {}
+    kept = f"P(wrong) of the kept score ({report['chosen']}) on qa.jsonl, out of fold: n=90"
+    assert stdout.index(kept) < stdout.index("ESI on qa.jsonl: n=90")
+    auroc = report["auroc_p_wrong"]
+    headline = stdout[stdout.index(kept) : stdout.index("ESI on qa.jsonl")]
+    assert f"auroc │ {auroc['value']:.3f} │ [{auroc['low']:.3f}, {auroc['high']:.3f}]" in headline
+    assert (
+        "fitting 3 candidate combined scores on 5 folds of 90 answers, then each kept "
+        "feature's contribution..."
+    ) in stderr
+    assert "fitting" not in stdout and "bootstrapping" not in stdout and "scoring" not in stdout
 
 
 def test_the_value_cascade_forces_variants_only_inside_its_band(

@@ -94,6 +94,34 @@ def test_risk_selection_writes_the_back_off_guarantee(
     assert written.method == "backoff<=0.5@delta=0.2"
 
 
+@pytest.mark.parametrize("select", ["risk", "youden"])
+def test_sentences_all_right_are_refused_before_any_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, select: str
+) -> None:
+    rows = [{"question": f"Which city is number {i} on the list?", "answer": f"city{i}"}
+            for i in range(30)]  # fmt: skip
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples = [Example(r["question"], (r["answer"],)) for r in rows]
+    answers = {prompt.text(): " ".join(f"{n}. It is {e.answers[0]}."
+                                       for n, e in enumerate(prompt.examples, 1))
+               for prompt in group_closed_book(examples, 3)}  # fmt: skip
+    monkeypatch.setattr(build, "backend", lambda *args: FakeBackend(answers))
+    out = tmp_path / "x.json"
+    result = CliRunner().invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--n-variants", "2", "--resamples", "20",
+        "--granularity", "sentence", "--select", select, "--out", str(out),
+        "--cache", str(tmp_path / "c.jsonl"),
+    ])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert (
+        "error: 0 wrong and 30 right of 30 labelled sentences: a threshold tells wrong "
+        "sentences from right ones and cannot be calibrated on one kind alone; no threshold "
+        "file written."
+    ) in " ".join(result.stderr.split())
+    assert not out.exists() and "nan" not in result.output.lower()
+
+
 @pytest.mark.parametrize("option", [["--score", "combined"], ["--min-variants", "2"]])
 def test_options_a_sentence_threshold_cannot_take_are_refused(
     setting: tuple[FakeBackend, Path], tmp_path: Path, option: list[str]
