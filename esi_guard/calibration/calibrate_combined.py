@@ -77,7 +77,8 @@ class Combined(NamedTuple):
     """The held-out answers' indices among the records given (``p_wrong``'s order); every
     answer's when cross-fitted."""
     free: CombinedScore | None = None
-    """A value-of-information cascade's score without ESI (``--cascade``), refitted on all."""
+    """A value-of-information cascade's score without ESI (``--cascade``), its fold models
+    averaged."""
     free_p_wrong: list[float] = []  # noqa: RUF012 - a NamedTuple default, never mutated
     """Its out-of-fold ``p_wrong``, in ``p_wrong``'s order."""
 

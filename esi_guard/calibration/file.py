@@ -106,7 +106,7 @@ class ThresholdFile(BaseModel):
     """With ``--granularity sentence``: the prompts, sentences, how many were aligned to a
     question and labelled, how many were left out, and how they were aligned."""
     free_score: CombinedScore | None = None
-    """With ``calibrate --score combined --cascade``: the combined score refitted without
+    """With ``calibrate --score combined --cascade``: the combined score (fold-averaged) without
     ESI, the cheap score of a value-of-information cascade (ESI runs only where it falls
     inside ``probe_band``, and ``combined`` decides there)."""
 

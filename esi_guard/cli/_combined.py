@@ -25,8 +25,9 @@ from esi_guard.exceptions import ESIGuardError
 __all__ = ["CROSS_FITTED", "FOLDS", "explain", "fit_run", "headline", "kept_rule", "value_band"]
 
 CROSS_FITTED = (
-    " (the threshold chosen on out-of-fold p_wrong: exact for the fold models, approximate "
-    "for the score refitted on all answers; --fit-fraction keeps a split that holds exactly)"
+    " (the threshold chosen on out-of-fold p_wrong; the guard runs the fold models' average, "
+    "which sits where they did, so it holds approximately; --fit-fraction keeps a split that "
+    "holds exactly)"
 )
 """Appended to a cross-fitted combined score's guarantee statement (docs/calibration.md)."""
 
@@ -47,7 +48,8 @@ def fit_run(
     try:
         if fraction is None:
             return fit_all(scored, run.wrong, seed=seed, features=features, folds=FOLDS,
-                           cascade=cascade, resamples=resamples)  # fmt: skip
+                           cascade=cascade, resamples=resamples,
+                           progress=lambda line: progress(f"  {line}..."))  # fmt: skip
         return fit_on_part(scored, run.wrong, fraction=fraction, seed=seed, features=features)
     except ESIGuardError as exc:
         fail(str(exc))
@@ -61,7 +63,8 @@ def _fitting(features: Sequence[str], fraction: float | None, n: int, cascade: b
     then = ", then the cascade's score without ESI" if cascade else ""
     return (
         f"fitting {len(candidates(features))} candidate combined scores on {FOLDS} folds of "
-        f"{n} answers{probe}, then each kept feature's contribution{then}..."
+        f"{n} answers{probe}, then each kept feature's contribution{then}, then the whole "
+        f"selection again within each fold (the nested estimate)..."
     )
 
 
@@ -122,6 +125,13 @@ def explain(combined: Combined, features: tuple[str, ...]) -> None:
         f"[95% CI] P(wrong) {shown(Estimate(**report['auroc_p_wrong']))} vs ESI "
         f"{shown(Estimate(**report['auroc_esi']))}"
     )
+    if "auroc_nested" in report:
+        console.print(
+            f"on new questions expect AUROC {shown(Estimate(**report['auroc_nested']))}: the "
+            "whole selection run again without each fold, the fold scored by what it kept "
+            "(the figure above is the best of the candidates on the same folds); the guard "
+            f"runs the {report['n_folds']} fold models' average"
+        )
 
 
 def kept_rule(report: dict[str, Any]) -> str:

@@ -143,8 +143,12 @@ def test_the_kept_score_s_metrics_come_first_and_progress_goes_to_stderr(
     assert f"auroc │ {auroc['value']:.3f} │ [{auroc['low']:.3f}, {auroc['high']:.3f}]" in headline
     assert (
         "fitting 3 candidate combined scores on 5 folds of 90 answers, then each kept "
-        "feature's contribution..."
+        "feature's contribution, then the whole selection again within each fold (the nested "
+        "estimate)..."
     ) in stderr
+    assert "nested estimate: the selection again without fold 5 of 5..." in stderr
+    assert "on new questions expect AUROC" in stdout
+    assert report["run_time"] == "fold_average" and "auroc_nested" in report
     assert "fitting" not in stdout and "bootstrapping" not in stdout and "scoring" not in stdout
 
 
