@@ -22,7 +22,13 @@ from pathlib import Path
 from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.exceptions import ModelLoadError
 
-__all__ = ["check_model_path", "embedded_gguf_in", "file_sha256", "gguf_model_id"]
+__all__ = [
+    "check_model_path",
+    "embedded_gguf_in",
+    "file_sha256",
+    "gguf_model_id",
+    "names_a_path",
+]
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 _LOCK = threading.Lock()
@@ -87,14 +93,20 @@ def embedded_gguf_in(folder: str) -> Path | None:
     return Path(embedded)
 
 
+def names_a_path(model: str) -> bool:
+    """Whether ``model`` is a path, never a hub id.
+
+    It is when it ends in ``.gguf`` or starts with ``/``, ``./``, ``../`` or ``~``.
+    """
+    return model.endswith(".gguf") or model.startswith(("/", "./", "../", "~"))
+
+
 def check_model_path(model: str) -> None:
     """A :class:`ModelLoadError` when ``model`` names a local file or folder that is not there.
 
-    A name ending in ``.gguf`` or starting with ``/``, ``./``, ``../`` or ``~`` is a path,
-    never a hub id: without this check a typo in it would surface as a model hub lookup
-    failing (or a connection error offline).
+    A name that :func:`names_a_path` is a path, never a hub id: without this check a typo
+    in it would surface as a model hub lookup failing (or a connection error offline).
     """
-    looks_local = model.endswith(".gguf") or model.startswith(("/", "./", "../", "~"))
-    if looks_local and not Path(model).expanduser().exists():
+    if names_a_path(model) and not Path(model).expanduser().exists():
         msg = f"model file not found: {model}"
         raise ModelLoadError(msg)

@@ -80,7 +80,11 @@ def serve(
         int | None, typer.Option(help="Most tokens per answer; a request may ask for fewer.")
     ] = None,
     served_model_name: Annotated[
-        str | None, typer.Option(help="The name clients send; default the model's id.")
+        str | None,
+        typer.Option(
+            help="The name clients send; default: a path's file name (no .gguf) or "
+            "'default', else the model's id."
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
         "127.0.0.1"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from esi_guard.backends._identity import names_a_path
 from esi_guard.cli import build
 from esi_guard.cli._options import LocalBackend
 from esi_guard.exceptions import ConfigurationError
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from esi_guard.guard import ESIGuard
     from esi_guard.server import ServeSettings
 
-__all__ = ["GuardOptions", "ServeAction", "ServeOnError", "build_guard"]
+__all__ = ["GuardOptions", "ServeAction", "ServeOnError", "build_guard", "served_names"]
 
 
 class ServeAction(str, Enum):
@@ -75,6 +76,20 @@ def build_guard(
 def _names_a_file(threshold: str) -> bool:
     """Whether ``--threshold`` looks like a path (``.json``, or a folder in it), not a number."""
     return threshold.lower().endswith(".json") or any(s in threshold for s in ("/", os.sep))
+
+
+def served_names(model: str) -> tuple[str | None, tuple[str, ...]]:
+    """The name a model run here is served under, and the other names clients may send.
+
+    A path (a ``.gguf`` file, a folder) is served under its file name without ``.gguf``
+    and as ``"default"``, never under the path: clients need not know where the file is,
+    and the 404 of a wrong name does not show it. Any other ``model`` (``"default"``, a
+    hub id) keeps the backend's model id (None here) and is accepted as given.
+    """
+    if model == "default" or not (names_a_path(model) or Path(model).expanduser().exists()):
+        return None, (model,)
+    short = Path(model).name.removesuffix(".gguf")
+    return short or "default", ("default",)
 
 
 def _threshold_source(threshold: str | None) -> str:
@@ -188,11 +203,17 @@ class GuardOptions(BaseModel):
         )  # fmt: skip
 
     def settings(self, **values: Any) -> ServeSettings:
-        """The server's settings for this guard (``values``: the server's flags)."""
+        """The server's settings for this guard (``values``: the server's flags).
+
+        Without a ``model_name`` (``--served-model-name``), a model run here is served
+        under the names :func:`served_names` gives; an upstream's under its model name.
+        """
         from esi_guard.server import ServeSettings
 
         in_process = self.upstream is None
-        aliases = (self.model,) if in_process and values.get("model_name") is None else ()
+        aliases: tuple[str, ...] = ()
+        if in_process and values.get("model_name") is None:
+            values["model_name"], aliases = served_names(self.model)
         if values.get("slots") is None:
             values["slots"] = 1 if in_process else 4
         return ServeSettings(model_aliases=aliases,

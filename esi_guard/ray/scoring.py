@@ -12,13 +12,12 @@ that dies is restarted by Ray and its batch run again.
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from esi_guard._imports import import_extra
+from esi_guard.ray._cluster import connect
 
 if TYPE_CHECKING:
     from esi_guard.calibration.data import Example
@@ -64,9 +63,10 @@ class _Scorer:
 class ScoringPool:
     """``workers`` Ray actors, each with a guard from ``guard``, scoring a run's batches.
 
-    Joins the Ray cluster at ``address`` (``RAY_ADDRESS`` when None) or starts a local one,
-    stopped again by :meth:`close`. Each worker holds ``worker_cpus`` CPUs (give a
-    llama.cpp model as many threads).
+    Joins the Ray cluster at ``address`` (``RAY_ADDRESS`` when None) or starts a local one
+    on loopback (:func:`~esi_guard.ray._cluster.connect`), stopped again by :meth:`close`
+    (a joined one is left). Each worker holds ``worker_cpus`` CPUs (give a llama.cpp
+    model as many threads).
 
     Args:
         guard: Builds each worker's guard (pickled to it).
@@ -92,13 +92,7 @@ class ScoringPool:
         if workers < 1:
             msg = f"workers must be at least 1, got {workers}"
             raise ValueError(msg)
-        self._started = not ray.is_initialized()
-        if self._started:
-            ray.init(
-                address=address or os.environ.get("RAY_ADDRESS") or "local",
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-            )
+        self._connected = connect(address)
         scorer = ray.remote(num_cpus=worker_cpus, max_restarts=3, max_task_retries=3)(_Scorer)
         self.examples = examples
         self.actors = [scorer.remote(guard, system_prompt, template) for _ in range(workers)]
@@ -124,7 +118,7 @@ class ScoringPool:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
-        if self._started:
+        if self._connected != "already":
             ray.shutdown()
 
     def __enter__(self) -> ScoringPool:

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from esi_guard._imports import import_extra
 from esi_guard.exceptions import reason
+from esi_guard.ray._cluster import connect
 from esi_guard.result import ESIResult
 from esi_guard.server._errors import ServeError, from_exception, overloaded, replica_unavailable
 from esi_guard.server._metrics import Metrics
@@ -367,22 +368,32 @@ def run_on_ray(
     """``esi-guard serve --ray``: serve :func:`guard_app` until SIGINT/SIGTERM (or ``stop``).
 
     Joins the Ray cluster at ``address`` (``RAY_ADDRESS`` when None), or starts a local
-    one; Serve's HTTP proxy listens on ``host:port`` (on a running cluster, where its proxy
-    already listens), the app under ``route_prefix``. On the signal the application is
-    deleted (Serve drains its replicas) and a Ray started here stops.
+    one on loopback, its dashboard off (:func:`~esi_guard.ray._cluster.connect`); Serve's
+    HTTP proxy listens on ``host:port`` (on a running cluster, where its proxy already
+    listens), the app under ``route_prefix``. On the signal the application is deleted
+    (Serve drains its replicas); then a Ray started here stops, Serve with it, and a
+    joined cluster is left as it was (its Serve running).
     """
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(
-            address=address or os.environ.get("RAY_ADDRESS") or "local",
-            logging_level=logging.WARNING,
-        )
-    serve.start(http_options={"host": host, "port": port})
-    app = guard_app(guard, settings, **_scale(replicas, max_replicas, replica_cpus, settings))
-    serve.run(app, name=APP_NAME, route_prefix=route_prefix)
-    base = f"http://{host}:{port}{route_prefix.rstrip('/')}/v1"
-    log.info("esi-guard on Ray Serve: %s (%d replicas)", base, replicas)
-    stop = stop or threading.Event()
+    connected, deployed = connect(address), False
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        app = guard_app(guard, settings, **_scale(replicas, max_replicas, replica_cpus, settings))
+        deployed = True  # from here what serve.run deployed is deleted, even half of it
+        serve.run(app, name=APP_NAME, route_prefix=route_prefix)
+        base = f"http://{host}:{port}{route_prefix.rstrip('/')}/v1"
+        log.info("esi-guard on Ray Serve: %s (%d replicas)", base, replicas)
+        _until_stopped(stop or threading.Event())
+    finally:
+        if deployed:
+            serve.delete(APP_NAME)
+        if connected != "already":
+            # Not serve.shutdown(): its controller call never returns by design, and the
+            # raylet logs it as "graceful_shutdown failed... infinite retries remaining".
+            ray.shutdown()
+
+
+def _until_stopped(stop: threading.Event) -> None:
+    """Return once ``stop`` is set, or on SIGINT/SIGTERM."""
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
     try:
@@ -391,7 +402,3 @@ def run_on_ray(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        serve.delete(APP_NAME)
-        if started_here:
-            serve.shutdown()
-            ray.shutdown()

@@ -261,12 +261,19 @@ class Service:
         return answer
 
     def failure(self, output: Any) -> ServeError:
-        """A failure in place of an answer; a fallback's openai error is the upstream's."""
+        """A failure in place of an answer; a fallback's openai error is the upstream's.
+
+        The message names the model by its served name, never by the backend's model id
+        (a GGUF's is its path on the server).
+        """
         error = output if isinstance(output, BaseException) else TypeError(type(output).__name__)
         openai = sys.modules.get("openai")
         if openai is not None and isinstance(error, openai.APIError):
             error = APIError(f"the fallback failed: {type(error).__name__}", original=error)
         failure = from_exception(error)
+        model_id = self.guard.backend.model_id
+        if model_id and model_id != self.name and model_id in failure.message:
+            failure.message = failure.message.replace(model_id, self.name)
         self.metrics.decisions.labels("error", failure.code or "error").inc()
         return failure
 

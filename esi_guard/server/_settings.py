@@ -16,7 +16,8 @@ class ServeSettings(BaseModel):
     """The model name clients send and ``/v1/models`` lists; default the backend's model id."""
     model_aliases: tuple[str, ...] = ()
     """Other names clients may send for the model, listed after it by ``/v1/models``
-    (``esi-guard serve``: ``--model`` as given, for a model in process); any other is a 404."""
+    (``esi-guard serve``, for a model in process: ``"default"`` for a path, else ``--model``
+    as given); any other is a 404."""
     threshold_source: str | None = None
     """Where the guard's threshold came from (a file, the command line, the shipped file),
     for the start-up log line."""

@@ -21,6 +21,7 @@ from esi_guard import FakeBackend
 from esi_guard.exceptions import (
     APIContextLengthError,
     APIError,
+    BackendError,
     ConfigurationError,
     WholeMessageWarning,
 )
@@ -140,6 +141,23 @@ async def test_an_engine_failure_for_one_prompt_is_a_500_with_its_reason_code() 
     assert r.status_code == 500
     assert r.json()["error"] == {"message": r.json()["error"]["message"], "type": "server_error",
                                  "param": None, "code": "backend_error"}  # fmt: skip
+
+
+class _AtAPath(FakeBackend):
+    """A fake whose model id is a GGUF's path on the server, as a local file's is."""
+
+    @property
+    def model_id(self) -> str:
+        return "/srv/weights/my-model.gguf"
+
+
+async def test_an_error_names_the_model_by_its_served_name_never_its_path() -> None:
+    broken = _AtAPath(error=BackendError("model '/srv/weights/my-model.gguf' produced NaN"))
+    async with client(fake_guard(backend=broken), model_name="my-model") as c:
+        r = await c.post(CHAT, json=body() | {"model": "my-model"})
+    assert r.status_code == 500
+    message = r.json()["error"]["message"]
+    assert message.endswith("model 'my-model' produced NaN") and "/srv" not in message
 
 
 @pytest.mark.parametrize(("request_body", "status", "code", "param"), [

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 import esi_guard.server
 from esi_guard import FakeBackend, OpenAIBackend
 from esi_guard.cli import app, build
+from esi_guard.cli.served_guard import served_names
+from tests.unit.server.servers import QUESTION, user
 
 
 @pytest.fixture
@@ -23,6 +27,10 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(build, "backend", lambda *args: FakeBackend())
     monkeypatch.setattr(esi_guard.server, "run", lambda a, **kw: runs.append({"app": a, **kw}))
     return runs
+
+
+def _asking(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": user(QUESTION)}
 
 
 def test_flags_reach_the_guard_and_the_server(launched: list[dict[str, Any]]) -> None:
@@ -88,6 +96,49 @@ def test_the_name_given_to_model_is_accepted_and_where_the_threshold_came_from_i
     assert given.settings.threshold_source == "--threshold"
     assert from_file.settings.threshold_source == f"calibration file {path}"
     assert renamed.names == ("guarded",) and upstream.names == ("served",)
+
+
+async def test_a_model_given_by_its_path_is_served_as_its_file_name_and_default_never_the_path(
+    launched: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    gguf = tmp_path / "models" / "my-model.gguf"
+    result = CliRunner().invoke(app, ["serve", "--model", str(gguf), "--threshold", "0.3"])
+    assert result.exit_code == 0, result.output
+    served = launched[0]["app"]
+    assert served.state.service.names == ("my-model", "default")
+    async with served.router.lifespan_context(served):
+        transport = httpx.ASGITransport(app=served)
+        async with httpx.AsyncClient(transport=transport, base_url="http://guard") as c:
+            models = (await c.get("/v1/models")).json()
+            answers = [await c.post("/v1/chat/completions", json=_asking(name))
+                       for name in ("default", "my-model", "gpt-4o", str(gguf))]  # fmt: skip
+    assert [m["id"] for m in models["data"]] == ["my-model", "default"]
+    by_default, by_stem, other, by_path = answers
+    assert by_default.status_code == by_stem.status_code == 200, by_default.text
+    assert by_default.json()["model"] == by_stem.json()["model"] == "my-model"
+    assert other.status_code == by_path.status_code == 404
+    assert other.json()["error"] == {
+        "message": "The model 'gpt-4o' does not exist: this server serves 'my-model' or 'default'",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+    }  # fmt: skip
+    assert str(tmp_path) not in json.dumps(models) + by_default.text
+
+
+@pytest.mark.parametrize(("model", "names"), [
+    ("./models/my-model.gguf", ("my-model", ("default",))),
+    ("~/weights/Qwen2.5-0.5B-Instruct-Q4_K_M.gguf", ("Qwen2.5-0.5B-Instruct-Q4_K_M", ("default",))),
+    ("/srv/models/qwen/", ("qwen", ("default",))),
+    ("local-folder", ("local-folder", ("default",))),  # a folder that is there
+    ("default", (None, ("default",))),  # the embedded model: its id, and "default"
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", (None, ("HuggingFaceTB/SmolLM2-135M-Instruct",))),
+])  # fmt: skip
+def test_a_path_is_served_by_its_short_name_a_hub_id_as_given(
+    model: str, names: tuple[str | None, tuple[str, ...]], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local-folder").mkdir()
+    assert served_names(model) == names
 
 
 def test_upstream_mode_guards_the_server_through_the_api_backend(
