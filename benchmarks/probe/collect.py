@@ -303,6 +303,7 @@ def collect(
     if shard[0] == 0 and timing and not timing_file.exists():
         _free(backend)  # the timed pair runs alone
         timed = _time_hidden(make, task, spec, examples[:timing])
+        cache_dir.mkdir(parents=True, exist_ok=True)
         timing_file.write_text(json.dumps(timed, indent=1))
         print(f"  {name}: generate {timed['mean_plain']:.3f} s plain, "
               f"{timed['mean_hidden']:.3f} s with hidden states "

@@ -27,3 +27,20 @@ def test_calibration_and_the_value_cascade_on_a_synthetic_run(
     assert len(cascade["bands"]) == 5 and cascade["agreement"] >= 0.9
     table = decisions.markdown([cal, cascade]).splitlines()
     assert len(table) == 2 and all(line.startswith("| sciq-fake |") for line in table)
+
+
+def test_coverage_on_unseen_questions_before_and_after(
+    tmp_path: Path, write_run: Callable[..., None]
+) -> None:
+    write_run(tmp_path, "sciq-fake", np.random.default_rng(1), rag=False, n=160)
+    run = usable(tmp_path, "sciq-fake")
+    record = decisions.coverage(run, 100, repeats=2, seed=0, nested=False)
+    assert record["size"] == 100 and len(record["rounds"]) == 2
+    for one in record["rounds"]:
+        assert one["n_cal"] == 100 and one["n_test"] == 60
+        assert set(one["coverage"]) == {"esi", "after", "before"}
+        assert all(0.0 <= c <= 1.0 for c in one["coverage"].values())
+        assert one["auroc"]["reported_nested"] is None
+    assert 0.6 <= record["mean_coverage"]["after"] <= 1.0
+    (line,) = decisions.markdown([record]).splitlines()
+    assert line.startswith("| sciq-fake | 100 / 60 | 2 | 0.80 |")
