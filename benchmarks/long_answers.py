@@ -1,8 +1,8 @@
 r"""Long answers with a label per sentence: does the sentence score find the wrong sentences?
 
-    python benchmarks/long_answers.py --data ../shared/data/sciq/test.jsonl --limit 400 \\
+    python -m benchmarks.long_answers --data ../shared/data/sciq/test.jsonl --limit 400 \\
         --cache .bench-cache --resume          # closed-book, then controlled
-    python benchmarks/long_answers.py --data ../shared/data/squad2/dev.json --limit 400 \\
+    python -m benchmarks.long_answers --data ../shared/data/squad2/dev.json --limit 400 \\
         --cache .bench-cache --resume          # RAG
     python -m benchmarks.long_answers --report --data ... --cache .bench-cache   # table only
 

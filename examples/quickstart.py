@@ -52,7 +52,7 @@ def main() -> None:
         print(f"Q: {question}")
         print(f"A: {message.content}")
         print(
-            f"   ESI={score}  threshold={esi['threshold']}  decision={esi['decision']}"
+            f"   ESI={score}  threshold={esi['threshold']:.3f}  decision={esi['decision']}"
             + (f"  ({esi['reason']})" if esi["reason"] else "")
         )
         print(f"   e.g. variant: {esi['variants'][0]!r}\n")

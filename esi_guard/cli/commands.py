@@ -52,7 +52,7 @@ def _main(
     version: Annotated[
         bool,
         typer.Option("--version", help="Print the version and exit.", is_eager=True,
-                     callback=_version),
+                     callback=_version, metavar=""),  # a flag: no "<bool>" in the help
     ] = False,
 ) -> None:  # fmt: skip
     """The options before a command (the help is :data:`HELP`)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.items import GuardedPrompt, Item
+from esi_guard.guard._assess import Checked
 from esi_guard.guard._assess import items as parsed
 
 __all__ = ["item_for", "items", "kept", "prefetched"]
@@ -22,10 +23,13 @@ __all__ = ["item_for", "items", "kept", "prefetched"]
 _PREFETCHED: ContextVar[Item | None] = ContextVar("esi_guard_prefetched", default=None)
 
 
-def items(inputs: Sequence[Any], kwargs: dict[str, Any]) -> list[Item | None]:
-    """An item per input that parses (the others fail again, by name, when invoked)."""
+def items(inputs: Sequence[Any], kwargs: dict[str, Any], checked: Checked) -> list[Item | None]:
+    """An item per input that parses (the others fail again, by name, when invoked).
+
+    ``checked``: the guard's prompt as it asks it, so that each invoke finds its item.
+    """
     check_keywords("ESIGuard call", kwargs, ("stop",))
-    return [item if isinstance(item, Item) else None for item in parsed(inputs, lambda p: p)]
+    return [item if isinstance(item, Item) else None for item in parsed(inputs, checked)]
 
 
 def item_for(prompt: GuardedPrompt) -> Item:

@@ -18,7 +18,8 @@ from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import states_engine
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend, embedded_threshold
 from esi_guard.calibration.file import ThresholdFile
-from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
+from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning, PromptMismatchWarning
+from esi_guard.guard._prompt import PROMPT_ADVICE, CalibratedPrompt, fields_of
 from esi_guard.interventions import rebuild_intervention
 from esi_guard.result import ScoringConfig
 
@@ -48,7 +49,14 @@ class Guard(Protocol):
     def backend(self) -> Backend: ...
 
 
-G = TypeVar("G", bound=Guard)
+class Prompted(Guard, Protocol):
+    """A guard that keeps the prompt its threshold was calibrated under, to check calls."""
+
+    _calibrated_prompt: CalibratedPrompt | None
+    _prompt_warned: bool
+
+
+G = TypeVar("G", bound=Prompted)
 
 
 class FileSettings(NamedTuple):
@@ -155,13 +163,42 @@ def from_threshold_file(
     intervention: Intervention | None = None,
     **kwargs: Any,
 ) -> G:
-    """A guard built by ``cls`` from the file: see :meth:`esi_guard.ESIGuard.from_calibration`."""
-    given = {**kwargs, "intervention": intervention}
+    """A guard built by ``cls`` from the file: see :meth:`esi_guard.ESIGuard.from_calibration`.
+
+    The guard asks under the file's system prompt and template unless ``kwargs`` gives
+    others, which it is built with and warned about (:class:`PromptMismatchWarning`);
+    a template with a passage (``{context}``) is left to ``with_prompt``.
+    """
+    calibrated = ThresholdFile.read(path)
+    where = f"threshold file {path}"
+    prompt = CalibratedPrompt(
+        calibrated.scoring.system_prompt, calibrated.scoring.prompt_template, where
+    )
+    template = prompt.template
+    asked = {
+        "system_prompt": prompt.system,
+        "prompt_template": template if template and fields_of(template) == ["question"] else None,
+    }
+    given = {**asked, **kwargs, "intervention": intervention}
     if backend is not None:
         given["backend"] = backend
-    settings = file_settings(ThresholdFile.read(path), given, f"threshold file {path}")
+    settings = file_settings(calibrated, given, where)
     guard = cls(**settings.kwargs)
     check_file_match(settings, guard, stacklevel=3)
+    guard._calibrated_prompt = prompt
+    overridden = [
+        f"{name}={kwargs[name]!r} where the file has {theirs!r}"
+        for name, theirs in (("system_prompt", prompt.system), ("prompt_template", template))
+        if name in kwargs and kwargs[name] != theirs
+    ]
+    if overridden:
+        msg = (
+            f"{where} was calibrated under another prompt than this guard asks under: "
+            + "; ".join(overridden)
+            + PROMPT_ADVICE
+        )
+        warnings.warn(msg, PromptMismatchWarning, stacklevel=3)
+        guard._prompt_warned = True
     return guard
 
 

@@ -27,6 +27,7 @@ from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.guard import _config
 from esi_guard.guard._probes import check_hidden, guard_cascade
+from esi_guard.guard._prompt import CalibratedPrompt, check_template
 from esi_guard.guard._validation import check_settings
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, OnError, ScoringConfig
@@ -144,6 +145,15 @@ class GuardFields(BaseChatModel):
 
     stop: list[str] | None = None
     """Stop sequences: an answer ends before the first one (a call's ``stop`` wins)."""
+    system_prompt: str | None = None
+    """A system message put first in every prompt that has none (a prompt with its own
+    keeps it). ``from_calibration`` sets the threshold file's, the one its questions were
+    asked under: scores depend on the prompt."""
+    prompt_template: str | None = None
+    """A template (``{question}`` its one variable) that a prompt's question message is
+    rendered with, only ``{question}`` intervened on; a prompt from ``with_prompt`` keeps
+    its own. ``from_calibration`` sets the file's (a template with ``{context}`` is
+    ``with_prompt``'s to render)."""
     temperature: float | None = None
     """Only ``0`` or ``None``: ESI scores the greedy answer, so the guard never samples."""
     stream_mode: Literal["hold", "live", "sentences"] = "hold"
@@ -172,6 +182,8 @@ class GuardFields(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
     _warned: bool = PrivateAttr(default=False)
+    _calibrated_prompt: CalibratedPrompt | None = PrivateAttr(default=None)
+    _prompt_warned: bool = PrivateAttr(default=False)
     _cascade: Cascade | None = PrivateAttr(default=None)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -192,6 +204,11 @@ class GuardFields(BaseChatModel):
             msg = "max_tokens and max_new_tokens are one setting: give one of them"
             raise ValueError(msg)
         return data
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _one_variable(cls, value: str | None) -> str | None:
+        return check_template(value)
 
     @field_validator("esi_probe", mode="before")
     @classmethod

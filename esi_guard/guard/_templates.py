@@ -27,7 +27,7 @@ from esi_guard.backends._types import ChatMessage
 from esi_guard.exceptions import ConfigurationError, InputError, WholeMessageWarning
 from esi_guard.guard._inputs import TemplatedPromptValue, chat_messages, parse_input
 
-__all__ = ["LONG_QUESTION", "TemplatedPrompt", "warn_whole_message"]
+__all__ = ["LONG_QUESTION", "TemplatedPrompt", "caller_level", "warn_whole_message"]
 
 LONG_QUESTION = 512
 """A question longer than this (characters) is probably a whole RAG message: warn once."""
@@ -44,12 +44,12 @@ def warn_whole_message(prompt: GuardedPrompt) -> bool:
         "guard.with_prompt(prompt, question_key='question') to intervene on the question "
         "alone.",
         WholeMessageWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
     return True
 
 
-def _caller_level() -> int:
+def caller_level() -> int:
     """The ``stacklevel`` of the first frame outside esi_guard and LangChain: the user's call."""
     level, frame = 1, sys._getframe(1)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(

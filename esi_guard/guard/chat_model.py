@@ -9,6 +9,7 @@ calls the guard's tracing hook around each step, so each shows as a tagged child
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -27,7 +28,7 @@ from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
-from esi_guard.exceptions import ConfigurationError
+from esi_guard.exceptions import ConfigurationError, PromptMismatchWarning
 from esi_guard.guard import _assess, _batching, _config, _live, _sentences, _tracing
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
@@ -40,7 +41,8 @@ from esi_guard.guard._messages import (
     sentences_last,
     sentences_last_chunk,
 )
-from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
+from esi_guard.guard._prompt import PROMPT_ADVICE, asked, difference
+from esi_guard.guard._templates import TemplatedPrompt, caller_level, warn_whole_message
 from esi_guard.interventions import Intervention
 from esi_guard.result import ESIResult
 
@@ -107,6 +109,14 @@ class ESIGuard(GuardFields):
         (``min_variants=None`` turns it off); one calibrated with ``--score combined``
         decides on its combined score's ``p_wrong``. A file calibrated on another engine
         (transformers vs llama.cpp) is used with an :class:`EngineMismatchWarning`.
+
+        The guard asks under the file's prompt: its ``system_prompt`` goes before every
+        prompt that has no system message, and a question is rendered with its
+        ``prompt_template`` (one with ``{context}`` is ``with_prompt``'s to render).
+        Other ``system_prompt`` or ``prompt_template`` keywords are used with a
+        :class:`PromptMismatchWarning`, as is, once per guard, a prompt that a call
+        sends under another system message or template: the threshold then holds only
+        approximately (scores depend on the prompt).
         """
         return _config.from_threshold_file(
             cls, path, backend=backend, intervention=intervention, **kwargs
@@ -178,7 +188,7 @@ class ESIGuard(GuardFields):
         **kwargs: Any,
     ) -> list[AIMessage]:
         """Guard many prompts: each step runs once for all of them through the backend."""
-        items = _batching.items(inputs, kwargs)
+        items = _batching.items(inputs, kwargs, self._checked)
         self._pipeline(kwargs.get("stop")).run([i for i in items if i is not None])
         out: list[Any] = []
         configs = get_config_list(config, len(inputs))
@@ -196,7 +206,7 @@ class ESIGuard(GuardFields):
         **kwargs: Any,
     ) -> list[AIMessage]:
         """Async :meth:`batch`."""
-        items = _batching.items(inputs, kwargs)
+        items = _batching.items(inputs, kwargs, self._checked)
         await self._pipeline(kwargs.get("stop")).arun([i for i in items if i is not None])
         out: list[Any] = []
         configs = get_config_list(config, len(inputs))
@@ -294,7 +304,7 @@ class ESIGuard(GuardFields):
         after generation, so a failure (the intervention's or the backend's) follows
         ``on_error`` as any answer's does.
         """
-        parsed = self._checked(parse_input(prompt))
+        parsed = self._checked(parse_input(prompt), apply=False)
         ids = self.backend.encode_answer(parsed.messages, answer)
         item = Item(parsed, answer=answer, answer_ids=tuple(ids))
         self._pipeline().run([item], answered=True)
@@ -482,10 +492,24 @@ class ESIGuard(GuardFields):
         prompt = self._checked(resolve(parse_input(messages)))
         return _batching.item_for(prompt), self._pipeline(stop)
 
-    def _checked(self, prompt: GuardedPrompt) -> GuardedPrompt:
-        """``prompt``; warn (once per guard) when a long whole message is the question."""
+    def _checked(self, prompt: GuardedPrompt, *, apply: bool = True) -> GuardedPrompt:
+        """``prompt`` as this guard asks it (its system prompt and template applied).
+
+        Warns, once per guard each, when a long whole message is the question, and when
+        the prompt is not the one the threshold file was calibrated under. ``apply=False``:
+        the prompt as given (an answer given to it is scored), checked all the same.
+        """
         if not self._warned:
             self._warned = warn_whole_message(prompt)
+        if apply:
+            prompt = asked(prompt, self.system_prompt, self.prompt_template)
+        calibrated = self._calibrated_prompt
+        if calibrated is not None and not self._prompt_warned:
+            found = difference(prompt, calibrated)
+            if found is not None:
+                warnings.warn(found + PROMPT_ADVICE, PromptMismatchWarning,
+                              stacklevel=caller_level())  # fmt: skip
+                self._prompt_warned = True
         return prompt
 
     def _decided(self, item: Item, routed: Any = None) -> ChatResult:

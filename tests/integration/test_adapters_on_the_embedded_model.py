@@ -88,7 +88,9 @@ def test_a_file_calibrated_on_transformers_serves_a_llama_with_one_warning(
     """The new user's path: calibrated with the CLI's transformers, served by llama.cpp."""
     llama_cpp = pytest.importorskip("llama_cpp")
     path = tmp_path / "threshold.json"
-    scoring = threshold_file().scoring.model_copy(update={"n_variants": 3, "max_new_tokens": 8})
+    scoring = threshold_file().scoring.model_copy(
+        update={"n_variants": 3, "max_new_tokens": 8, "system_prompt": SYSTEM}
+    )  # asked under SYSTEM, as the call below asks
     identity = {"model_sha256": hf_backend.model_sha256, "engine": hf_backend.engine}
     threshold_file(model=hf_backend.model_id, scoring=scoring, **identity).write(path)
     llama = llama_cpp.Llama(model_path=str(embedded_gguf()), verbose=False)

@@ -25,3 +25,9 @@ def test_the_help_is_plain_text_naming_every_command() -> None:
 def test_version_prints_the_package_version() -> None:
     result = CliRunner().invoke(cli_module.app, ["--version"])
     assert result.exit_code == 0 and result.output == f"esi-guard {__version__}\n"
+
+
+def test_version_is_a_flag_in_the_help() -> None:
+    result = CliRunner().invoke(cli_module.app, ["--help"])
+    (line,) = [line for line in result.output.splitlines() if "--version" in line]
+    assert "<bool>" not in line and "Print the version" in line
