@@ -81,6 +81,10 @@ class Combined(NamedTuple):
     averaged."""
     free_p_wrong: list[float] = []  # noqa: RUF012 - a NamedTuple default, never mutated
     """Its out-of-fold ``p_wrong``, in ``p_wrong``'s order."""
+    run_time_p: list[float] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    """Cross-fitted: ``model``'s own ``p_wrong`` of the same answers, in ``p_wrong``'s order
+    (where a coverage is chosen: the share accepted needs no label, only the distribution
+    of the score the guard runs)."""
 
 
 def _inputs(
@@ -165,7 +169,10 @@ def fit_all(
         report["free"] = {"features": list(free.features) + ([HIDDEN] if free.hidden else []),
                           "auroc": asdict(bootstrap(auroc, free_p, labels, groups=selection.folds,
                                                     n_resamples=resamples))}  # fmt: skip
-    return Combined(model, p_wrong, labels, report, list(range(len(labels))), free, free_p)
+    run_time = [model.p_wrong(s, None if states is None else h)
+                for s, h in zip(signals, states or [None] * len(signals), strict=True)]  # fmt: skip
+    return Combined(model, p_wrong, labels, report, list(range(len(labels))), free, free_p,
+                    run_time)  # fmt: skip
 
 
 def _free(

@@ -259,7 +259,11 @@ def calibrate(
     scores, wrong = (run.scores, run.wrong) if combined is None else (
         combined.p_wrong, combined.wrong)  # fmt: skip
     _warn_if_small(len(scores), select, alpha, delta)
-    choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
+    if select is Selection.coverage and combined is not None and combined.run_time_p:
+        # A coverage needs no label: the share of the guard's own score under the threshold.
+        choice: Choice | None = by_coverage(combined.run_time_p, wrong, coverage)
+    else:
+        choice = _select(select, scores, wrong, alpha=alpha, delta=delta, coverage=coverage)
     title = f"{'P(wrong)' if combined else 'ESI'} on {data_name(data)}"
     if choice is None:
         _refuse(scores, wrong, alpha, delta)
