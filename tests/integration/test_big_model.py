@@ -97,7 +97,7 @@ def test_an_easy_answer_is_accepted_and_an_unknowable_one_scores_higher(
     assert "Paris" in easy.content and e["scored"] and h["scored"]
     assert e["model"].endswith("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     assert len(e["variants"]) == 5 and e["finish_reason"] == "stop"
-    assert e["score"] < 0.15 and e["decision"] == "accept"  # 0.06-0.10 measured
+    assert e["score"] < 0.15 and e["decision"] == "accept"  # about 0.09 measured
     assert h["score"] > e["score"] + 0.2  # ~0.5 measured
 
 
