@@ -169,8 +169,8 @@ def fit_all(
         report["free"] = {"features": list(free.features) + ([HIDDEN] if free.hidden else []),
                           "auroc": asdict(bootstrap(auroc, free_p, labels, groups=selection.folds,
                                                     n_resamples=resamples))}  # fmt: skip
-    run_time = [model.p_wrong(s, None if states is None else h)
-                for s, h in zip(signals, states or [None] * len(signals), strict=True)]  # fmt: skip
+    run_time = [model.p_wrong(s, None if states is None else states[i])
+                for i, s in enumerate(signals)]  # fmt: skip
     return Combined(model, p_wrong, labels, report, list(range(len(labels))), free, free_p,
                     run_time)  # fmt: skip
 

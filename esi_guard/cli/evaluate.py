@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from esi_guard.calibration.calibrate_combined import decode_states
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.calibration.metrics import (
     auroc,
@@ -48,7 +49,8 @@ from esi_guard.cli._options import (
 )
 from esi_guard.cli.output import console, data_name, fail, needs_extra, shown, used_modules
 from esi_guard.cli.run import Source, report, score_run
-from esi_guard.exceptions import ESIGuardError
+from esi_guard.combined import CombinedScore, repetition
+from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
 
 __all__ = ["evaluate"]
@@ -110,7 +112,7 @@ def evaluate(
         console.print(f"{data_name(data)}: n={len(wrong)}, accuracy "
                       f"{1 - sum(wrong) / len(wrong):.3f}, labels {run.labeller.name}")  # fmt: skip
     if calibrated.combined is not None:  # the threshold is on P(wrong)
-        scores = [float(r["p_wrong"]) for r in run.records if r["scored"]]
+        scores = [_p_wrong(r, calibrated.combined) for r in run.records if r["scored"]]
         ece = expected_calibration_error(scores, wrong)
         estimate = bootstrap(auroc, scores, wrong, n_resamples=resamples)
         console.print(f"P(wrong): AUROC [95% CI] {shown(estimate, undefined_because(wrong))}, "
@@ -137,3 +139,27 @@ def evaluate(
 def _guard(threshold: Path, chosen: build.ModelOptions) -> ESIGuard:
     """The guard the file describes, on the chosen model (built here or in a Ray worker)."""
     return ESIGuard.from_calibration(threshold, backend=build.backend(chosen))
+
+
+def _p_wrong(record: dict[str, Any], combined: CombinedScore) -> float:
+    """The record's ``P(wrong)``: as scored, or from its signals.
+
+    A cache written by ``calibrate`` (which scores ESI alone) holds none.
+    """
+    if record.get("p_wrong") is not None:
+        return float(record["p_wrong"])
+    signals = {"esi": record["score"], "repetition": repetition(record.get("prediction") or ""),
+               **(record.get("signals") or {})}  # fmt: skip
+    hidden = record.get("hidden")
+    try:
+        if combined.hidden is None:
+            return combined.p_wrong(signals)
+        if not hidden:
+            msg = "the file's score reads hidden states and this cache holds none"
+            raise ConfigurationError(msg)
+        return combined.p_wrong(signals, decode_states(hidden))
+    except (ConfigurationError, TypeError) as exc:
+        fail(
+            f"a cached answer has no P(wrong) and it cannot be computed ({exc}): evaluate "
+            "with a new --cache"
+        )

@@ -38,7 +38,7 @@ def test_coverage_on_unseen_questions_before_and_after(
     assert record["size"] == 100 and len(record["rounds"]) == 2
     for one in record["rounds"]:
         assert one["n_cal"] == 100 and one["n_test"] == 60
-        assert set(one["coverage"]) == {"esi", "after", "before"}
+        assert set(one["coverage"]) == {"esi", "after", "average_oof_threshold", "before"}
         assert all(0.0 <= c <= 1.0 for c in one["coverage"].values())
         assert one["auroc"]["reported_nested"] is None
     assert 0.6 <= record["mean_coverage"]["after"] <= 1.0

@@ -204,3 +204,21 @@ def test_a_run_with_states_reuses_the_answers_and_scores_of_one_without(
     assert all(r["hidden"]["layers"] for r in both)
     third = CliRunner().invoke(cli_module.app, command)
     assert third.exit_code == 0 and "no model loaded" in " ".join(third.output.split())
+
+
+def test_evaluate_reuses_calibrate_s_cache_and_computes_p_wrong_from_its_signals(
+    setting: tuple[FakeBackend, Path, list[str]], tmp_path: Path
+) -> None:
+    _, data, _ = setting
+    out = tmp_path / "combined.json"
+    calibrate(data, out, "--features", "esi,nll,entropy", "--select", "coverage")
+    evaluated = CliRunner().invoke(cli_module.app, [
+        "evaluate", "--threshold", str(out), "--data", str(data), "--resamples", "50",
+        "--cache", str(out.with_suffix(".jsonl")),
+    ])  # fmt: skip
+    assert evaluated.exit_code == 0, evaluated.output
+    said = " ".join(evaluated.output.split())
+    assert "P(wrong): AUROC" in said and "coverage" in said
+    # the threshold is the 0.8 quantile of the guard's own score on these very answers
+    coverage = float(said.split("): coverage ")[1].split(",")[0])
+    assert coverage == pytest.approx(0.8, abs=0.012)
