@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
+from esi_guard.backends._identity import file_sha256
 from esi_guard.backends.llamacpp._copy import cache_dir
 from esi_guard.exceptions import ConfigurationError, ModelLoadError
 
@@ -241,7 +242,7 @@ def _verified(target: Path, model: KnownModel, say: Progress) -> bool:
     except (OSError, ValueError):
         pass  # no stamp yet, or not one: hash the file
     say(f"checking the sha256 of {target} ({_mib(stat.st_size)})")
-    digest = _sha256(target)
+    digest = file_sha256(target)
     if digest != model.sha256:
         say(f"{target} has sha256 {digest}, not the model's {model.sha256}")
         return False
@@ -265,17 +266,6 @@ def _write_stamp(target: Path, model: KnownModel) -> None:
         _stamp(target).write_text(json.dumps(key), encoding="utf-8")
     except OSError:
         pass  # a read-only folder: the file is still right, only hashed again next time
-
-
-def _sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 def _fetch(model: KnownModel, target: Path, say: Progress) -> None:

