@@ -62,7 +62,7 @@ import numpy as np
 from benchmarks.probe.data import Run, usable, window
 from esi_guard.calibration.cascade_fit import fit_band
 from esi_guard.calibration.combined_fit import fit_combined
-from esi_guard.calibration.crossfit import Candidate, out_of_fold, select
+from esi_guard.calibration.crossfit import Candidate, cross_fit, select
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_difference
 from esi_guard.combined import CombinedScore
 
@@ -220,8 +220,8 @@ def cascade(run: Run, seed: int) -> dict[str, Any]:
     y = run.labels["wrong"].astype(np.float64)
     states, signals = _states(run), run.signals
     splits = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(y, y))
-    full = out_of_fold(signals, y, states, FULL, splits, seed=seed)
-    cheap = out_of_fold(signals, y, states, NO_ESI, splits, seed=seed)
+    full = cross_fit(signals, y, states, FULL, splits, seed=seed)[0]
+    cheap = cross_fit(signals, y, states, NO_ESI, splits, seed=seed)[0]
     folds = np.empty(len(y), dtype=np.int_)
     ran = np.zeros(len(y), dtype=bool)
     agree = np.zeros(len(y), dtype=bool)
@@ -266,9 +266,9 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
     full_model = _fit(signals, y, states, FULL, every, seed)
     free_model = _fit(signals, y, states, NO_ESI, every, seed)
     splits = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(y, y))
-    full_oof = out_of_fold(signals, y, states, FULL, splits, seed=seed)
+    full_oof = cross_fit(signals, y, states, FULL, splits, seed=seed)[0]
     threshold = float(np.quantile(full_oof, COVERAGE))  # as the CLI chooses: out of fold
-    band = fit_band(out_of_fold(signals, y, states, NO_ESI, splits, seed=seed), full_oof,
+    band = fit_band(cross_fit(signals, y, states, NO_ESI, splits, seed=seed)[0], full_oof,
                     threshold, max_disagreement=0.02, delta=0.1, logit=True)  # fmt: skip
     if band is None:
         msg = "no band certifies 2% disagreement on this run"

@@ -5,7 +5,7 @@ user's answers twice over, never on the same answer at once. Each candidate set 
 features (:func:`candidates`: each requested signal alone, the hidden-state probe alone,
 all requested signals, the same without ESI, each with the probe) is fitted ``folds``
 times, each time without one stratified fold, and scores that fold: every answer gets an
-out-of-fold ``p_wrong`` from a model that never saw it (:func:`out_of_fold`). The
+out-of-fold ``p_wrong`` from a model that never saw it (:func:`cross_fit`). The
 candidate with the best out-of-fold AUROC is kept, unless one within ``tolerance`` of it
 costs less (no ESI before ESI, then no states before states; the free signals cost
 nothing): then the best of the cheapest such. A probe or ESI that does not pay on the
@@ -50,7 +50,7 @@ from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_dif
 from esi_guard.combined import HIDDEN, CombinedScore
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["Candidate", "Selection", "candidates", "cross_fit", "out_of_fold", "select"]
+__all__ = ["Candidate", "Selection", "candidates", "cross_fit", "select"]
 
 TOLERANCE = 0.005
 """Out-of-fold AUROC a cheaper candidate may give up against the best one."""
@@ -127,23 +127,6 @@ def _splits(y: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.n
     return list(StratifiedKFold(folds, shuffle=True, random_state=seed).split(y, y))
 
 
-def out_of_fold(
-    signals: Sequence[Mapping[str, float]],
-    y: np.ndarray,
-    states: Sequence[HiddenStates] | None,
-    candidate: Candidate,
-    splits: list[tuple[np.ndarray, np.ndarray]],
-    *,
-    seed: int = 0,
-) -> np.ndarray:
-    """Every answer's ``p_wrong`` from ``candidate`` fitted on the other folds.
-
-    Raises:
-        ConfigurationError: A fold too small to fit on (too few answers of a class).
-    """
-    return cross_fit(signals, y, states, candidate, splits, seed=seed)[0]
-
-
 def cross_fit(
     signals: Sequence[Mapping[str, float]],
     y: np.ndarray,
@@ -153,7 +136,9 @@ def cross_fit(
     *,
     seed: int = 0,
 ) -> tuple[np.ndarray, list[CombinedScore]]:
-    """:func:`out_of_fold`'s ``p_wrong`` and the fold models that gave it, in ``splits``' order.
+    """Every answer's ``p_wrong`` from ``candidate`` fitted on the other folds; the fold models.
+
+    The models are in ``splits``' order.
 
     Raises:
         ConfigurationError: A fold too small to fit on (too few answers of a class).

@@ -15,13 +15,15 @@ history, an agent's tool results) are context a calibration run cannot have had.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from string import Formatter
 
 from esi_guard._pipeline.items import GuardedPrompt, Templated
 from esi_guard.backends._types import ChatMessage
-from esi_guard.exceptions import ConfigurationError
+from esi_guard.exceptions import ConfigurationError, PromptMismatchWarning
+from esi_guard.guard._templates import caller_level
 
 __all__ = [
     "PROMPT_ADVICE",
@@ -30,6 +32,7 @@ __all__ = [
     "check_template",
     "difference",
     "fields_of",
+    "warn_if_other",
 ]
 
 PROMPT_ADVICE = (
@@ -162,3 +165,15 @@ def difference(prompt: GuardedPrompt, calibrated: CalibratedPrompt) -> str | Non
         )  # fmt: skip
         return f"{calibrated.where} was calibrated with {how}, this prompt asks {message!r}"
     return None
+
+
+def warn_if_other(prompt: GuardedPrompt, calibrated: CalibratedPrompt | None) -> bool:
+    """Warn (:class:`PromptMismatchWarning`) if ``prompt`` is not the calibrated one.
+
+    Returns whether it warned (the guard then warns no more).
+    """
+    found = None if calibrated is None else difference(prompt, calibrated)
+    if found is None:
+        return False
+    warnings.warn(found + PROMPT_ADVICE, PromptMismatchWarning, stacklevel=caller_level())
+    return True

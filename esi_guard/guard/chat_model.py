@@ -9,7 +9,6 @@ calls the guard's tracing hook around each step, so each shows as a tagged child
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -28,7 +27,7 @@ from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
-from esi_guard.exceptions import ConfigurationError, PromptMismatchWarning
+from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import _assess, _batching, _config, _live, _sentences, _tracing
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
@@ -41,8 +40,8 @@ from esi_guard.guard._messages import (
     sentences_last,
     sentences_last_chunk,
 )
-from esi_guard.guard._prompt import PROMPT_ADVICE, asked, difference
-from esi_guard.guard._templates import TemplatedPrompt, caller_level, warn_whole_message
+from esi_guard.guard._prompt import asked, warn_if_other
+from esi_guard.guard._templates import TemplatedPrompt, warn_whole_message
 from esi_guard.interventions import Intervention
 from esi_guard.result import ESIResult
 
@@ -96,27 +95,16 @@ class ESIGuard(GuardFields):
     ) -> ESIGuard:
         """A guard with the threshold and scoring configuration of a calibration file.
 
-        The file (written by ``esi-guard calibrate``) is refused, with a
-        :class:`ConfigurationError` naming every difference, when the backend's model (its
-        GGUF's digest where both have one, else ``model_id``), value kind or exactness
-        differ from those it was calibrated with, or when
+        Refused (a :class:`ConfigurationError` naming every difference) when the backend's
+        model (its GGUF's digest, else ``model_id``), value kind or exactness, the
         ``intervention`` or a scoring option in ``kwargs`` (``n_variants``, ``top_k``,
-        ``distance``, ``support``, ``seed``, ``max_new_tokens``) differs from the file's: a
-        threshold only means something for scores computed the same way. Other options (``action``,
-        ``fallback``, ``abstain_message``) pass through. SOC and Typo interventions are
-        rebuilt from the file; others (paraphrases) must be passed in. A file calibrated
-        with ``--min-variants`` turns sequential ESI on with its fitted stopping rule
-        (``min_variants=None`` turns it off); one calibrated with ``--score combined``
-        decides on its combined score's ``p_wrong``. A file calibrated on another engine
-        (transformers vs llama.cpp) is used with an :class:`EngineMismatchWarning`.
-
-        The guard asks under the file's prompt: its ``system_prompt`` goes before every
-        prompt that has no system message, and a question is rendered with its
-        ``prompt_template`` (one with ``{context}`` is ``with_prompt``'s to render).
-        Other ``system_prompt`` or ``prompt_template`` keywords are used with a
-        :class:`PromptMismatchWarning`, as is, once per guard, a prompt that a call
-        sends under another system message or template: the threshold then holds only
-        approximately (scores depend on the prompt).
+        ``distance``, ``support``, ``seed``, ``max_new_tokens``) differ from the file's: a
+        threshold means something only for scores computed the same way. Other options
+        (``action``, ``fallback``, ``abstain_message``) pass through; SOC and Typo are
+        rebuilt from the file, paraphrases must be passed in. The file's sequential rule
+        (``min_variants=None`` turns it off) and combined score apply; another engine gets
+        an :class:`EngineMismatchWarning`, another prompt (given here or sent by a call)
+        one :class:`PromptMismatchWarning` (:mod:`esi_guard.guard._prompt`).
         """
         return _config.from_threshold_file(
             cls, path, backend=backend, intervention=intervention, **kwargs
@@ -378,19 +366,19 @@ class ESIGuard(GuardFields):
 
     async def _arouted(self, item: Item, messages: list[BaseMessage], run_manager: Any) -> Any:
         """Async :meth:`_routed`."""
-        if decision(item) != "route":
+        if decision(item) != "route" or self.fallback is None:  # the validator sets one
             return None
         callbacks = _tracing.achild(run_manager, "esi:fallback") if run_manager else None
-        return await self._fallback().ainvoke(messages, {"callbacks": callbacks})
+        return await self.fallback.ainvoke(messages, {"callbacks": callbacks})
 
     def _routed(
         self, item: Item, messages: list[BaseMessage], run_manager: CallbackManagerForLLMRun | None
     ) -> Any:
         """The fallback's answer where the item was routed; else None."""
-        if decision(item) != "route":
+        if decision(item) != "route" or self.fallback is None:  # the validator sets one
             return None
         callbacks = _tracing.child(run_manager, "esi:fallback") if run_manager else None
-        return self._fallback().invoke(messages, {"callbacks": callbacks})
+        return self.fallback.invoke(messages, {"callbacks": callbacks})
 
     async def _agenerate(
         self,
@@ -503,18 +491,9 @@ class ESIGuard(GuardFields):
             self._warned = warn_whole_message(prompt)
         if apply:
             prompt = asked(prompt, self.system_prompt, self.prompt_template)
-        calibrated = self._calibrated_prompt
-        if calibrated is not None and not self._prompt_warned:
-            found = difference(prompt, calibrated)
-            if found is not None:
-                warnings.warn(found + PROMPT_ADVICE, PromptMismatchWarning,
-                              stacklevel=caller_level())  # fmt: skip
-                self._prompt_warned = True
+        if not self._prompt_warned:
+            self._prompt_warned = warn_if_other(prompt, self._calibrated_prompt)
         return prompt
 
     def _decided(self, item: Item, routed: Any = None) -> ChatResult:
         return chat_result(item, routed, self.on_error, self.abstain_message, self.backend.model_id)
-
-    def _fallback(self) -> Runnable[Any, Any]:
-        assert self.fallback is not None  # the validator requires one for action="route"
-        return self.fallback

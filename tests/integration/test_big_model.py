@@ -15,11 +15,9 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from typer.testing import CliRunner
@@ -31,6 +29,7 @@ from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 from integrations.llamacpp.server import LlamaServer, free_port
+from tests.unit.server.servers import process_ready
 
 pytestmark = [pytest.mark.big_model, pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("llama_cpp")
@@ -225,7 +224,7 @@ def test_esi_guard_serve_on_the_gguf_answers_the_openai_sdk(big_model_path: Path
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE) as process:  # fmt: skip
         try:
-            ready(process, url)
+            process_ready(process, url, 300)
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
             name = client.models.list().data[0].id
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": EASY}]
@@ -254,16 +253,3 @@ def test_llama_cpp_s_own_server_on_the_gguf_in_chat_mode(big_model_path: Path) -
     assert message.content == "Paris" and esi["scored"], esi["reason"]
     assert esi["scoring"]["values"] == "logprobs" and esi["scoring"]["approximate"] is True
     assert esi["score"] < 0.15 and esi["decision"] == "accept"  # 0.085 measured
-
-
-def ready(process: subprocess.Popen[bytes], url: str, seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(process.stderr.read().decode() if process.stderr else "")
-        time.sleep(0.2)

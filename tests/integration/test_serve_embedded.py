@@ -20,7 +20,7 @@ from langchain_openai import ChatOpenAI
 from esi_guard import ESIGuard, LlamaCppBackend
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 from integrations.llamacpp.server import free_port
-from tests.unit.server.servers import served, user
+from tests.unit.server.servers import process_ready, served, user
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_esi_guard_serve_as_docs_start_it_names_warns_and_drains_after_sigterm()
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE) as process:  # fmt: skip
         try:
-            ready(process, url)
+            process_ready(process, url)
             models = httpx.get(f"{url}/v1/models").json()
             out: dict[str, Any] = {}
             body = {"model": "default", "messages": user(LONG)}  # the name it was started with
@@ -101,16 +101,3 @@ def test_esi_guard_serve_as_docs_start_it_names_warns_and_drains_after_sigterm()
                  "action flag", "auth off", "'default'"):  # fmt: skip
         assert said in start, start
     assert "WholeMessageWarning" not in log  # the caller got it, not the server's log
-
-
-def ready(process: subprocess.Popen[bytes], url: str, seconds: float = 600) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(process.stderr.read().decode() if process.stderr else "")
-        time.sleep(0.2)

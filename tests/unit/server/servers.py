@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -75,3 +76,17 @@ async def wait_ready(c: httpx.AsyncClient, seconds: float = 10) -> None:
     while (await c.get("/health")).status_code != 200:
         assert time.monotonic() < deadline, "never ready"
         await asyncio.sleep(0.02)
+
+
+def process_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 600) -> None:
+    """Wait for an ``esi-guard serve`` process's ``/health``; its stderr if it dies or stalls."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(process.stderr.read().decode() if process.stderr else "")
+        time.sleep(0.2)
