@@ -15,8 +15,12 @@ For each question, in one pass:
   the last block and :data:`~esi_guard.backends.hidden.FINAL`, at every position of
   :data:`~esi_guard.backends.hidden.POSITIONS`), read from the same decodes;
 * ESI(SOC) at the paper's defaults (L=10, k=100, Hellinger), the answer teacher-forced
-  after the variants as :func:`benchmarks.results.closed_book.force` does (the generation gives
-  the original distributions, so no original row);
+  after the variants as :func:`benchmarks.results.closed_book.force` does: ``esi`` against
+  the generation's distributions (as the guard forcing on the file's weights computes
+  it); and, in runs collected since the original row is forced too, ``esi_forced``
+  against the forced original row (``variants_forced``: per variant): the same forcing
+  pass on both sides, so llama.cpp's rounding of a one-token decode against a many-token
+  one (identical variants score 0.04-0.06 against the generation at 1.5B) drops out;
 * the free signals (``nll``, ``entropy``, ``max_nll``: the largest token NLL) and the
   tokens' log-probabilities and entropies;
 * the labels: ``wrong`` as ``closed_book.report`` labels it (containment; semantic for
@@ -158,7 +162,7 @@ def _score_batch(
     with clock.stage("force"):
         for i, (e, g, a) in enumerate(zip(examples, ok, asks, strict=True)):
             if g is not None:
-                (forced[i],) = _force_some(backend, [e], [g], [socs[i]], a)
+                (forced[i],) = _force_some(backend, [e], [g], [socs[i]], a, True)
     answers = [g.text if isinstance(g, Generation) else "" for g in gens]
     labels = task.labels(examples, answers)
     file = _save_hidden(folder, shard, chunk, gens)
@@ -182,6 +186,10 @@ def _score_batch(
             esi = esi_score(kept.topk, f.variants)
             record["scores"]["esi"] = esi.score
             record["variants"] = [float(x) for x in esi.variant_scores]
+            if f.original is not None:
+                clean = esi_score(f.original, f.variants)
+                record["esi_forced"] = clean.score
+                record["variants_forced"] = [float(x) for x in clean.variant_scores]
         records.append(record)
     return records
 

@@ -138,12 +138,14 @@ def force(
     gens: list[Generation],
     variants: list[list[str]],
     answering: Answering,
+    include_original: bool = False,
 ) -> list[Any]:
-    """Teacher-force each greedy answer after its question's variants."""
+    """Teacher-force each greedy answer after its question's variants (and itself)."""
     ask = answering.messages
     requests = [
         ForcingRequest(prompt=ask(e.question), variants=[ask(v) for v in vs],
-                       answer_ids=g.token_ids, answer=g.text)
+                       answer_ids=g.token_ids, answer=g.text,
+                       include_original=include_original)
         for e, g, vs in zip(examples, gens, variants, strict=True)
     ]  # fmt: skip
     return list(backend.teacher_force(requests, top_k=K_MAX))
@@ -155,6 +157,7 @@ def _force_some(
     gens: list[Generation],
     variants: list[list[str]],
     answering: Answering,
+    include_original: bool = False,
 ) -> list[Any]:
     """:func:`force` for the questions with a variant; None for the others.
 
@@ -166,7 +169,7 @@ def _force_some(
     out: list[Any] = [None] * len(examples)
     if some:
         forced = force(backend, [examples[i] for i in some], [gens[i] for i in some],
-                       [variants[i] for i in some], answering)  # fmt: skip
+                       [variants[i] for i in some], answering, include_original)  # fmt: skip
         for i, f in zip(some, forced, strict=True):
             out[i] = f
     return out

@@ -37,6 +37,7 @@ SUBJECTS = {
     "ray": "ray",
     "llamacpp-build": "llamacpp_build",
     "gpu": "gpu",
+    "prefix": "prefix",
 }
 """Subject -> its module under ``benchmarks.timing``."""
 NO_RECORD = frozenset({"streaming", "rag"})

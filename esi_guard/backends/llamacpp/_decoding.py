@@ -43,8 +43,11 @@ def greedy(
     top_k: int,
     names: Sequence[str],
     is_end: Callable[[int], bool],
+    prefix: int = 0,
 ) -> Generator[AnswerPiece, None, Greedy]:
     """Greedy decoding of up to ``room`` tokens after ``row``; yields each token as it comes.
+
+    ``prefix``: the prompt's first tokens that go through :meth:`~._engine.Engine.load_prefix`.
 
     Each token comes with its step's top-k; the last (an end token, or the ``room``-th)
     only in the returned answer.
@@ -55,7 +58,7 @@ def greedy(
     states: dict[str, list[np.ndarray]] = {name: [] for name in names}
     tokens: list[int] = []
     ids, values = [], []
-    logits = engine.decode([], [Row(0, row, 0, [len(row) - 1])], names)
+    logits = engine.prompt(row, prefix, names)
     while True:
         for name in names:
             states[name].append(engine.states[name][0])
@@ -78,10 +81,12 @@ def greedy_group(
     top_k: int,
     names: Sequence[str],
     is_end: Callable[[int], bool],
+    prefixes: Sequence[int],
 ) -> list[Greedy]:
     """Greedy answers to several prompts (up to ``rooms[i]`` tokens each), stepped together.
 
-    Each prompt is decoded alone, in an empty KV cache (a prompt decoded beside another
+    Each prompt is decoded alone (its first ``prefixes[i]`` tokens through
+    :meth:`~._engine.Engine.load_prefix`), in an empty KV cache (a prompt decoded beside another
     sequence's cells gets other numbers: the attention spans them), its cells copied out;
     they go back in together, a sequence each, and each step decodes the next token of
     every answer still going in one decode, one token a sequence. The answers are those
@@ -109,7 +114,7 @@ def greedy_group(
 
     live, cells = [], []
     for seq, row in enumerate(rows):  # each prompt in an empty cache, as alone
-        logits = engine.decode([], [Row(0, row, 0, [len(row) - 1])], names)
+        logits = engine.prompt(row, prefixes[seq], names)
         if take(seq, logits, 0):
             live.append(seq)
             cells.append(engine.save(0))

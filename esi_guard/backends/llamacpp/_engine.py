@@ -13,7 +13,12 @@ with many sequences:
   for the other positions, and only the top-k of each row is kept (numpy
   ``argpartition``, never a Python sort of the vocabulary).
 
-The KV cache is cleared after every call: nothing of one call leaks into the next.
+The KV cache is cleared after every call: nothing of one call leaks into the next, but
+for the prompt prefixes :meth:`Engine.load_prefix` keeps (a chat template's system prompt
+and role header, the same for every question): their KV cells are computed in a decode
+of their own, in an empty cache, copied out, and put back for the next prompt that starts
+with them. Whether a prefix comes back from there or is computed anew, the decodes after
+it are the same, so a prompt's numbers do not depend on what ran before it.
 
 Hidden states come from the same decodes (:mod:`._tap`): :meth:`Engine.enable_taps` makes
 the context again with llama.cpp's eval callback, and a decode given ``names`` keeps those
@@ -24,6 +29,7 @@ nothing for it.
 from __future__ import annotations
 
 import ctypes
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +39,11 @@ import numpy as np
 from esi_guard.backends.llamacpp._tap import Tap
 from esi_guard.exceptions import BackendError, ContextLengthError
 
-__all__ = ["Engine", "Row", "topk_rows"]
+__all__ = ["PREFIX_CACHE_BYTES", "Engine", "Row", "topk_rows"]
+
+PREFIX_CACHE_BYTES = 64 * 2**20
+"""Most bytes of KV cells :meth:`Engine.load_prefix` keeps (least recently used dropped
+first): a 1.5B model's 21-token system prompt and role header take 0.6 MB."""
 
 
 def topk_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,9 +81,19 @@ class Engine:
         n_seq_max: Most sequences (rows) in one decode.
         n_threads: CPU threads for every decode; when None, the ``Llama``'s own settings:
             ``n_threads`` for one-token decodes, ``n_threads_batch`` for larger ones.
+        prefix_cache: Most bytes of prefix KV cells kept between calls (0: none kept,
+            each prefix computed every time; the numbers are the same).
     """
 
-    def __init__(self, llama: Any, *, n_ctx: int, n_seq_max: int, n_threads: int | None) -> None:
+    def __init__(
+        self,
+        llama: Any,
+        *,
+        n_ctx: int,
+        n_seq_max: int,
+        n_threads: int | None,
+        prefix_cache: int = PREFIX_CACHE_BYTES,
+    ) -> None:
         import llama_cpp
 
         self._lib = llama_cpp
@@ -101,6 +121,10 @@ class Engine:
         self.n_vocab = int(llama.n_vocab())
         self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, n_seq_max)
         self._views = self._batch_views()
+        self._prefix_cache = prefix_cache
+        self._prefixes: OrderedDict[tuple[int, ...], ctypes.Array[ctypes.c_uint8]] = OrderedDict()
+        self.prefix_hits = 0
+        """How many :meth:`load_prefix` calls found their prefix kept (for benchmarks)."""
 
     def _make_context(self) -> Any:
         from llama_cpp import _internals
@@ -162,6 +186,7 @@ class Engine:
         if self._batch is not None:
             self._lib.llama_batch_free(self._batch)
             self._batch = None
+        self._prefixes.clear()
         self._context.close()
 
     def clear(self) -> None:
@@ -202,16 +227,52 @@ class Engine:
             msg = f"llama.cpp could not restore sequence {seq}'s KV cells (context full?)"
             raise BackendError(msg)
 
+    def load_prefix(self, tokens: Sequence[int]) -> None:
+        """Put ``tokens``' KV cells under sequence 0 of the empty cache: kept, or computed.
+
+        A prefix not kept is decoded alone (no logits), then copied out and kept, so the
+        cells are the same bits either way. Callers copy them to other sequences
+        (:meth:`copy_prefix`) and decode the rest of their rows after them.
+        """
+        key = tuple(tokens)
+        data = self._prefixes.get(key)
+        if data is not None:
+            self._prefixes.move_to_end(key)
+            self.restore(data, 0)
+            self.prefix_hits += 1
+            return
+        self.decode([], [Row(0, key, 0, ())])
+        if self._prefix_cache <= 0:
+            return
+        data = self.save(0)
+        if len(data) > self._prefix_cache:
+            return
+        self._prefixes[key] = data
+        while sum(len(kept) for kept in self._prefixes.values()) > self._prefix_cache:
+            self._prefixes.popitem(last=False)
+
+    def prompt(self, row: Sequence[int], prefix: int, names: Sequence[str] = ()) -> np.ndarray:
+        """Decode a prompt into the empty cache as sequence 0; its last token's logits.
+
+        Its first ``prefix`` tokens come through :meth:`load_prefix` (0: none), the rest
+        in a decode after them.
+        """
+        if prefix:
+            self.load_prefix(row[:prefix])
+        return self.decode([], [Row(0, row[prefix:], prefix, [len(row) - 1 - prefix])], names)
+
     def decode(
         self,
         shared: Sequence[tuple[Sequence[int], Sequence[int]]],
         rows: Sequence[Row],
         names: Sequence[str] = (),
+        *,
+        shared_at: int = 0,
     ) -> np.ndarray:
         """One ``llama_decode``: shared prefixes, then rows; the logits asked for, in order.
 
-        ``shared`` holds ``(tokens, seq_ids)`` pairs: tokens at positions ``0..`` that
-        belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 view of
+        ``shared`` holds ``(tokens, seq_ids)`` pairs: tokens at positions ``shared_at..``
+        that belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 view of
         llama.cpp's logits buffer, not a copy (a forced answer's rows are tens of MB): it
         holds until the next decode on this context, so callers reduce it at once.
         ``names``: graph tensors to read (:meth:`enable_taps` first); their rows at the
@@ -225,7 +286,7 @@ class Engine:
         for tokens, seqs in shared:
             size = len(tokens)
             views["token"][n : n + size] = tokens
-            views["pos"][n : n + size] = np.arange(size)
+            views["pos"][n : n + size] = np.arange(shared_at, shared_at + size)
             views["n_seq_id"][n : n + size] = len(seqs)
             views["logits"][n : n + size] = 0
             for i in range(n, n + size):

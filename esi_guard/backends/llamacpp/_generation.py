@@ -42,8 +42,11 @@ def greedy_rows(
     top_k: int,
     names: Sequence[str],
     is_end: Callable[[int], bool],
+    prefixes: Sequence[int],
 ) -> list[Greedy]:
     """The greedy answer after each of ``rows`` (up to its room), in order.
+
+    ``prefixes``: each row's first tokens that go through the engine's prefix cache.
 
     The prompts go in runs of :func:`._decoding.groups` (at most ``n_seq_max`` prompts and
     :data:`._decoding.GROUP_CELLS` cells), each run stepped together by
@@ -62,6 +65,7 @@ def greedy_rows(
                     top_k,
                     names,
                     is_end,
+                    [prefixes[i] for i in group],
                 )
             finally:
                 engine.clear()

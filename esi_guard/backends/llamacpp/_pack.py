@@ -1,13 +1,17 @@
 """Teacher forcing with a request's rows packed into few ``llama_decode`` calls.
 
 A request's rows (the original prompt when asked for, then each variant) share a prompt
-prefix and are each followed by the same answer. :func:`plan` (pure) puts a request's
+prefix and are each followed by the same answer. The prefix's first part, what the chat
+template writes before the question (:attr:`Job.cached`), comes through the engine's
+prefix cache (:meth:`~._engine.Engine.load_prefix`): computed once for every request under
+the same instructions, not once a request. :func:`plan` (pure) puts a request's
 rows into as few decodes as the context allows: at most ``n_seq_max`` rows (one
 sequence each) and ``n_ctx`` tokens per decode, the prefix counted once. :func:`run`
 decodes a plan on an :class:`~._engine.Engine`:
 
-* the shared prefix is computed once, in the decode that holds the first rows, its
-  tokens tagged with each of those rows' sequence ids (one KV cell for them all);
+* the shared prefix is computed once: its cached part loaded and shared with each row
+  (:meth:`~._engine.Engine.copy_prefix`), the rest in the decode that holds the first
+  rows, its tokens tagged with each of those rows' sequence ids (one KV cell for them all);
 * rows that do not fit go on in the next decode: the prefix stays in the KV cache under
   sequence 0 and is shared with them (:meth:`~._engine.Engine.copy_prefix`), never
   computed again;
@@ -54,13 +58,25 @@ class Job:
 
     ``rows``: the rendered prompts (the original first when it is asked for);
     ``shared``: how many leading tokens all rows share, computed once (0: none);
-    ``names``: graph tensors to read on the first row.
+    ``names``: graph tensors to read on the first row; ``cached``: how many of the
+    ``shared`` tokens come through the engine's prefix cache (the chat template's part).
     """
 
     rows: Sequence[Sequence[int]]
     answer: Sequence[int]
     shared: int = 0
     names: Sequence[str] = ()
+    cached: int = 0
+
+    def load(self, engine: Engine, seqs: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+        """The cached prefix loaded under ``seqs``; the rest of the shared one, to decode."""
+        if self.cached:
+            engine.load_prefix(self.rows[0][: self.cached])
+            for seq in seqs[1:]:
+                engine.copy_prefix(0, seq, self.cached)
+        if self.shared > self.cached:
+            return [(list(self.rows[0][self.cached : self.shared]), list(seqs))]
+        return []
 
     def tail(self, row: int) -> list[int]:
         """The tokens row ``row`` decodes after the prefix: its own, then the answer's."""
@@ -133,7 +149,7 @@ def run(
         seqs = list(range(len(part.rows)))
         shared = []
         if job.shared and part.prefix:
-            shared.append((list(job.rows[0][: job.shared]), seqs))
+            shared = job.load(engine, seqs)
         elif job.shared:  # held under sequence 0 since the decode before
             for seq in seqs[1:]:
                 engine.copy_prefix(0, seq, job.shared)
@@ -142,7 +158,7 @@ def run(
             for seq, row in zip(seqs, part.rows, strict=True)
         ]
         names = job.names if part.rows.start == 0 else ()
-        logits = engine.decode(shared, rows, names)
+        logits = engine.decode(shared, rows, names, shared_at=job.cached)
         size = len(job.answer)
         if names:  # the first row's outputs come first
             states[part.job] = {name: engine.states[name][:size] for name in names}
@@ -168,7 +184,9 @@ def run_alone(
     states: list[dict[str, np.ndarray]] = []
     for job in jobs:
         if job.shared:
-            engine.decode([], [Row(0, job.rows[0][: job.shared], 0, [])])
+            rest = job.load(engine, [0])
+            if rest:
+                engine.decode([], [Row(0, rest[0][0], job.cached, [])])
         rows: list[T] = []
         read: dict[str, np.ndarray] = {}
         for number in range(len(job.rows)):

@@ -16,12 +16,18 @@ from typing import Any
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
-from esi_guard.backends._engine_helpers import check_sampling, shared_prefix, text_pieces
+from esi_guard.backends._engine_helpers import (
+    check_sampling,
+    shared_prefix,
+    template_prefix,
+    text_pieces,
+)
 from esi_guard.backends._identity import file_sha256, gguf_model_id
 from esi_guard.backends._session import ForcingSession, check_opening
 from esi_guard.backends._template import ChatTemplate
 from esi_guard.backends._types import (
     AnswerPiece,
+    ChatMessage,
     Forced,
     ForcingRequest,
     Generation,
@@ -33,7 +39,7 @@ from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_template
 from esi_guard.backends.llamacpp._copy import PRECISIONS, forcing_llama, resolve_precision
 from esi_guard.backends.llamacpp._decoding import Greedy, greedy
-from esi_guard.backends.llamacpp._engine import Engine
+from esi_guard.backends.llamacpp._engine import PREFIX_CACHE_BYTES, Engine
 from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
 from esi_guard.backends.llamacpp._loading import check_llama, open_gguf
 from esi_guard.backends.llamacpp._pack import Job, force, forced
@@ -64,17 +70,18 @@ class LlamaCppBackend(Backend):
         n_ctx: KV cells of the backend's own context: the longest prompt plus answer it
             takes (a request's rows share their common prefix's cells). Default: the
             model's training context, at most 8192.
-        n_threads: CPU threads for every decode, one-token (generation) and many-token
-            (teacher forcing) alike, on the backend's context and its forcing copy's
-            (which is loaded with them too). Default: the ``Llama``'s own settings, its
-            ``n_threads`` for one-token decodes (half the cores by llama-cpp-python's
-            default) and its ``n_threads_batch`` for the many-token decodes of teacher
-            forcing (every core by default). Give fewer where several processes share the
-            cores: llama.cpp's worker threads spin while they wait, so two processes
-            using every core slow each other down far more than by half.
+        n_threads: CPU threads for every decode, one-token and many-token alike, on the
+            backend's context and its forcing copy's. Default: the ``Llama``'s own
+            ``n_threads`` (one-token decodes) and ``n_threads_batch`` (forcing). Give
+            fewer where several processes share the cores: llama.cpp's worker threads
+            spin while they wait, so two processes on every core slow each other badly.
         n_seq_max: Most rows forced in one decode, and most answers sampled together.
-        reuse_prefix: Compute the prompt prefix a request's variants share once. Off:
-            every row runs in full (the same scores up to llama.cpp's rounding, more work).
+        reuse_prefix: Compute the prefix a request's rows share once, and keep what the
+            chat template writes before the question (system prompt, role headers) for
+            the next calls. Off: every row in full (the same scores up to rounding).
+        prefix_cache: Most bytes of kept template prefixes, least recently used dropped
+            first (a 1.5B model's 21-token system prompt: 0.6 MB). 0: prompts decoded
+            whole, as before the cache (scores differ by llama.cpp's rounding).
         pack_rows: Force a request's rows in one decode (see :attr:`pack_rows`).
         forcing_precision: ``"model"`` forces on the file's own weights, ``"f16"`` or
             ``"f32"`` on a float16 or float32 copy of them; ``"auto"`` (default):
@@ -98,6 +105,7 @@ class LlamaCppBackend(Backend):
         reuse_prefix: bool = True,
         pack_rows: bool = True,
         forcing_precision: str = "auto",
+        prefix_cache: int = PREFIX_CACHE_BYTES,
     ) -> None:
         llama_cpp = import_llama_cpp()
         if not isinstance(llama, llama_cpp.Llama):
@@ -115,6 +123,7 @@ class LlamaCppBackend(Backend):
             raise ConfigurationError(msg)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
+        self.prefix_cache = prefix_cache
         self.pack_rows = pack_rows
         """Force a request's rows together, in as few decodes as ``n_ctx`` and ``n_seq_max``
         allow (default), or each in a decode of its own (False: a row's numbers are those
@@ -130,26 +139,23 @@ class LlamaCppBackend(Backend):
             msg = f"n_ctx must be >= 2, got {window}"
             raise ConfigurationError(msg)
         self._lock = threading.Lock()
-        self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads)
+        self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads,
+                              prefix_cache=prefix_cache)  # fmt: skip
         self.forcing_precision = resolve_precision(forcing_precision, llama, llama_cpp)
         """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
-        weights (generation and forcing of a short prompt agree to the bit with
-        ``pack_rows=False``), or ``"f16"`` / ``"f32"``, a float16 / float32 copy of them
-        written once to the cache folder (:mod:`._copy`; ``$ESI_GUARD_CACHE`` or
-        ``~/.cache/esi_guard``) and loaded beside the model. On a quantized model on a CPU
-        the forcing pass is then faster (llama.cpp's float matrix kernels against its
-        quantized ones, which are built for one token at a time) at the cost of the copy's
-        memory (2 or 4 bytes a weight: 0.27 or 0.54 GB for the embedded model); generation
-        stays on the file's weights. The original row is then forced too
-        (:attr:`forces_original`), so the answer's distributions before and after
-        intervention come from the same numbers. ``python -m benchmarks.timing forcing``
-        measures the speed of each and their scores' differences."""
+        weights, the original distributions then the generation's; or ``"f16"`` /
+        ``"f32"``, a float copy written once to the cache folder (:mod:`._copy`) and loaded
+        beside the model (0.27 / 0.54 GB for the embedded model), faster for a quantized
+        model on a CPU, the original row then forced too (:attr:`forces_original`), so
+        both sides of ESI come from the same numbers. (On the file's weights they do not:
+        a one-token decode rounds otherwise than a many-token one, and at 1.5B Q4_K_M
+        variants identical to the question score 0.04-0.06 against the generation.)
+        ``python -m benchmarks.timing forcing`` measures both."""
         self._forcing_llama = forcing_llama(llama_cpp, llama, self.forcing_precision, n_threads)
         self._forcer = self._engine
         if self._forcing_llama is not None:
-            self._forcer = Engine(
-                self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads
-            )
+            self._forcer = Engine(self._forcing_llama, n_ctx=window, n_seq_max=n_seq_max,
+                                  n_threads=n_threads, prefix_cache=prefix_cache)  # fmt: skip
         # A forcing copy's context has a lock of its own: forcing never waits for a
         # streamed generation (which holds the lock between its tokens), nor it for forcing.
         self._force_lock = self._lock if self._forcer is self._engine else threading.Lock()
@@ -171,6 +177,7 @@ class LlamaCppBackend(Backend):
         chat_template: str | ChatTemplate | None = None,
         pack_rows: bool = True,
         forcing_precision: str = "auto",
+        prefix_cache: int = PREFIX_CACHE_BYTES,
         **llama_kwargs: Any,
     ) -> LlamaCppBackend:
         """Load a GGUF file.
@@ -185,6 +192,7 @@ class LlamaCppBackend(Backend):
             chat_template: See the class.
             pack_rows: See the class.
             forcing_precision: See the class.
+            prefix_cache: See the class.
             **llama_kwargs: Passed to ``llama_cpp.Llama`` (through :func:`load_llama`:
                 no weight repacking where llama.cpp has AMX kernels).
         """
@@ -197,6 +205,7 @@ class LlamaCppBackend(Backend):
             n_threads=n_threads,
             pack_rows=pack_rows,
             forcing_precision=forcing_precision,
+            prefix_cache=prefix_cache,
         )
 
     @classmethod
@@ -309,6 +318,17 @@ class LlamaCppBackend(Backend):
         """
         return self._tokens.prompt(self.template.render(prompt))
 
+    def _prefix(self, prompt: Messages, row: Sequence[int]) -> int:
+        """How many of ``row``'s first tokens go through the engine's prefix cache.
+
+        What the chat template writes before the last message (:func:`template_prefix`),
+        for generation and forcing alike; 0 with ``reuse_prefix`` off or ``prefix_cache=0``.
+        """
+        if not self.reuse_prefix or not self.prefix_cache or not prompt:
+            return 0
+        bare = [*prompt[:-1], ChatMessage(role=prompt[-1]["role"], content="")]
+        return template_prefix(row, self.render(bare))
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of answer tokens (bytes that are not whole UTF-8 characters dropped)."""
         return self._tokens.decode(ids)
@@ -343,6 +363,7 @@ class LlamaCppBackend(Backend):
         names = self._names(hidden)
         results: dict[int, Generation | BackendError] = {}
         todo: list[tuple[int, list[int], int]] = []
+        prefixes = []
         for index, prompt in enumerate(prompts):
             row = self.render(prompt)
             too_long = self._engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
@@ -350,9 +371,10 @@ class LlamaCppBackend(Backend):
                 results[index] = too_long
                 continue
             todo.append((index, row, min(max_new_tokens, self.context_length - len(row))))
+            prefixes.append(self._prefix(prompt, row))
         rows, rooms = [row for _, row, _ in todo], [room for _, _, room in todo]
         answers = greedy_rows(
-            self._engine, self._lock, rows, rooms, top_k, names, self._tokens.is_end
+            self._engine, self._lock, rows, rooms, top_k, names, self._tokens.is_end, prefixes
         )
         for (index, row, _), answer in zip(todo, answers, strict=True):
             results[index] = self._finish(answer, len(row), stop, hidden)
@@ -399,7 +421,13 @@ class LlamaCppBackend(Backend):
         with self._lock:
             try:
                 tokens, ids, values, states = yield from greedy(
-                    self._engine, row, room, top_k, names, self._tokens.is_end
+                    self._engine,
+                    row,
+                    room,
+                    top_k,
+                    names,
+                    self._tokens.is_end,
+                    self._prefix(prompt, row),
                 )
             finally:
                 self._engine.clear()
@@ -437,7 +465,8 @@ class LlamaCppBackend(Backend):
                 failed[number] = too_long
                 continue
             shared = shared_prefix(rows, self.reuse_prefix)
-            jobs[number] = Job(rows, answer, shared, self._names(request.hidden))
+            cached = min(shared, self._prefix(request.prompt, rows[0]))
+            jobs[number] = Job(rows, answer, shared, self._names(request.hidden), cached)
         taps = self.hidden_size if self.forces_original else None
         with self._force_lock:
             tops, states = force(self._forcer, list(jobs.values()), top_k, self.pack_rows, taps)

@@ -9,13 +9,19 @@ import pytest
 
 from esi_guard import BackendError
 from esi_guard.backends.llamacpp._engine import Row
-from esi_guard.backends.llamacpp._pack import Job, Part, plan, run
+from esi_guard.backends.llamacpp._pack import Job, Part, plan, run, run_alone
 
 
-def job(lengths: list[int], answer: int = 3, shared: int = 0, names: tuple[str, ...] = ()) -> Job:
+def job(
+    lengths: list[int],
+    answer: int = 3,
+    shared: int = 0,
+    names: tuple[str, ...] = (),
+    cached: int = 0,
+) -> Job:
     """A job whose rows have these lengths (their first ``shared`` tokens the same)."""
     rows = [[7] * shared + [100 + i] * (n - shared) for i, n in enumerate(lengths)]
-    return Job(rows, list(range(answer)), shared, names)
+    return Job(rows, list(range(answer)), shared, names, cached)
 
 
 def test_a_plan_packs_a_requests_rows_and_splits_them_where_they_do_not_fit() -> None:
@@ -44,13 +50,22 @@ class RecordingEngine:
         self.states: dict[str, np.ndarray] = {}
 
     def decode(
-        self, shared: list[tuple[list[int], list[int]]], rows: list[Row], names: Any = ()
+        self,
+        shared: list[tuple[list[int], list[int]]],
+        rows: list[Row],
+        names: Any = (),
+        *,
+        shared_at: int = 0,
     ) -> np.ndarray:
         given = [(r.seq, r.start, len(r.tokens)) for r in rows]
-        self.calls.append(("decode", [(len(t), s) for t, s in shared], given, list(names)))
+        spans = [(len(t), s) if not shared_at else (shared_at, len(t), s) for t, s in shared]
+        self.calls.append(("decode", spans, given, list(names)))
         out = np.array([[r.seq, r.start + o] for r in rows for o in r.outputs], dtype=np.float32)
         self.states = {name: out * 10 for name in names}
         return out
+
+    def load_prefix(self, tokens: list[int]) -> None:
+        self.calls.append(("load", len(tokens)))
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         self.calls.append(("copy", source, target, length))
@@ -95,3 +110,23 @@ def test_a_held_prefix_is_shared_with_every_row_of_the_next_decode() -> None:
     assert copies == [("copy", 0, 1, 8)]  # rows 2-3 (seqs 0-1), then row 4 (seq 0)
     assert engine.calls[-1] == ("clear",)
     assert sum(call[0] == "decode" for call in engine.calls) == 3
+
+
+def test_a_cached_prefix_is_loaded_and_the_rest_of_the_shared_one_decoded_after_it() -> None:
+    """The chat template's part (5 tokens) comes through the engine's prefix cache and is
+    shared with each row; the 3 more tokens every row shares go once into the first decode,
+    at positions 5..7; rows alone decode that rest on sequence 0 before copying it."""
+    jobs = [job([10, 11], shared=8, cached=5)]
+    engine = RecordingEngine()
+    run(engine, jobs, plan(jobs, n_ctx=100, n_seq_max=4), lambda logits: logits)  # type: ignore[arg-type]
+    assert engine.calls == [
+        ("load", 5), ("copy", 0, 1, 5),
+        ("decode", [(5, 3, [0, 1])], [(0, 8, 4), (1, 8, 5)], []),
+        ("clear",),
+    ]  # fmt: skip
+    alone = RecordingEngine()
+    run_alone(alone, jobs, lambda logits: logits)  # type: ignore[arg-type]
+    assert alone.calls[:4] == [
+        ("load", 5), ("decode", [], [(0, 5, 3)], []), ("copy", 0, 1, 8),
+        ("decode", [], [(1, 8, 4)], []),
+    ]  # fmt: skip
