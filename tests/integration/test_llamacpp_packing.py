@@ -20,10 +20,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("llama_cpp")
 
 SYSTEM = "Please directly answer the following question with one or few words."
-ESI_BOUND = 0.006
-"""Most an ESI score may move (measured: 0.0043)."""
+ESI_BOUND = 0.009
+"""Most an ESI score may move (measured: 0.0068; 0.0043 before the template prefix was
+computed in a decode of its own, the mean the same, 0.0017 and 0.0016)."""
 LOGIT_BOUND = 2.5
-"""Most a forced top-k logit may move (measured: 2.13)."""
+"""Most a forced top-k logit may move (measured: 1.14; 2.13 before the template prefix)."""
 
 
 def test_packed_rows_move_scores_and_logits_by_llama_cpps_rounding_only(
@@ -32,8 +33,8 @@ def test_packed_rows_move_scores_and_logits_by_llama_cpps_rounding_only(
     """10 SciQ questions, L = 10, 24 answer tokens, the embedded model, one thread.
 
     Measured on 20, packed against rows alone (llama-cpp-python 0.3.36, AVX-512 CPU): the
-    ESI scores differ by 0.0043 at most (0.0016 on average), a forced top-k logit (a row's
-    k-th largest against the k-th largest) by 2.13 at most. The greedy answers are the
+    ESI scores differ by 0.0068 at most (0.0017 on average), a forced top-k logit (a row's
+    k-th largest against the k-th largest) by 1.14 at most. The greedy answers are the
     same (generation is not packed). The bounds are maxima, so 10 questions (half the
     time) check them as well.
     """
