@@ -27,6 +27,7 @@ __all__ = [
     "Clock",
     "SideBySide",
     "data_file",
+    "llamacpp_backend",
     "side_by_side",
     "token_entropies",
     "token_logprobs",
@@ -167,3 +168,18 @@ def side_by_side(
         batched[key] = (time.perf_counter() - start) / len(prompts)
     one = {key: float(np.mean(values)) for key, values in seconds.items()}
     return SideBySide(one, batched, metas)
+
+
+def llamacpp_backend(model: str, **kwargs: Any) -> Any:
+    """A one-thread llama.cpp backend of ``model``.
+
+    ``default`` (the embedded model), a known model's name (fetched on first use) or a
+    ``.gguf`` path; ``kwargs`` go to ``from_path``.
+    """
+    from esi_guard.backends import known_model_path
+    from esi_guard.backends.llamacpp import LlamaCppBackend
+
+    if model == "default":
+        return LlamaCppBackend.default(n_threads=1, **kwargs)
+    path = model if model.endswith(".gguf") else str(known_model_path(model, fetch=True))
+    return LlamaCppBackend.from_path(path, n_threads=1, **kwargs)

@@ -39,7 +39,7 @@ the share of questions that run ESI, decision agreement with the full score, and
 AUROC of the cascade's score (the no-ESI ``p_wrong`` outside the band, the full one
 inside) against the full score's, paired.
 
-``cost``: guarded/plain side by side in one run on the embedded model (llama.cpp, one
+``cost``: guarded/plain side by side on the run's model (``--model``; llama.cpp, one
 thread), each arm on its own backend: ``plain`` (the answer and its top-k), ``esi`` (the
 full combined + hidden guard: every answer runs ESI), ``free`` (the no-ESI guard: the
 answer, its signals and states, no variant) and ``cascade`` (the value cascade). The
@@ -251,11 +251,12 @@ def cascade(run: Run, seed: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, Any]:
-    """Guarded/plain side by side on the embedded model (see the module's text)."""
-    from benchmarks.common import Answering, side_by_side
+def cost(
+    run: Run, cache: Path, data: Path, limit: int, seed: int, model: str = "default"
+) -> dict[str, Any]:
+    """Guarded/plain side by side on the run's model (see the module's text)."""
+    from benchmarks.common import Answering, llamacpp_backend, side_by_side
     from esi_guard import ESIGuard
-    from esi_guard.backends.llamacpp import LlamaCppBackend
     from esi_guard.calibration.data import load_examples
 
     y = run.labels["wrong"].astype(np.float64)
@@ -281,13 +282,11 @@ def cost(run: Run, cache: Path, data: Path, limit: int, seed: int) -> dict[str, 
     prompts = [answering.messages(e.question) for e in examples]
     settings = {"n_variants": 10, "top_k": 100, "max_new_tokens": answering.max_new_tokens,
                 "threshold": threshold, "action": "flag"}  # fmt: skip
-    plain = LlamaCppBackend.default(n_threads=1)
+    plain = llamacpp_backend(model)
     guards = {
-        "esi": ESIGuard(backend=LlamaCppBackend.default(n_threads=1), combined=full_model,
-                        **settings),
-        "free": ESIGuard(backend=LlamaCppBackend.default(n_threads=1), combined=free_model,
-                         **settings),
-        "cascade": ESIGuard(backend=LlamaCppBackend.default(n_threads=1), combined=full_model,
+        "esi": ESIGuard(backend=llamacpp_backend(model), combined=full_model, **settings),
+        "free": ESIGuard(backend=llamacpp_backend(model), combined=free_model, **settings),
+        "cascade": ESIGuard(backend=llamacpp_backend(model), combined=full_model,
                             free_score=free_model, probe_band=band, **settings),
     }  # fmt: skip
     timed = side_by_side(plain, guards, prompts, max_new_tokens=answering.max_new_tokens)
@@ -363,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default="triviaqa/subset.jsonl")
     parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--model", default="default",
+                        help="cost: the run's model: 'default', a known name, a .gguf")  # fmt: skip
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the table rows here")
     args = parser.parse_args(argv)
@@ -382,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             from benchmarks.common import data_file
 
             path = data_file(args.data)
-            records.append(cost(run, args.cache, path, args.limit, args.seed))
+            records.append(cost(run, args.cache, path, args.limit, args.seed, args.model))
         print(json.dumps(records[-1], indent=1, default=str), flush=True)
         if args.json:
             args.json.write_text(json.dumps(records, indent=1, default=str))

@@ -33,10 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import Answering, data_file
+from benchmarks.common import Answering, data_file, llamacpp_backend
 from esi_guard import ESIGuard
-from esi_guard.backends import known_model_path
-from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.data import load_examples
 
@@ -54,13 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=10)
 
 
-def _backend(model: str, **kwargs: Any) -> LlamaCppBackend:
-    if model == "default":
-        return LlamaCppBackend.default(n_threads=1, **kwargs)
-    path = model if model.endswith(".gguf") else str(known_model_path(model, fetch=True))
-    return LlamaCppBackend.from_path(path, n_threads=1, **kwargs)
-
-
 def _free_score() -> Any:
     """A free-signals combined score fitted on random numbers (its cost is what counts)."""
     rng = np.random.default_rng(0)
@@ -74,13 +65,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     examples = load_examples(data_file(args.data), seed=7)[-args.limit :]
     prompts = [answering.messages(e.question) for e in examples]
     tokens = answering.max_new_tokens
-    plains = {"plain_before": _backend(args.model, prefix_cache=0), "plain": _backend(args.model)}
+    plains = {
+        "plain_before": llamacpp_backend(args.model, prefix_cache=0),
+        "plain": llamacpp_backend(args.model),
+    }
     settings = {"n_variants": 10, "top_k": 100, "max_new_tokens": tokens, "threshold": 0.5,
                 "action": "flag"}  # fmt: skip
     guards = {
-        "esi_before": ESIGuard(backend=_backend(args.model, prefix_cache=0), **settings),
-        "esi": ESIGuard(backend=_backend(args.model), **settings),
-        "free": ESIGuard(backend=_backend(args.model), combined=_free_score(), **settings),
+        "esi_before": ESIGuard(backend=llamacpp_backend(args.model, prefix_cache=0), **settings),
+        "esi": ESIGuard(backend=llamacpp_backend(args.model), **settings),
+        "free": ESIGuard(backend=llamacpp_backend(args.model), combined=_free_score(), **settings),
     }
     llama = plains["plain"].llama  # its own context, which the backend never touches
 
