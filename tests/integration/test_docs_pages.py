@@ -53,6 +53,19 @@ SERVERS = {
 """The server a page's snippets call: the first command its "Run it" section shows."""
 SHOWN_ADDRESS = "127.0.0.1:8000"
 """Where the pages' snippets find that server (its default address)."""
+GROUPS = {"ray.md": "ray"}
+"""A page's ``xdist_group``: ray.md starts a local Ray, so it runs on the Ray tests' worker
+(one local Ray at a time)."""
+
+
+def _pages() -> list[Any]:
+    """The pages as parameters, each in its group where :data:`GROUPS` names one."""
+    return [
+        pytest.param(*page.values, id=page.id, marks=[*page.marks, pytest.mark.xdist_group(group)])
+        if (group := GROUPS.get(str(page.id)))
+        else page
+        for page in docs_pages(ROOT)
+    ]
 
 
 def _free_port() -> int:
@@ -126,7 +139,7 @@ def test_every_page_is_here() -> None:
     assert {"getting-started.md", "rag.md", "serve.md", "calibration.md"} <= pages
 
 
-@pytest.mark.parametrize("page", docs_pages(ROOT))
+@pytest.mark.parametrize("page", _pages())
 def test_page_runs_as_shown(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copytree(ROOT / "docs" / "examples", tmp_path / "docs" / "examples")
     monkeypatch.chdir(tmp_path)
