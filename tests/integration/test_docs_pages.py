@@ -3,7 +3,8 @@
 Per page, in a folder of its own holding a copy of ``docs/examples``: its ``python`` blocks
 run in one namespace (doctests compared with what they show, numbers within
 ``tests.shown_output.TOLERANCE``), its ``bash`` blocks' ``esi-guard`` and ``python``
-commands run and must exit 0, and a block marked ``<!-- not run: reason -->`` is skipped
+commands run and must exit 0 (with the options of a ``<!-- run here with ...: reason -->``
+mark), and a block marked ``<!-- not run: reason -->`` is skipped
 (``tests/page_blocks.py`` has the rules; ``tests/unit/test_docs_blocks.py`` checks that
 every block is runnable or marked, without a model).
 
@@ -41,6 +42,7 @@ from tests.page_blocks import (
     run_doctest,
     run_python,
     unrunnable,
+    with_options,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -117,6 +119,7 @@ def _run(block: Block, where: str, namespace: dict[str, Any], cwd: Path) -> list
     if block.language == "bash":
         failures = []
         for command in commands(block.source):
+            command = with_options(command, block.run_with)
             done = run_command(command, cwd)
             if done.returncode != 0:
                 failures.append(
