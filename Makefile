@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-fast fuzz load lint docs install-demo install-test install-litellm-proxy \
+.PHONY: demo test test-fast test-times fuzz load lint docs install-demo install-test install-litellm-proxy \
 	llamacpp-rebuild model-1.5b clean
 
 $(BIN)/python:
@@ -89,11 +89,24 @@ model-1.5b: install-demo
 
 ## The whole test suite: unit tests and integration tests on the embedded model.
 ## The fast tier first, on every core (as test-fast), then every test that runs a model or a
-## server, one at a time (they start processes and share the cores themselves).
+## server, side by side on every core (MODEL_WORKERS): each model at one thread, tests that
+## share a server, a loaded model or a local Ray in one xdist_group (docs/development.md).
+## Each tier's durations go to $(TIMES) (JUnit XML); the run ends with its ten slowest tests
+## and its time beside the 15-minute goal (tests/durations.py), passed or failed.
 FAST := not integration and not server and not slow
+MODEL_WORKERS ?= auto
+TIMES := $(VENV)/test-times
 test: install-test install-litellm-proxy
-	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "$(FAST)" -n auto
-	$(BIN)/python -m pytest -m "not ($(FAST))"
+	rm -f $(TIMES)/fast.xml $(TIMES)/model.xml
+	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "$(FAST)" -n auto \
+	  --junitxml=$(TIMES)/fast.xml
+	$(BIN)/python -m pytest -m "not ($(FAST))" -n $(MODEL_WORKERS) --dist loadgroup \
+	  --junitxml=$(TIMES)/model.xml; status=$$?; \
+	  $(BIN)/python -m tests.durations $(TIMES)/fast.xml $(TIMES)/model.xml; exit $$status
+
+## The last `make test`'s ten slowest tests and its time beside the goal, again.
+test-times:
+	$(BIN)/python -m tests.durations $(TIMES)/fast.xml $(TIMES)/model.xml
 
 ## The developer's loop: unit tests only, on every core, loading no model (a test that
 ## loads one fails there: mark it `integration`). Under 3 minutes on two cores.

@@ -1,11 +1,20 @@
 """Shared fixtures: the real embedded model (loaded once), real questions from ../shared/data,
-and a valid threshold file to change one field of."""
+and a valid threshold file to change one field of.
+
+Tests run side by side (``pytest -n N``, as ``make test`` runs them) get one CPU thread per
+model: :data:`ONE_THREAD` is set for the run (a user's own value kept), so llama.cpp's
+OpenMP threads (which spin while they wait) and torch's never outnumber the cores. A test
+that needs several threads to mean what it says is marked ``threads`` and runs in a child
+pytest without that limit.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +34,28 @@ if TYPE_CHECKING:
 
 NO_MODEL = "ESI_GUARD_TEST_NO_MODEL"
 """Set by ``make test-fast``: any test that loads a real model fails, naming the marker."""
+ONE_THREAD = {"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "1"}
+"""The environment of tests run side by side: OpenMP's thread limit caps every llama.cpp
+decode (it asks OpenMP for ``n_threads``, and takes what it gets) and torch's threads, in
+the test processes and every process they start."""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def side_by_side(config: pytest.Config) -> bool:
+    """This run's tests run in several processes at once (pytest-xdist's ``-n N``)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return True
+    return bool(config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under :data:`NO_MODEL`, loading a real model fails: a GGUF through llama.cpp, or
-    weights through transformers, from anywhere but a temporary folder (where a test saves
-    the tiny model it builds)."""
+    """Side by side, :data:`ONE_THREAD` (set here, before the workers start; a user's own
+    value kept). Under :data:`NO_MODEL`, loading a real model fails: a GGUF through
+    llama.cpp, or weights through transformers, from anywhere but a temporary folder (where
+    a test saves the tiny model it builds)."""
+    if side_by_side(config):
+        for name, value in ONE_THREAD.items():
+            os.environ.setdefault(name, value)
     if not os.environ.get(NO_MODEL):
         return
     try:
@@ -65,6 +90,22 @@ def _refused(
 
     setattr(owner, name, classmethod(refusing) if isinstance(old, classmethod) else refusing)
     return lambda: setattr(owner, name, old)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A ``threads`` test under OpenMP's thread limit runs in a child pytest without it."""
+    if pyfuncitem.get_closest_marker("threads") is None or "OMP_THREAD_LIMIT" not in os.environ:
+        return None
+    assert isinstance(pyfuncitem.parent, pytest.Module), "a threads test is a module's function"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ONE_THREAD and not k.startswith("PYTEST_XDIST")}  # fmt: skip
+    command = [sys.executable, "-m", "pytest", f"{pyfuncitem.path}::{pyfuncitem.name}",
+               "-p", "no:xdist", "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return True
 
 
 @pytest.fixture(scope="session")

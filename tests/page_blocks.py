@@ -13,7 +13,11 @@ A page shows ``python`` and ``bash`` blocks. How each is run:
 * a block that cannot run here (an install, a benchmark that takes hours, a GPU, a remote
   server, a server that must run in another terminal) is marked on the line just above
   it with ``<!-- not run: the reason -->`` and is skipped. :func:`unrunnable` names every
-  block of a page that is neither runnable nor marked with a reason.
+  block of a page that is neither runnable nor marked with a reason;
+* a ``bash`` block whose run shows no figure and repeats what a test already checks on
+  more inputs may be marked ``<!-- run here with --limit 12: the reason -->``: its
+  ``esi-guard`` commands run with those options (:func:`with_options`: each replaces the
+  command's own value, or is added), so the page's flags are still run on fewer inputs.
 
 Other blocks (``text``, ``json``, ``yaml``, no language) are prose.
 """
@@ -44,6 +48,7 @@ __all__ = [
     "run_doctest",
     "run_python",
     "unrunnable",
+    "with_options",
 ]
 
 PENDING: dict[str, str] = {}
@@ -53,6 +58,9 @@ PROGRAMS = ("esi-guard", "python")
 """The programs a ``bash`` block may run (from this environment's ``bin``)."""
 FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.MULTILINE | re.DOTALL)
 MARK = re.compile(r"<!--\s*not run\s*(?::(?P<reason>.*?))?-->\s*\Z", re.DOTALL)
+RUN_WITH = re.compile(
+    r"<!--\s*run here with\s+(?P<options>--[^:]*?)\s*(?::(?P<reason>.*?))?-->\s*\Z", re.DOTALL
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,11 @@ class Block:
     not_run: str | None
     """The reason of a ``<!-- not run: ... -->`` mark just above it (``""``: a mark without
     one); None when unmarked."""
+    run_with: str | None = None
+    """The options of a ``<!-- run here with OPTIONS: reason -->`` mark just above it; None
+    when unmarked."""
+    run_with_reason: str = ""
+    """That mark's reason (``""``: a mark without one)."""
 
     @property
     def doctest(self) -> bool:
@@ -81,13 +94,16 @@ def blocks(text: str) -> list[Block]:
     for match in FENCE.finditer(text):
         indent, language, body = match.groups()
         before = text[: match.start()].rstrip()
-        mark = MARK.search(before[before.rfind("<!--") :]) if "<!--" in before else None
+        comment = before[before.rfind("<!--") :] if "<!--" in before else ""
+        mark, run_with = MARK.search(comment), RUN_WITH.search(comment)
         found.append(
             Block(
                 language=language,
                 source=textwrap.dedent(body) if indent else body,
                 line=text.count("\n", 0, match.start()) + 1,
                 not_run=None if mark is None else (mark.group("reason") or "").strip(),
+                run_with=None if run_with is None else run_with.group("options").strip(),
+                run_with_reason=(run_with.group("reason") or "").strip() if run_with else "",
             )
         )
     return found
@@ -117,12 +133,29 @@ def commands(source: str) -> list[str]:
     ]
 
 
+def with_options(command: str, options: str | None) -> str:
+    """An ``esi-guard`` command with ``options`` (``--name value`` pairs): each replaces the
+    command's own value of that option, or is added at the end. Other commands, as given."""
+    words = shlex.split(command, comments=True)
+    if options is None or not words or words[0] != "esi-guard":
+        return command
+    given = shlex.split(options)
+    for name, value in zip(given[::2], given[1::2], strict=True):
+        if name in words[:-1]:
+            words[words.index(name) + 1] = value
+        else:
+            words += [name, value]
+    return shlex.join(words)
+
+
 def unrunnable(block: Block) -> str | None:
     """Why a ``python`` or ``bash`` block can neither run nor be skipped; None when it can."""
     if block.language not in ("python", "bash"):
         return None
     if block.not_run is not None:
         return None if block.not_run else "is marked not run without a reason"
+    if block.run_with is not None and (block.language != "bash" or not block.run_with_reason):
+        return f"is marked run here with {block.run_with!r}: a bash block's mark, with the reason"
     if block.language == "bash":
         others = [c for c in commands(block.source) if c.split(maxsplit=1)[0] not in PROGRAMS]
         if others:

@@ -22,7 +22,8 @@ from esi_guard import ESIGuard, HFBackend
 from esi_guard.agents import ESIMiddleware
 from esi_guard.backends import embedded_gguf
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Side by side (pytest -n), the module's loaded ChatLlamaCpp on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("agents")]
 
 SYSTEM = "Please directly answer the following question with one or few words."
 QUESTION = "Which planet is known as the red planet?"

@@ -31,7 +31,13 @@ from esi_guard.cli import commands as cli_module
 from integrations.llamacpp.server import LlamaServer, free_port
 from tests.unit.server.servers import process_ready
 
-pytestmark = [pytest.mark.big_model, pytest.mark.integration, pytest.mark.slow]
+# Side by side (pytest -n), the module's one load of the 1.5B model on one worker.
+pytestmark = [
+    pytest.mark.big_model,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("big_model"),
+]
 pytest.importorskip("llama_cpp")
 
 ROOT = Path(__file__).resolve().parents[2]

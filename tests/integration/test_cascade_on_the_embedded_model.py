@@ -26,7 +26,8 @@ from esi_guard.cli import app, build
 from esi_guard.combined import free_signals
 from esi_guard.exceptions import ConfigurationError
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Side by side (pytest -n), the module's calibrations (one per engine) on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("cascade")]
 
 SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 

@@ -3,7 +3,8 @@
 Per page, in a folder of its own holding a copy of ``docs/examples``: its ``python`` blocks
 run in one namespace (doctests compared with what they show, numbers within
 ``tests.shown_output.TOLERANCE``), its ``bash`` blocks' ``esi-guard`` and ``python``
-commands run and must exit 0, and a block marked ``<!-- not run: reason -->`` is skipped
+commands run and must exit 0 (with the options of a ``<!-- run here with ...: reason -->``
+mark), and a block marked ``<!-- not run: reason -->`` is skipped
 (``tests/page_blocks.py`` has the rules; ``tests/unit/test_docs_blocks.py`` checks that
 every block is runnable or marked, without a model).
 
@@ -41,6 +42,7 @@ from tests.page_blocks import (
     run_doctest,
     run_python,
     unrunnable,
+    with_options,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -53,6 +55,19 @@ SERVERS = {
 """The server a page's snippets call: the first command its "Run it" section shows."""
 SHOWN_ADDRESS = "127.0.0.1:8000"
 """Where the pages' snippets find that server (its default address)."""
+GROUPS = {"ray.md": "ray"}
+"""A page's ``xdist_group``: ray.md starts a local Ray, so it runs on the Ray tests' worker
+(one local Ray at a time)."""
+
+
+def _pages() -> list[Any]:
+    """The pages as parameters, each in its group where :data:`GROUPS` names one."""
+    return [
+        pytest.param(*page.values, id=page.id, marks=[*page.marks, pytest.mark.xdist_group(group)])
+        if (group := GROUPS.get(str(page.id)))
+        else page
+        for page in docs_pages(ROOT)
+    ]
 
 
 def _free_port() -> int:
@@ -104,6 +119,7 @@ def _run(block: Block, where: str, namespace: dict[str, Any], cwd: Path) -> list
     if block.language == "bash":
         failures = []
         for command in commands(block.source):
+            command = with_options(command, block.run_with)
             done = run_command(command, cwd)
             if done.returncode != 0:
                 failures.append(
@@ -126,7 +142,7 @@ def test_every_page_is_here() -> None:
     assert {"getting-started.md", "rag.md", "serve.md", "calibration.md"} <= pages
 
 
-@pytest.mark.parametrize("page", docs_pages(ROOT))
+@pytest.mark.parametrize("page", _pages())
 def test_page_runs_as_shown(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copytree(ROOT / "docs" / "examples", tmp_path / "docs" / "examples")
     monkeypatch.chdir(tmp_path)

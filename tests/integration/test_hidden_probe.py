@@ -25,7 +25,8 @@ from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 from esi_guard.exceptions import ConfigurationError
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Side by side (pytest -n), the module's calibrations (one per engine) on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("hidden_probe")]
 
 SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 

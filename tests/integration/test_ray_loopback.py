@@ -19,7 +19,13 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
+# Side by side (pytest -n), one local Ray at a time: every Ray test and docs/ray.md on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+]
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -89,13 +95,14 @@ def test_a_ray_started_by_serve_listens_on_loopback_and_stops_quietly(
     monkeypatch.delenv("RAY_COLOR_PREFIX")
     me = psutil.Process()
     before, port, stop = _listening([me]), free_port(), threading.Event()
+    older = set(me.children(recursive=True))  # a session's server of this worker, say
     seen: list[set[Listening]] = []
     started: list[Any] = []
 
     def look() -> None:
         try:
             _ready(port, stop)
-            started.extend(me.children(recursive=True))
+            started.extend(set(me.children(recursive=True)) - older)
             seen.append(_listening([me, *started]) - before)
         finally:
             stop.set()

@@ -19,7 +19,13 @@ import httpx
 import openai
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
+# Side by side (pytest -n), one local Ray at a time: every Ray test and docs/ray.md on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+]
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
+# Side by side (pytest -n), one local Ray at a time: every Ray test and docs/ray.md on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+]
 
 pytest.importorskip("ray")
 

@@ -21,7 +21,8 @@ from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Side by side (pytest -n), the module's flagged answers (one per engine) on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("sentences")]
 
 QUESTIONS = (
     "Answer each numbered question below in one sentence, numbered as its question.\n\n"

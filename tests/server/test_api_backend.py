@@ -16,7 +16,13 @@ from esi_guard import ESIGuard, HFBackend, OpenAIBackend, SkipOneChar, esi_score
 from esi_guard.backends import Forced, ForcingRequest, Generation
 from integrations.llamacpp.server import CHATML, LlamaServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
+# Side by side (pytest -n), the session's llama.cpp servers on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.server,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("llama_server"),
+]
 
 SYSTEM = ("system", "Answer in a few words.")
 

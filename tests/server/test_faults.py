@@ -12,7 +12,13 @@ from esi_guard import APIError, ESIGuard, OpenAIBackend
 from integrations.faultproxy import FaultProxy
 from integrations.llamacpp.server import CHATML, LlamaServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
+# Side by side (pytest -n), the session's llama.cpp servers on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.server,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("llama_server"),
+]
 
 TIMEOUT = 20.0
 

@@ -26,7 +26,13 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from integrations.llamacpp.server import CHATML, LlamaServer, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
+# Side by side (pytest -n), the session's llama.cpp servers on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.server,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("llama_server"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"

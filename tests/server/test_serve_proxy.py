@@ -13,7 +13,13 @@ from integrations.faultproxy import FaultProxy
 from integrations.llamacpp.server import CHATML, LlamaServer
 from tests.unit.server.servers import served, user
 
-pytestmark = [pytest.mark.integration, pytest.mark.server, pytest.mark.slow]
+# Side by side (pytest -n), the session's llama.cpp servers on one worker.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.server,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("llama_server"),
+]
 
 QUESTION = "What is the capital of France?"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.page_blocks import blocks, commands, docs_pages, unrunnable
+from tests.page_blocks import blocks, commands, docs_pages, unrunnable, with_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,3 +85,27 @@ def test_what_cannot_run_is_named() -> None:
     assert unrunnable(found[3]) is None
     assert unrunnable(found[4]) is None  # prose
     assert "is not Python" in (unrunnable(blocks("```python\n>>> x = (\n```\n")[0]) or "")
+
+
+def test_a_run_here_with_mark_runs_the_commands_with_its_options() -> None:
+    page = (
+        "<!-- run here with --limit 12 --seed 1: the test checks it on 12 -->\n"
+        "```bash\nesi-guard calibrate --data a.jsonl --limit 45 --out t.json\n"
+        "python -c 'print(1)'\n```\n\n"
+        "<!-- run here with --limit 12 -->\n```bash\nesi-guard evaluate\n```\n\n"
+        "<!-- run here with --limit 12: only a bash block takes options -->\n"
+        "```python\nx = 1\n```\n"
+    )
+    marked, unexplained, python = blocks(page)
+    assert (marked.run_with, marked.run_with_reason) == (
+        "--limit 12 --seed 1",
+        "the test checks it on 12",
+    )
+    assert marked.not_run is None and unrunnable(marked) is None
+    assert [with_options(c, marked.run_with) for c in commands(marked.source)] == [
+        "esi-guard calibrate --data a.jsonl --limit 12 --out t.json --seed 1",
+        "python -c 'print(1)'",
+    ]
+    assert with_options("esi-guard evaluate", None) == "esi-guard evaluate"
+    assert "with the reason" in (unrunnable(unexplained) or "")
+    assert "with the reason" in (unrunnable(python) or "")
