@@ -24,7 +24,6 @@ __all__ = [
     "non_finite",
     "shared_prefix",
     "stopped_length",
-    "template_prefix",
     "text_pieces",
     "token_offsets",
 ]
@@ -94,23 +93,6 @@ def shared_prefix(rows: Sequence[Sequence[int]], reuse: bool = True) -> int:
     length = 0
     for column in zip(*rows, strict=False):
         if length >= limit or any(token != column[0] for token in column[1:]):
-            break
-        length += 1
-    return length if length >= MIN_SHARED_PREFIX else 0
-
-
-def template_prefix(row: Sequence[int], bare: Sequence[int]) -> int:
-    """How many of ``row``'s first tokens the chat template writes before the question.
-
-    ``bare``: the same prompt rendered with the last message's text left out. That part
-    (system prompt, role headers) is the same for every question asked under the same
-    instructions, so a backend computes it once and keeps it. Always short of the row's
-    last token (its logits predict the first answer token); 0 when shorter than
-    :data:`MIN_SHARED_PREFIX`.
-    """
-    length = 0
-    for mine, theirs in zip(row[: len(row) - 1], bare, strict=False):
-        if mine != theirs:
             break
         length += 1
     return length if length >= MIN_SHARED_PREFIX else 0

@@ -28,7 +28,14 @@ from esi_guard.backends.llamacpp._cpu import (
 from esi_guard.backends.llamacpp._runtime import import_llama_cpp
 from esi_guard.exceptions import ConfigurationError, ModelLoadError
 
-__all__ = ["check_llama", "llama_features", "load_llama", "open_gguf", "repacking_off"]
+__all__ = [
+    "check_arguments",
+    "check_llama",
+    "llama_features",
+    "load_llama",
+    "open_gguf",
+    "repacking_off",
+]
 
 _PATCH = threading.Lock()
 """Held while ``llama_model_default_params`` is swapped for a load without repacking."""
@@ -115,6 +122,30 @@ def check_llama(llama: Any) -> None:
             "this llama_cpp.Llama was loaded with weight repacking, and this llama.cpp has AMX "
             "kernels (AMX_INT8 = 1), whose repacked weights can crash the first decode on this "
             "CPU; load it with esi_guard.backends.load_llama(path, ...) instead (repacking off)"
+        )
+        raise ConfigurationError(msg)
+
+
+def check_arguments(llama: Any, n_seq_max: int, forcing_precision: str) -> None:
+    """Refuse what :class:`~.backend.LlamaCppBackend` cannot run on, naming it.
+
+    Raises:
+        ConfigurationError: ``llama`` is not a ``llama_cpp.Llama`` (or one
+            :func:`check_llama` refuses), ``n_seq_max < 1``, or an unknown
+            ``forcing_precision``.
+    """
+    from esi_guard.backends.llamacpp._copy import PRECISIONS
+
+    if not isinstance(llama, import_llama_cpp().Llama):
+        msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
+        raise ConfigurationError(msg)
+    check_llama(llama)
+    if n_seq_max < 1:
+        msg = f"n_seq_max must be >= 1, got {n_seq_max}"
+        raise ConfigurationError(msg)
+    if forcing_precision not in PRECISIONS:
+        msg = (
+            f"forcing_precision must be 'auto', 'model', 'f16' or 'f32', got {forcing_precision!r}"
         )
         raise ConfigurationError(msg)
 

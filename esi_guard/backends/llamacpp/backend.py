@@ -16,12 +16,7 @@ from typing import Any
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
-from esi_guard.backends._engine_helpers import (
-    check_sampling,
-    shared_prefix,
-    template_prefix,
-    text_pieces,
-)
+from esi_guard.backends._engine_helpers import check_sampling, shared_prefix, text_pieces
 from esi_guard.backends._identity import file_sha256, gguf_model_id
 from esi_guard.backends._session import ForcingSession, check_opening
 from esi_guard.backends._template import ChatTemplate
@@ -37,11 +32,11 @@ from esi_guard.backends._types import (
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_template
-from esi_guard.backends.llamacpp._copy import PRECISIONS, forcing_llama, resolve_precision
+from esi_guard.backends.llamacpp._copy import forcing_llama, resolve_precision
 from esi_guard.backends.llamacpp._decoding import Greedy, greedy
 from esi_guard.backends.llamacpp._engine import PREFIX_CACHE_BYTES, Engine
 from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
-from esi_guard.backends.llamacpp._loading import check_llama, open_gguf
+from esi_guard.backends.llamacpp._loading import check_arguments, open_gguf
 from esi_guard.backends.llamacpp._pack import Job, force, forced
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
 from esi_guard.backends.llamacpp._session import Contexts, Session, cells
@@ -108,19 +103,7 @@ class LlamaCppBackend(Backend):
         prefix_cache: int = PREFIX_CACHE_BYTES,
     ) -> None:
         llama_cpp = import_llama_cpp()
-        if not isinstance(llama, llama_cpp.Llama):
-            msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
-            raise ConfigurationError(msg)
-        check_llama(llama)
-        if n_seq_max < 1:
-            msg = f"n_seq_max must be >= 1, got {n_seq_max}"
-            raise ConfigurationError(msg)
-        if forcing_precision not in PRECISIONS:
-            msg = (
-                f"forcing_precision must be 'auto', 'model', 'f16' or 'f32', "
-                f"got {forcing_precision!r}"
-            )
-            raise ConfigurationError(msg)
+        check_arguments(llama, n_seq_max, forcing_precision)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
         self.prefix_cache = prefix_cache
@@ -142,14 +125,12 @@ class LlamaCppBackend(Backend):
                               prefix_cache=prefix_cache)  # fmt: skip
         self.forcing_precision = resolve_precision(forcing_precision, llama, llama_cpp)
         """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
-        weights, the original distributions then the generation's; or ``"f16"`` /
-        ``"f32"``, a float copy written once to the cache folder (:mod:`._copy`) and loaded
-        beside the model (0.27 / 0.54 GB for the embedded model), faster for a quantized
-        model on a CPU, the original row then forced too (:attr:`forces_original`), so
-        both sides of ESI come from the same numbers. (On the file's weights they do not:
-        a one-token decode rounds otherwise than a many-token one, and at 1.5B Q4_K_M
-        variants identical to the question score 0.04-0.06 against the generation.)
-        ``python -m benchmarks.timing forcing`` measures both."""
+        weights (the original distributions are the generation's: a one-token decode rounds
+        otherwise, and at 1.5B Q4_K_M variants identical to the question score 0.04-0.06);
+        ``"f16"`` / ``"f32"``, a float copy written once to the cache folder (:mod:`._copy`;
+        0.27 / 0.54 GB for the embedded model), faster for a small quantized model on a
+        CPU, the original row forced too (:attr:`forces_original`). ``python -m
+        benchmarks.timing forcing`` measures both."""
         self._forcing_llama = forcing_llama(llama_cpp, llama, self.forcing_precision, n_threads)
         self._forcer = self._engine
         if self._forcing_llama is not None:
@@ -320,13 +301,15 @@ class LlamaCppBackend(Backend):
     def _prefix(self, prompt: Messages, row: Sequence[int]) -> int:
         """How many of ``row``'s first tokens go through the engine's prefix cache.
 
-        What the chat template writes before the last message (:func:`template_prefix`),
-        for generation and forcing alike; 0 with ``reuse_prefix`` off or ``prefix_cache=0``.
+        What the chat template writes before the last message, the same for every question
+        under the same instructions: the tokens ``row`` shares with the prompt rendered
+        with that message's text left out (:func:`shared_prefix`), for generation and
+        forcing alike; 0 with ``reuse_prefix`` off or ``prefix_cache=0``.
         """
-        if not self.reuse_prefix or not self.prefix_cache or not prompt:
+        if not self.prefix_cache or not prompt:
             return 0
         bare = [*prompt[:-1], ChatMessage(role=prompt[-1]["role"], content="")]
-        return template_prefix(row, self.render(bare))
+        return shared_prefix([row, self.render(bare)], self.reuse_prefix)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of answer tokens (bytes that are not whole UTF-8 characters dropped)."""
@@ -417,16 +400,11 @@ class LlamaCppBackend(Backend):
             yield too_long
             return
         room = min(max_new_tokens, self.context_length - len(row))
+        prefix = self._prefix(prompt, row)
         with self._lock:
             try:
                 tokens, ids, values, states = yield from greedy(
-                    self._engine,
-                    row,
-                    room,
-                    top_k,
-                    names,
-                    self._tokens.is_end,
-                    self._prefix(prompt, row),
+                    self._engine, row, room, top_k, names, self._tokens.is_end, prefix
                 )
             finally:
                 self._engine.clear()

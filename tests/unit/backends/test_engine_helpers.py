@@ -77,11 +77,13 @@ def test_streamed_text_holds_back_what_a_stop_sequence_may_take() -> None:
 
 
 def test_the_template_prefix_is_what_the_bare_prompt_shares_short_of_the_last_token() -> None:
-    from esi_guard.backends._engine_helpers import MIN_SHARED_PREFIX, template_prefix
+    """The backend's template prefix: the rendered prompt against the same prompt with its
+    last message's text left out (``LlamaCppBackend._prefix``)."""
+    from esi_guard.backends._engine_helpers import MIN_SHARED_PREFIX, shared_prefix
 
     head = list(range(10))  # system prompt and the user's header
-    assert template_prefix([*head, 50, 51, 99], [*head, 77, 99]) == 10
-    assert template_prefix([*head, 99], [*head, 99]) == 10  # the last token stays the row's
-    assert template_prefix([*head[:3], 50, 99], [*head[:3], 77]) == 0  # under the minimum
+    assert shared_prefix([[*head, 50, 51, 99], [*head, 77, 99]]) == 10
+    assert shared_prefix([[*head, 99], [*head, 99]]) == 10  # the last token stays the row's
+    assert shared_prefix([[*head[:3], 50, 99], [*head[:3], 77]]) == 0  # under the minimum
     assert MIN_SHARED_PREFIX > 3
-    assert template_prefix([], []) == 0
+    assert shared_prefix([[*head, 50, 99], [*head, 77, 99]], reuse=False) == 0
