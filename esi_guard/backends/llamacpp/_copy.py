@@ -25,13 +25,14 @@ from typing import Any
 
 from esi_guard.backends._identity import file_sha256
 from esi_guard.backends.llamacpp._loading import load_llama
-from esi_guard.exceptions import ModelLoadError
+from esi_guard.exceptions import ConfigurationError, ModelLoadError
 
 __all__ = [
     "COPY_LIMIT",
     "FLOAT_FILES",
     "PRECISIONS",
     "cache_dir",
+    "check_precision",
     "file_precision",
     "forcing_copy",
     "forcing_llama",
@@ -41,6 +42,16 @@ __all__ = [
 
 PRECISIONS = ("auto", "model", "f16", "f32")
 """What ``forcing_precision`` takes."""
+
+
+def check_precision(forcing_precision: str) -> None:
+    """A :class:`ConfigurationError` unless ``forcing_precision`` is one of :data:`PRECISIONS`."""
+    if forcing_precision not in PRECISIONS:
+        msg = (
+            f"forcing_precision must be 'auto', 'model', 'f16' or 'f32', got {forcing_precision!r}"
+        )
+        raise ConfigurationError(msg)
+
 
 COPY_LIMIT = 2 << 30
 """``forcing_precision="auto"`` makes a float16 copy up to this many bytes (2 GiB)."""

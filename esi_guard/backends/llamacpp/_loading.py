@@ -126,27 +126,19 @@ def check_llama(llama: Any) -> None:
         raise ConfigurationError(msg)
 
 
-def check_arguments(llama: Any, n_seq_max: int, forcing_precision: str) -> None:
+def check_arguments(llama: Any, n_seq_max: int) -> None:
     """Refuse what :class:`~.backend.LlamaCppBackend` cannot run on, naming it.
 
     Raises:
         ConfigurationError: ``llama`` is not a ``llama_cpp.Llama`` (or one
-            :func:`check_llama` refuses), ``n_seq_max < 1``, or an unknown
-            ``forcing_precision``.
+            :func:`check_llama` refuses), or ``n_seq_max < 1``.
     """
-    from esi_guard.backends.llamacpp._copy import PRECISIONS
-
     if not isinstance(llama, import_llama_cpp().Llama):
         msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
         raise ConfigurationError(msg)
     check_llama(llama)
     if n_seq_max < 1:
         msg = f"n_seq_max must be >= 1, got {n_seq_max}"
-        raise ConfigurationError(msg)
-    if forcing_precision not in PRECISIONS:
-        msg = (
-            f"forcing_precision must be 'auto', 'model', 'f16' or 'f32', got {forcing_precision!r}"
-        )
         raise ConfigurationError(msg)
 
 

@@ -32,7 +32,7 @@ from esi_guard.backends._types import (
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_template
-from esi_guard.backends.llamacpp._copy import forcing_llama, resolve_precision
+from esi_guard.backends.llamacpp._copy import check_precision, forcing_llama, resolve_precision
 from esi_guard.backends.llamacpp._decoding import Greedy, greedy
 from esi_guard.backends.llamacpp._engine import PREFIX_CACHE_BYTES, Engine
 from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
@@ -103,7 +103,8 @@ class LlamaCppBackend(Backend):
         prefix_cache: int = PREFIX_CACHE_BYTES,
     ) -> None:
         llama_cpp = import_llama_cpp()
-        check_arguments(llama, n_seq_max, forcing_precision)
+        check_arguments(llama, n_seq_max)
+        check_precision(forcing_precision)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
         self.prefix_cache = prefix_cache
