@@ -120,7 +120,8 @@ def fit_esi_probe(
         return ESIProbe(**common, weights=tuple(map(float, w)), intercept=b,
                         strength=strength, band=band)  # fmt: skip
     # Candidates (layer, positions) x PCA size x strength by held-out squared error.
-    found = search_states(x, y, splits, list(hidden), strengths=RIDGE_STRENGTHS, fit=_ridge,
+    found = search_states(x, y, splits, list(hidden), strengths=RIDGE_STRENGTHS,
+                          fit=lambda xa, ya, cs: [_ridge(xa, ya, c) for c in cs],
                           error=lambda held, z: held - z,
                           score=lambda r: float(np.mean(r**2)))  # fmt: skip
     band = float(np.quantile(np.abs(found.errors), coverage))

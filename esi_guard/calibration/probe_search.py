@@ -39,8 +39,9 @@ COMPONENTS = (8, 16, 32)
 """PCA sizes cross-validation chooses from (capped by the answers at hand)."""
 
 Splits = list[tuple[np.ndarray, np.ndarray]]
-Fit = Callable[[np.ndarray, np.ndarray, float], tuple[np.ndarray, float]]
-"""``(x, y, strength) -> (weights, intercept)``."""
+Fit = Callable[[np.ndarray, np.ndarray, Sequence[float]], list[tuple[np.ndarray, float]]]
+"""``(x, y, strengths) -> [(weights, intercept)]``: the model fitted at each strength, in
+their order (one call per fold and candidate, so a fit may start each from the last)."""
 
 
 def standard(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,8 +136,7 @@ def search_states(
                 for k in sizes:
                     xa = np.hstack([x[train], reduce(states[train], k)])
                     xb = np.hstack([x[test], reduce(states[test], k)])
-                    for c in strengths:
-                        w, b = fit(xa, y[train], c)
+                    for c, (w, b) in zip(strengths, fit(xa, y[train], strengths), strict=True):
                         out[k, c][test] = error(y[test], xb @ w + b)
             for (k, c), r in out.items():
                 residuals[layer, chosen, k, c] = r
@@ -146,7 +146,7 @@ def search_states(
     li, pi = layers.index(layer), [positions.index(p) for p in chosen]
     states = values[:, li, pi, :].reshape(len(y), -1)
     reduce = Reduced(states, k)
-    w, b = fit(np.hstack([x, reduce(states, k)]), y, strength)
+    ((w, b),) = fit(np.hstack([x, reduce(states, k)]), y, [strength])
     # Fold standardising, PCA and the components' weights into weights on the raw states.
     direction = reduce.basis[:k].T @ w[free:]
     weights = direction / reduce.scale

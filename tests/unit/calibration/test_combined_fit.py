@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from esi_guard import ConfigurationError
-from esi_guard.calibration.combined_fit import _fit, fit_combined
+from esi_guard.calibration.combined_fit import STRENGTHS, _fit, _fit_path, fit_combined
 from esi_guard.calibration.metrics import expected_calibration_error
 
 
@@ -80,3 +80,19 @@ def test_the_fit_reaches_the_constrained_optimum(seed: int) -> None:
     bounds = [(0, None)] * bounded + [(None, None)] * (d - bounded + 1)
     reference = minimize(objective, np.zeros(d + 1), method="L-BFGS-B", bounds=bounds)
     assert objective(np.append(w, b)) <= reference.fun + 1e-9
+
+
+def test_a_path_of_strengths_reaches_each_strength_s_own_optimum() -> None:
+    # Warm-started from the next stronger fit (the probe search's path): the same optimum
+    # as a fit from scratch at each strength, the bounded weights still >= 0.
+    rng = np.random.default_rng(7)
+    n, d, bounded = 120, 12, 3
+    x = rng.normal(size=(n, d)) * rng.uniform(0.5, 10, size=d)
+    y = (rng.random(n) < 1 / (1 + np.exp(1.0 - 0.7 * x[:, 4] / x[:, 4].std()))).astype(float)
+    path = _fit_path(x, y, STRENGTHS, bounded)
+    assert len(path) == len(STRENGTHS)
+    for strength, (w, b) in zip(STRENGTHS, path, strict=True):
+        alone_w, alone_b = _fit(x, y, strength, bounded)
+        assert (w[:bounded] >= 0).all()
+        np.testing.assert_allclose(w, alone_w, rtol=1e-6, atol=1e-7)
+        assert b == pytest.approx(alone_b, rel=1e-6, abs=1e-7)

@@ -4,6 +4,8 @@ held-out error."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -12,13 +14,18 @@ from esi_guard.calibration.probe_search import POSITION_SETS, search_states, sta
 from esi_guard.exceptions import ConfigurationError
 
 
-def least_squares(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, float]:
-    """Ridge on centred data: the smallest model the search accepts."""
+def least_squares(
+    x: np.ndarray, y: np.ndarray, strengths: Sequence[float]
+) -> list[tuple[np.ndarray, float]]:
+    """Ridge on centred data at each strength: the smallest model the search accepts."""
     mx, my = x.mean(axis=0), y.mean()
-    w = np.linalg.solve(
-        (x - mx).T @ (x - mx) + strength * np.eye(x.shape[1]), (x - mx).T @ (y - my)
-    )
-    return w, float(my - mx @ w)
+    fits = []
+    for strength in strengths:
+        w = np.linalg.solve(
+            (x - mx).T @ (x - mx) + strength * np.eye(x.shape[1]), (x - mx).T @ (y - my)
+        )
+        fits.append((w, float(my - mx @ w)))
+    return fits
 
 
 def test_the_search_finds_the_states_that_carry_the_signal() -> None:
