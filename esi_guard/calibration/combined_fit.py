@@ -151,8 +151,10 @@ _TOLERANCE = 1e-9
 
 
 class _Problem:
-    """:func:`_fit`'s objective on ``theta = (w, b)``: its value and gradient, and the
-    Hessian at the last ``theta`` they were computed at."""
+    """:func:`_fit`'s objective on ``theta = (w, b)``: value, gradient and Hessian.
+
+    The Hessian is taken at the last ``theta`` the value was computed at.
+    """
 
     def __init__(self, xb: np.ndarray, y: np.ndarray, ridge: np.ndarray) -> None:
         self.xb, self.y, self.ridge, self.n = xb, y, ridge, len(y)
