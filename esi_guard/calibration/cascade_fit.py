@@ -63,11 +63,22 @@ def label_free_band(
 
 def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, float]:
     """Minimise mean squared error + strength * |w|^2 (intercept free)."""
+    ((w, b),) = _ridge_path(x, y, [strength])
+    return w, b
+
+
+def _ridge_path(
+    x: np.ndarray, y: np.ndarray, strengths: Sequence[float]
+) -> list[tuple[np.ndarray, float]]:
+    """:func:`_ridge` at each of ``strengths``, the centred Gram matrix computed once."""
     mx, my = x.mean(axis=0), y.mean()
     xc = x - mx
-    gram = xc.T @ xc / len(y) + strength * np.eye(x.shape[1])
-    w = np.linalg.solve(gram, xc.T @ (y - my) / len(y))
-    return w, float(my - mx @ w)
+    gram, target = xc.T @ xc / len(y), xc.T @ (y - my) / len(y)
+    fits = []
+    for strength in strengths:
+        w = np.linalg.solve(gram + strength * np.eye(x.shape[1]), target)
+        fits.append((w, float(my - mx @ w)))
+    return fits
 
 
 def _splits(n: int, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -121,7 +132,7 @@ def fit_esi_probe(
                         strength=strength, band=band)  # fmt: skip
     # Candidates (layer, positions) x PCA size x strength by held-out squared error.
     found = search_states(x, y, splits, list(hidden), strengths=RIDGE_STRENGTHS,
-                          fit=lambda xa, ya, cs: [_ridge(xa, ya, c) for c in cs],
+                          fit=_ridge_path,
                           error=lambda held, z: held - z,
                           score=lambda r: float(np.mean(r**2)))  # fmt: skip
     band = float(np.quantile(np.abs(found.errors), coverage))

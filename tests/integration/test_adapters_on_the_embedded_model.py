@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.prompts import ChatPromptTemplate
@@ -15,7 +16,8 @@ from esi_guard.backends import embedded_gguf
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Side by side (pytest -n), on one worker: the module's reference answers computed once.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("adapters")]
 
 SYSTEM = "Please directly answer the following question with one or few words."
 
@@ -40,9 +42,16 @@ def test_guards_without_a_model_share_one_loaded_copy() -> None:
     assert isinstance(first.backend.loaded, LlamaCppBackend)  # llama-cpp-python is installed
 
 
+@pytest.fixture(scope="module")
+def reference(hf_backend: HFBackend, sciq_questions: list[str]) -> list[Any]:
+    """Five SciQ answers guarded on the session's transformers backend, once for the module."""
+    guard = ESIGuard(backend=hf_backend, threshold=0.3, max_new_tokens=24)
+    return guard.batch(prompts(sciq_questions[:5]))
+
+
 @pytest.mark.parametrize("wrapper", ["pipeline", "HuggingFacePipeline", "ChatHuggingFace"])
 def test_a_users_pipeline_is_guarded_on_the_same_weights_with_the_same_scores(
-    hf_backend: HFBackend, sciq_questions: list[str], wrapper: str
+    hf_backend: HFBackend, sciq_questions: list[str], wrapper: str, reference: list[Any]
 ) -> None:
     from transformers import pipeline
 
@@ -55,13 +64,12 @@ def test_a_users_pipeline_is_guarded_on_the_same_weights_with_the_same_scores(
         ),
     }[wrapper]
     guarded = ESIGuard(llm=llm, threshold=0.3, max_new_tokens=24)
-    reference = ESIGuard(backend=hf_backend, threshold=0.3, max_new_tokens=24)
     assert isinstance(guarded.backend, HFBackend)
     assert guarded.backend.model is hf_backend.model  # the same weights, loaded once
     assert guarded.backend.model_id == EMBEDDED_MODEL_ID  # read from the embedded folder
     assert guarded.backend.model_sha256 == hf_backend.model_sha256
     inputs = prompts(sciq_questions[:5])
-    for ours, theirs in zip(guarded.batch(inputs), reference.batch(inputs), strict=True):
+    for ours, theirs in zip(guarded.batch(inputs), reference, strict=True):
         a, b = ours.response_metadata["esi"], theirs.response_metadata["esi"]
         assert ours.content == theirs.content and a["answer_token_ids"] == b["answer_token_ids"]
         assert a["score"] == pytest.approx(b["score"], abs=1e-9)
