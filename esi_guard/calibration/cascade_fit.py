@@ -63,21 +63,24 @@ def label_free_band(
 
 def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, float]:
     """Minimise mean squared error + strength * |w|^2 (intercept free)."""
-    ((w, b),) = _ridge_path(x, y, [strength])
+    ((w, b),) = _ridge_path(x, y, [(x.shape[1], strength)])
     return w, b
 
 
 def _ridge_path(
-    x: np.ndarray, y: np.ndarray, strengths: Sequence[float]
+    x: np.ndarray, y: np.ndarray, problems: Sequence[tuple[int, float]]
 ) -> list[tuple[np.ndarray, float]]:
-    """:func:`_ridge` at each of ``strengths``, the centred Gram matrix computed once."""
+    """:func:`_ridge` on the first ``width`` columns at ``strength``, for each pair.
+
+    The centred Gram matrix is computed once for them all.
+    """
     mx, my = x.mean(axis=0), y.mean()
     xc = x - mx
     gram, target = xc.T @ xc / len(y), xc.T @ (y - my) / len(y)
     fits = []
-    for strength in strengths:
-        w = np.linalg.solve(gram + strength * np.eye(x.shape[1]), target)
-        fits.append((w, float(my - mx @ w)))
+    for width, strength in problems:
+        w = np.linalg.solve(gram[:width, :width] + strength * np.eye(width), target[:width])
+        fits.append((w, float(my - mx[:width] @ w)))
     return fits
 
 

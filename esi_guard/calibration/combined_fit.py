@@ -73,23 +73,26 @@ def _fit(
 
 
 def _fit_path(
-    x: np.ndarray, y: np.ndarray, strengths: Sequence[float], bounded: int | None = None
+    x: np.ndarray, y: np.ndarray, problems: Sequence[tuple[int, float]], bounded: int | None = None
 ) -> list[tuple[np.ndarray, float]]:
-    """:func:`_fit` at each of ``strengths`` (in their order), solved together.
+    """:func:`_fit` on each problem's first ``width`` columns at its ``strength``, together.
 
-    The same projected Newton steps as :func:`_fit`, taken for every strength at once
-    (stacked Hessians, one batched solve, a backtracking line search per strength): a
-    probe's search fits every strength for every fold and candidate, thousands of fits of
-    a few dozen features, where one fit at a time spends its time in numpy's per-call
-    overhead. A strength whose steps do not converge is finished by :func:`_fit` alone.
+    The same projected Newton steps as :func:`_fit`, taken for every problem at once
+    (stacked Hessians, one batched solve, a backtracking line search per problem; a
+    column past a problem's width is held at 0): a probe's search fits every PCA size and
+    strength for every fold and candidate, thousands of fits of a few dozen features,
+    where one fit at a time spends its time in numpy's per-call overhead. A problem whose
+    steps do not converge is finished by :func:`_fit` alone.
     """
     n, d = x.shape
     bounded = d if bounded is None else bounded
     xb = np.hstack([x, np.ones((n, 1))])
-    ridge = np.zeros((len(strengths), d + 1))
-    ridge[:, :d] = np.asarray(strengths, dtype=np.float64)[:, None]
+    widths = np.array([width for width, _ in problems])
+    columns = np.arange(d + 1)
+    outside = (columns[None, :] >= widths[:, None]) & (columns[None, :] < d)  # held at 0
+    ridge = np.where(columns[None, :] < d, np.array([c for _, c in problems])[:, None], 0.0)
     lower = np.append(np.zeros(bounded), np.full(d - bounded + 1, -np.inf))
-    theta = np.zeros((len(strengths), d + 1))
+    theta = np.zeros((len(problems), d + 1))
     theta[:, -1] = math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9))
 
     def evaluate(at: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,13 +102,11 @@ def _fit_path(
         value += 0.5 * (ridge[rows] * at**2).sum(axis=1)
         return value, (p - y) @ xb / n + ridge[rows] * at, p
 
-    every = np.arange(len(strengths))
-    value, grad, p = evaluate(theta, every)
-    left = np.ones(len(strengths), dtype=bool)  # not converged and not given up on
-    done = np.zeros(len(strengths), dtype=bool)
-    diagonal = np.arange(d + 1)
+    value, grad, p = evaluate(theta, np.arange(len(problems)))
+    left = np.ones(len(problems), dtype=bool)  # not converged and not given up on
+    done = np.zeros(len(problems), dtype=bool)
     for _ in range(_NEWTON_STEPS):
-        held = (theta <= lower) & (grad > 0)
+        held = outside | ((theta <= lower) & (grad > 0))  # at a bound and pushed against it
         converged = left & (np.abs(np.where(held, 0.0, grad)).max(axis=1) < _TOLERANCE)
         done |= converged
         left &= ~converged
@@ -115,13 +116,13 @@ def _fit_path(
         # The free coordinates' Newton step; a held one's row and column decoupled, step 0.
         weight = p[rows] * (1 - p[rows]) / n
         hessian = np.einsum("an,ni,nj->aij", weight, xb, xb)
-        hessian[:, diagonal, diagonal] += ridge[rows] + 1e-12
+        hessian[:, columns, columns] += ridge[rows] + 1e-12
         fixed = held[rows]
         hessian[fixed[:, :, None] | fixed[:, None, :]] = 0.0
-        hessian[:, diagonal, diagonal] = np.where(fixed, 1.0, hessian[:, diagonal, diagonal])
+        hessian[:, columns, columns] = np.where(fixed, 1.0, hessian[:, columns, columns])
         step = -np.linalg.solve(hessian, np.where(fixed, 0.0, grad[rows])[..., None])[..., 0]
         pending = np.ones(len(rows), dtype=bool)
-        for _ in range(30):  # backtracking along the projected path, per strength
+        for _ in range(30):  # backtracking along the projected path, per problem
             at = rows[pending]
             trial = np.maximum(theta[at] + step[pending], lower)
             after, after_grad, after_p = evaluate(trial, at)
@@ -129,18 +130,18 @@ def _fit_path(
             taken = at[ok]
             theta[taken], value[taken], grad[taken], p[taken] = (
                 trial[ok], after[ok], after_grad[ok], after_p[ok])  # fmt: skip
-            still = np.flatnonzero(pending)[~ok]
-            pending[np.flatnonzero(pending)[ok]] = False
-            step[still] *= 0.5
+            waiting = np.flatnonzero(pending)
+            pending[waiting[ok]] = False
+            step[waiting[~ok]] *= 0.5
             if not pending.any():
                 break
         left[rows[pending]] = False  # no step found: finished alone below
     fits = []
-    for i, strength in enumerate(strengths):
+    for i, (width, strength) in enumerate(problems):
         if done[i]:
-            fits.append((theta[i, :-1], float(theta[i, -1])))
+            fits.append((theta[i, :width], float(theta[i, -1])))
         else:
-            fits.append(_fit(x, y, float(strength), bounded))
+            fits.append(_fit(x[:, :width], y, float(strength), min(bounded, width)))
     return fits
 
 
@@ -230,7 +231,7 @@ def fit_combined(
     free = x.shape[1]
     found = search_states(
         x, y, splits, list(hidden), strengths=STRENGTHS,
-        fit=lambda xa, ya, cs: _fit_path(xa, ya, cs, free), error=_log_loss,
+        fit=lambda xa, ya, problems: _fit_path(xa, ya, problems, free), error=_log_loss,
         score=lambda r: sum(float(np.sum(r[test])) for _, test in splits) / len(y),
     )  # fmt: skip
     return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in found.weights),

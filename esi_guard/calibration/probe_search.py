@@ -39,9 +39,12 @@ COMPONENTS = (8, 16, 32)
 """PCA sizes cross-validation chooses from (capped by the answers at hand)."""
 
 Splits = list[tuple[np.ndarray, np.ndarray]]
-Fit = Callable[[np.ndarray, np.ndarray, Sequence[float]], list[tuple[np.ndarray, float]]]
-"""``(x, y, strengths) -> [(weights, intercept)]``: the model fitted at each strength, in
-their order (one call per fold and candidate, so a fit may start each from the last)."""
+Fit = Callable[
+    [np.ndarray, np.ndarray, Sequence[tuple[int, float]]], list[tuple[np.ndarray, float]]
+]
+"""``(x, y, [(width, strength)]) -> [(weights, intercept)]``: the model fitted on the first
+``width`` columns of ``x`` at ``strength``, for each pair in order (one call per fold and
+candidate: every PCA size and strength at once, for a fit that solves them together)."""
 
 
 def standard(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,12 +135,16 @@ def search_states(
             states = values[:, li, pi, :].reshape(len(y), -1)
             out = {(k, c): np.empty_like(y) for k in sizes for c in strengths}
             for train, test in splits:
+                # The PCA sizes' components are the first of the largest's (as many as the
+                # states give).
                 reduce = Reduced(states[train], max(sizes))
-                for k in sizes:
-                    xa = np.hstack([x[train], reduce(states[train], k)])
-                    xb = np.hstack([x[test], reduce(states[test], k)])
-                    for c, (w, b) in zip(strengths, fit(xa, y[train], strengths), strict=True):
-                        out[k, c][test] = error(y[test], xb @ w + b)
+                xa = np.hstack([x[train], reduce(states[train], max(sizes))])
+                xb = np.hstack([x[test], reduce(states[test], max(sizes))])
+                keys = [(k, c) for k in sizes for c in strengths]
+                problems = [(min(free + k, xa.shape[1]), c) for k, c in keys]
+                for key, (width, _), (w, b) in zip(keys, problems, fit(xa, y[train], problems),
+                                                   strict=True):  # fmt: skip
+                    out[key][test] = error(y[test], xb[:, :width] @ w + b)
             for (k, c), r in out.items():
                 residuals[layer, chosen, k, c] = r
     scores = {key: score(r) for key, r in residuals.items()}
@@ -146,7 +153,8 @@ def search_states(
     li, pi = layers.index(layer), [positions.index(p) for p in chosen]
     states = values[:, li, pi, :].reshape(len(y), -1)
     reduce = Reduced(states, k)
-    ((w, b),) = fit(np.hstack([x, reduce(states, k)]), y, [strength])
+    chosen_x = np.hstack([x, reduce(states, k)])
+    ((w, b),) = fit(chosen_x, y, [(chosen_x.shape[1], strength)])
     # Fold standardising, PCA and the components' weights into weights on the raw states.
     direction = reduce.basis[:k].T @ w[free:]
     weights = direction / reduce.scale

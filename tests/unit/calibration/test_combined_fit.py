@@ -82,17 +82,19 @@ def test_the_fit_reaches_the_constrained_optimum(seed: int) -> None:
     assert objective(np.append(w, b)) <= reference.fun + 1e-9
 
 
-def test_a_path_of_strengths_reaches_each_strength_s_own_optimum() -> None:
-    # Warm-started from the next stronger fit (the probe search's path): the same optimum
-    # as a fit from scratch at each strength, the bounded weights still >= 0.
+def test_fits_solved_together_reach_each_one_s_own_optimum() -> None:
+    # Every width (a probe's PCA sizes) and strength solved in one stack of Newton steps:
+    # the same optimum as each fitted alone, the bounded weights still >= 0.
     rng = np.random.default_rng(7)
     n, d, bounded = 120, 12, 3
     x = rng.normal(size=(n, d)) * rng.uniform(0.5, 10, size=d)
     y = (rng.random(n) < 1 / (1 + np.exp(1.0 - 0.7 * x[:, 4] / x[:, 4].std()))).astype(float)
-    path = _fit_path(x, y, STRENGTHS, bounded)
-    assert len(path) == len(STRENGTHS)
-    for strength, (w, b) in zip(STRENGTHS, path, strict=True):
-        alone_w, alone_b = _fit(x, y, strength, bounded)
+    problems = [(width, c) for width in (d - 4, d) for c in STRENGTHS]
+    path = _fit_path(x, y, problems, bounded)
+    assert len(path) == len(problems)
+    for (width, strength), (w, b) in zip(problems, path, strict=True):
+        assert w.shape == (width,)
+        alone_w, alone_b = _fit(x[:, :width], y, strength, bounded)
         assert (w[:bounded] >= 0).all()
         np.testing.assert_allclose(w, alone_w, rtol=1e-6, atol=1e-7)
         assert b == pytest.approx(alone_b, rel=1e-6, abs=1e-7)

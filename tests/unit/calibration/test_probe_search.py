@@ -15,15 +15,15 @@ from esi_guard.exceptions import ConfigurationError
 
 
 def least_squares(
-    x: np.ndarray, y: np.ndarray, strengths: Sequence[float]
+    x: np.ndarray, y: np.ndarray, problems: Sequence[tuple[int, float]]
 ) -> list[tuple[np.ndarray, float]]:
-    """Ridge on centred data at each strength: the smallest model the search accepts."""
-    mx, my = x.mean(axis=0), y.mean()
+    """Ridge on centred data, each problem's first columns: the smallest model it takes."""
     fits = []
-    for strength in strengths:
-        w = np.linalg.solve(
-            (x - mx).T @ (x - mx) + strength * np.eye(x.shape[1]), (x - mx).T @ (y - my)
-        )
+    for width, strength in problems:
+        xw = x[:, :width]
+        mx, my = xw.mean(axis=0), y.mean()
+        w = np.linalg.solve((xw - mx).T @ (xw - mx) + strength * np.eye(width),
+                            (xw - mx).T @ (y - my))  # fmt: skip
         fits.append((w, float(my - mx @ w)))
     return fits
 
