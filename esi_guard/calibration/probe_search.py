@@ -140,11 +140,11 @@ def search_states(
                 reduce = Reduced(states[train], max(sizes))
                 xa = np.hstack([x[train], reduce(states[train], max(sizes))])
                 xb = np.hstack([x[test], reduce(states[test], max(sizes))])
-                keys = [(k, c) for k in sizes for c in strengths]
-                problems = [(min(free + k, xa.shape[1]), c) for k, c in keys]
-                for key, (width, _), (w, b) in zip(keys, problems, fit(xa, y[train], problems),
-                                                   strict=True):  # fmt: skip
-                    out[key][test] = error(y[test], xb[:, :width] @ w + b)
+                asked = [(k, c) for k in sizes for c in strengths]
+                problems = [(min(free + k, xa.shape[1]), c) for k, c in asked]
+                for at, (width, _), (w, b) in zip(asked, problems, fit(xa, y[train], problems),
+                                                  strict=True):  # fmt: skip
+                    out[at][test] = error(y[test], xb[:, :width] @ w + b)
             for (k, c), r in out.items():
                 residuals[layer, chosen, k, c] = r
     scores = {key: score(r) for key, r in residuals.items()}
