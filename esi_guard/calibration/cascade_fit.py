@@ -63,24 +63,28 @@ def label_free_band(
 
 def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, float]:
     """Minimise mean squared error + strength * |w|^2 (intercept free)."""
-    ((w, b),) = _ridge_path(x, y, [(x.shape[1], strength)])
+    ((w, b),) = _ridge_path([x], [y], [(0, x.shape[1], strength)])
     return w, b
 
 
 def _ridge_path(
-    x: np.ndarray, y: np.ndarray, problems: Sequence[tuple[int, float]]
+    xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], problems: Sequence[tuple[int, int, float]]
 ) -> list[tuple[np.ndarray, float]]:
-    """:func:`_ridge` on the first ``width`` columns at ``strength``, for each pair.
+    """:func:`_ridge` on ``xs[which]``'s first ``width`` columns at ``strength``, for each.
 
-    The centred Gram matrix is computed once for them all.
+    Each data set's centred Gram matrix is computed once for all its problems.
     """
-    mx, my = x.mean(axis=0), y.mean()
-    xc = x - mx
-    gram, target = xc.T @ xc / len(y), xc.T @ (y - my) / len(y)
+    grams: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
     fits = []
-    for width, strength in problems:
+    for which, width, strength in problems:
+        if which not in grams:
+            x, y = xs[which], ys[which]
+            mx, my = x.mean(axis=0), float(y.mean())
+            xc = x - mx
+            grams[which] = (xc.T @ xc / len(y), xc.T @ (y - my) / len(y), mx, my)
+        gram, target, mx, my = grams[which]
         w = np.linalg.solve(gram[:width, :width] + strength * np.eye(width), target[:width])
-        fits.append((w, float(my - mx[:width] @ w)))
+        fits.append((w, my - float(mx[:width] @ w)))
     return fits
 
 

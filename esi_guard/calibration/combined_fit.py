@@ -73,34 +73,48 @@ def _fit(
 
 
 def _fit_path(
-    x: np.ndarray, y: np.ndarray, problems: Sequence[tuple[int, float]], bounded: int | None = None
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray],
+    problems: Sequence[tuple[int, int, float]],
+    bounded: int | None = None,
 ) -> list[tuple[np.ndarray, float]]:
-    """:func:`_fit` on each problem's first ``width`` columns at its ``strength``, together.
+    """:func:`_fit` for each ``(which, width, strength)`` of ``problems``, all together.
 
-    The same projected Newton steps as :func:`_fit`, taken for every problem at once
-    (stacked Hessians, one batched solve, a backtracking line search per problem; a
-    column past a problem's width is held at 0): a probe's search fits every PCA size and
-    strength for every fold and candidate, thousands of fits of a few dozen features,
-    where one fit at a time spends its time in numpy's per-call overhead. A problem whose
-    steps do not converge is finished by :func:`_fit` alone.
+    Each is fitted on the first ``width`` columns of ``xs[which]`` (labels ``ys[which]``)
+    at ``strength``, by the same projected Newton steps as :func:`_fit` taken for every
+    problem at once (stacked Hessians, one batched solve, a backtracking line search per problem; a
+    column past a problem's width is held at 0, a row past its data weighs nothing): a
+    probe's search fits every fold, PCA size and strength of each candidate, thousands of
+    fits of a few dozen features, where one fit at a time spends its time in numpy's
+    per-call overhead. A problem whose steps do not converge is finished by :func:`_fit`.
     """
-    n, d = x.shape
+    d = xs[0].shape[1]
     bounded = d if bounded is None else bounded
-    xb = np.hstack([x, np.ones((n, 1))])
-    widths = np.array([width for width, _ in problems])
+    most = max(len(y) for y in ys)
+    which = np.array([i for i, _, _ in problems])
+    # Every problem's data, padded to the longest with rows that weigh nothing.
+    xb = np.zeros((len(xs), most, d + 1))
+    yy, real = np.zeros((len(xs), most)), np.zeros((len(xs), most))
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        xb[i, : len(y), :d], xb[i, : len(y), d], yy[i, : len(y)], real[i, : len(y)] = x, 1, y, 1
+    xb, yy, real = xb[which], yy[which], real[which]
+    count = real.sum(axis=1)
     columns = np.arange(d + 1)
+    widths = np.array([width for _, width, _ in problems])
     outside = (columns[None, :] >= widths[:, None]) & (columns[None, :] < d)  # held at 0
-    ridge = np.where(columns[None, :] < d, np.array([c for _, c in problems])[:, None], 0.0)
+    ridge = np.where(columns[None, :] < d, np.array([c for _, _, c in problems])[:, None], 0.0)
     lower = np.append(np.zeros(bounded), np.full(d - bounded + 1, -np.inf))
     theta = np.zeros((len(problems), d + 1))
-    theta[:, -1] = math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9))
+    rate = yy.sum(axis=1) / count
+    theta[:, -1] = np.log((rate + 1e-9) / (1 - rate + 1e-9))
 
     def evaluate(at: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        z = at @ xb.T
+        z = np.einsum("pnd,pd->pn", xb[rows], at)
         p = _sigmoid(z)
-        value = (np.logaddexp(0.0, z) - y * z).sum(axis=1) / n
+        value = (real[rows] * (np.logaddexp(0.0, z) - yy[rows] * z)).sum(axis=1) / count[rows]
         value += 0.5 * (ridge[rows] * at**2).sum(axis=1)
-        return value, (p - y) @ xb / n + ridge[rows] * at, p
+        residual = real[rows] * (p - yy[rows]) / count[rows][:, None]
+        return value, np.einsum("pn,pnd->pd", residual, xb[rows]) + ridge[rows] * at, p
 
     value, grad, p = evaluate(theta, np.arange(len(problems)))
     left = np.ones(len(problems), dtype=bool)  # not converged and not given up on
@@ -114,8 +128,8 @@ def _fit_path(
         if not len(rows):
             break
         # The free coordinates' Newton step; a held one's row and column decoupled, step 0.
-        weight = p[rows] * (1 - p[rows]) / n
-        hessian = np.einsum("an,ni,nj->aij", weight, xb, xb)
+        weight = real[rows] * p[rows] * (1 - p[rows]) / count[rows][:, None]
+        hessian = np.einsum("an,ani,anj->aij", weight, xb[rows], xb[rows])
         hessian[:, columns, columns] += ridge[rows] + 1e-12
         fixed = held[rows]
         hessian[fixed[:, :, None] | fixed[:, None, :]] = 0.0
@@ -137,10 +151,11 @@ def _fit_path(
                 break
         left[rows[pending]] = False  # no step found: finished alone below
     fits = []
-    for i, (width, strength) in enumerate(problems):
+    for i, (at_data, width, strength) in enumerate(problems):
         if done[i]:
             fits.append((theta[i, :width], float(theta[i, -1])))
         else:
+            x, y = xs[at_data], ys[at_data]
             fits.append(_fit(x[:, :width], y, float(strength), min(bounded, width)))
     return fits
 
@@ -231,7 +246,7 @@ def fit_combined(
     free = x.shape[1]
     found = search_states(
         x, y, splits, list(hidden), strengths=STRENGTHS,
-        fit=lambda xa, ya, problems: _fit_path(xa, ya, problems, free), error=_log_loss,
+        fit=lambda xs, ys, problems: _fit_path(xs, ys, problems, free), error=_log_loss,
         score=lambda r: sum(float(np.sum(r[test])) for _, test in splits) / len(y),
     )  # fmt: skip
     return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in found.weights),

@@ -40,11 +40,13 @@ COMPONENTS = (8, 16, 32)
 
 Splits = list[tuple[np.ndarray, np.ndarray]]
 Fit = Callable[
-    [np.ndarray, np.ndarray, Sequence[tuple[int, float]]], list[tuple[np.ndarray, float]]
+    [Sequence[np.ndarray], Sequence[np.ndarray], Sequence[tuple[int, int, float]]],
+    list[tuple[np.ndarray, float]],
 ]
-"""``(x, y, [(width, strength)]) -> [(weights, intercept)]``: the model fitted on the first
-``width`` columns of ``x`` at ``strength``, for each pair in order (one call per fold and
-candidate: every PCA size and strength at once, for a fit that solves them together)."""
+"""``(xs, ys, [(which, width, strength)]) -> [(weights, intercept)]``: the model fitted on
+the first ``width`` columns of ``xs[which]`` (labels ``ys[which]``) at ``strength``, for each
+in order (one call per candidate: its every fold, PCA size and strength, for a fit that
+solves them together)."""
 
 
 def standard(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,17 +136,24 @@ def search_states(
             pi = [positions.index(p) for p in chosen]
             states = values[:, li, pi, :].reshape(len(y), -1)
             out = {(k, c): np.empty_like(y) for k in sizes for c in strengths}
-            for train, test in splits:
+            xas, yas, xbs = [], [], []
+            asked: list[tuple[int, int, float]] = []
+            problems: list[tuple[int, int, float]] = []
+            for fold, (train, test) in enumerate(splits):
                 # The PCA sizes' components are the first of the largest's (as many as the
                 # states give).
                 reduce = Reduced(states[train], max(sizes))
-                xa = np.hstack([x[train], reduce(states[train], max(sizes))])
-                xb = np.hstack([x[test], reduce(states[test], max(sizes))])
-                asked = [(k, c) for k in sizes for c in strengths]
-                problems = [(min(free + k, xa.shape[1]), c) for k, c in asked]
-                for at, (width, _), (w, b) in zip(asked, problems, fit(xa, y[train], problems),
-                                                  strict=True):  # fmt: skip
-                    out[at][test] = error(y[test], xb[:, :width] @ w + b)
+                xas.append(np.hstack([x[train], reduce(states[train], max(sizes))]))
+                xbs.append(np.hstack([x[test], reduce(states[test], max(sizes))]))
+                yas.append(y[train])
+                for k in sizes:
+                    for c in strengths:
+                        asked.append((fold, k, c))
+                        problems.append((fold, min(free + k, xas[-1].shape[1]), c))
+            fits = fit(xas, yas, problems)
+            for (fold, k, c), (_, width, _), (w, b) in zip(asked, problems, fits, strict=True):
+                test = splits[fold][1]
+                out[k, c][test] = error(y[test], xbs[fold][:, :width] @ w + b)
             for (k, c), r in out.items():
                 residuals[layer, chosen, k, c] = r
     scores = {key: score(r) for key, r in residuals.items()}
@@ -154,7 +163,7 @@ def search_states(
     states = values[:, li, pi, :].reshape(len(y), -1)
     reduce = Reduced(states, k)
     chosen_x = np.hstack([x, reduce(states, k)])
-    ((w, b),) = fit(chosen_x, y, [(chosen_x.shape[1], strength)])
+    ((w, b),) = fit([chosen_x], [y], [(0, chosen_x.shape[1], strength)])
     # Fold standardising, PCA and the components' weights into weights on the raw states.
     direction = reduce.basis[:k].T @ w[free:]
     weights = direction / reduce.scale

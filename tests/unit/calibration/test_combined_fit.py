@@ -83,18 +83,21 @@ def test_the_fit_reaches_the_constrained_optimum(seed: int) -> None:
 
 
 def test_fits_solved_together_reach_each_one_s_own_optimum() -> None:
-    # Every width (a probe's PCA sizes) and strength solved in one stack of Newton steps:
-    # the same optimum as each fitted alone, the bounded weights still >= 0.
+    # Every data set (a probe's folds), width (its PCA sizes) and strength solved in one
+    # stack of Newton steps: the same optimum as each fitted alone, bounded weights >= 0.
     rng = np.random.default_rng(7)
     n, d, bounded = 120, 12, 3
     x = rng.normal(size=(n, d)) * rng.uniform(0.5, 10, size=d)
     y = (rng.random(n) < 1 / (1 + np.exp(1.0 - 0.7 * x[:, 4] / x[:, 4].std()))).astype(float)
-    problems = [(width, c) for width in (d - 4, d) for c in STRENGTHS]
-    path = _fit_path(x, y, problems, bounded)
+    folds = [np.arange(n) % 3 != k for k in range(3)]  # three sets of rows, of two sizes
+    folds[0][:5] = False
+    xs, ys = [x[rows] for rows in folds], [y[rows] for rows in folds]
+    problems = [(i, width, c) for i in range(3) for width in (d - 4, d) for c in STRENGTHS]
+    path = _fit_path(xs, ys, problems, bounded)
     assert len(path) == len(problems)
-    for (width, strength), (w, b) in zip(problems, path, strict=True):
+    for (i, width, strength), (w, b) in zip(problems, path, strict=True):
         assert w.shape == (width,)
-        alone_w, alone_b = _fit(x[:, :width], y, strength, bounded)
+        alone_w, alone_b = _fit(xs[i][:, :width], ys[i], strength, bounded)
         assert (w[:bounded] >= 0).all()
         np.testing.assert_allclose(w, alone_w, rtol=1e-6, atol=1e-7)
         assert b == pytest.approx(alone_b, rel=1e-6, abs=1e-7)

@@ -15,15 +15,15 @@ from esi_guard.exceptions import ConfigurationError
 
 
 def least_squares(
-    x: np.ndarray, y: np.ndarray, problems: Sequence[tuple[int, float]]
+    xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], problems: Sequence[tuple[int, int, float]]
 ) -> list[tuple[np.ndarray, float]]:
-    """Ridge on centred data, each problem's first columns: the smallest model it takes."""
+    """Ridge on centred data, each problem's data and first columns: the smallest model."""
     fits = []
-    for width, strength in problems:
-        xw = x[:, :width]
-        mx, my = xw.mean(axis=0), y.mean()
-        w = np.linalg.solve((xw - mx).T @ (xw - mx) + strength * np.eye(width),
-                            (xw - mx).T @ (y - my))  # fmt: skip
+    for which, width, strength in problems:
+        x, y = xs[which][:, :width], ys[which]
+        mx, my = x.mean(axis=0), y.mean()
+        w = np.linalg.solve((x - mx).T @ (x - mx) + strength * np.eye(width),
+                            (x - mx).T @ (y - my))  # fmt: skip
         fits.append((w, float(my - mx @ w)))
     return fits
 
