@@ -195,7 +195,7 @@ def test_a_users_chat_openai_is_guarded_through_the_same_server(
         backend=OpenAIBackend(llama_server.model, base_url=llama_server.base_url),
         threshold=0.3, n_variants=2, top_k=20, max_new_tokens=8,
     )  # fmt: skip
-    asked = ("What is the capital of France?", "Who wrote Hamlet?", "What gas do plants absorb?")
+    asked = ("What is the capital of France?", "Who wrote Hamlet?")
     questions = [[SYSTEM, ("human", q)] for q in asked]
     for ours, theirs in zip(guarded.batch(questions), direct.batch(questions), strict=True):
         a, b = ours.response_metadata["esi"], theirs.response_metadata["esi"]
