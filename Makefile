@@ -101,7 +101,7 @@ test: install-test install-litellm-proxy
 	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "$(FAST)" -n auto \
 	  --junitxml=$(TIMES)/fast.xml
 	$(BIN)/python -m pytest -m "not ($(FAST))" -n $(MODEL_WORKERS) --dist loadgroup \
-	  --junitxml=$(TIMES)/model.xml; status=$$?; \
+	  --no-loadscope-reorder --junitxml=$(TIMES)/model.xml; status=$$?; \
 	  $(BIN)/python -m tests.durations $(TIMES)/fast.xml $(TIMES)/model.xml; exit $$status
 
 ## The last `make test`'s ten slowest tests and its time beside the goal, again.

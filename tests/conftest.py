@@ -92,6 +92,45 @@ def _refused(
     return lambda: setattr(owner, name, old)
 
 
+PER_ENGINE = ("hidden_probe", "cascade", "sentences")
+"""Groups whose modules make their calibrations once per engine (``white_box``): each
+engine's tests are a work unit of their own, so the two engines' halves may run side by side."""
+SECONDS = {
+    "llama_server": 370, "ray": 290, "hidden_probe": 190, "cascade": 165, "big_model": 150,
+    "adapters": 130, "llamacpp_backend": 50, "sentences": 35, "agents": 10,
+    "test_docs_pages.py": 340, "test_examples.py": 200, "test_readme.py": 180,
+    "test_llamacpp_packing.py": 110, "test_stream_sentences.py": 60, "test_rag_on_squad.py": 60,
+    "test_llamacpp_on_real_models.py": 50, "test_embedded_model.py": 50,
+    "test_reference.py": 40, "test_serve_embedded.py": 40, "test_cli.py": 30,
+}  # fmt: skip
+"""About how long each work unit of the model tier runs (a group's tests together; an
+ungrouped test, its module's): seconds in a fresh clone's run on a 2-core Xeon, 2026-11-27.
+Only their order matters: side by side (``--dist loadgroup --no-loadscope-reorder``) the
+longest units are handed out first and the short ones fill the end, so one worker does not
+run a long unit alone while the other waits (that tail was 150 s of one idle core)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Side by side: :data:`PER_ENGINE` groups split by engine, then the longest units first.
+
+    Before pytest-xdist reads the groups (``tryfirst``); the order within a unit is kept.
+    """
+    if not side_by_side(config):
+        return
+    for item in items:
+        engine = getattr(item, "callspec", None) and item.callspec.params.get("white_box")
+        groups = {str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args}
+        if engine and groups & set(PER_ENGINE):
+            item.add_marker(pytest.mark.xdist_group(engine))
+
+    def seconds(item: pytest.Item) -> int:
+        groups = [str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args]
+        return max((SECONDS.get(g, 0) for g in groups), default=SECONDS.get(item.path.name, 0))
+
+    items.sort(key=lambda item: -seconds(item))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """A ``threads`` test under OpenMP's thread limit runs in a child pytest without it."""
