@@ -31,44 +31,33 @@ STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 def _fit(
-    x: np.ndarray,
-    y: np.ndarray,
-    strength: float,
-    bounded: int | None = None,
+    x: np.ndarray, y: np.ndarray, strength: float, bounded: int | None = None
 ) -> tuple[np.ndarray, float]:
     """Weights and an intercept minimising mean log-loss + strength/2 * |w|^2.
 
     The first ``bounded`` weights (all by default) are >= 0; the others are free. Solved
-    by projected Newton steps (a few dozen features: each step is one small linear solve;
-    cross-validating a probe runs thousands of these fits), with L-BFGS-B to finish
+    by projected Newton steps (:func:`_fit_path`, one problem), with L-BFGS-B to finish
     should they not converge.
     """
-    n, d = x.shape
-    bounded = d if bounded is None else bounded
-    problem = _Problem(np.hstack([x, np.ones((n, 1))]), y, np.append(np.full(d, strength), 0.0))
-    lower = np.append(np.zeros(bounded), np.full(d - bounded + 1, -np.inf))
-    theta = np.append(np.zeros(d), math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
-    current, grad = problem(theta)
-    for _ in range(_NEWTON_STEPS):
-        held = (theta <= lower) & (grad > 0)  # at a bound and pushed against it
-        if np.max(np.abs(np.where(held, 0.0, grad))) < _TOLERANCE:
-            return theta[:-1], float(theta[-1])
-        free = ~held
-        step = np.zeros_like(theta)
-        step[free] = -np.linalg.solve(problem.hessian(free), grad[free])
-        for _ in range(30):  # backtracking along the projected path
-            trial = np.maximum(theta + step, lower)
-            after, after_grad = problem(trial)
-            if after <= current + 1e-4 * float(grad @ (trial - theta)):
-                break
-            step *= 0.5
-        else:
-            break
-        theta, current, grad = trial, after, after_grad
+    ((w, b),) = _fit_path([x], [y], [(0, x.shape[1], strength)], bounded)
+    return w, b
+
+
+def _lbfgs(x: np.ndarray, y: np.ndarray, strength: float, bounded: int) -> tuple[np.ndarray, float]:
+    """:func:`_fit`'s problem by scipy's L-BFGS-B: where the Newton steps do not converge."""
     from scipy.optimize import minimize
 
+    n, d = x.shape
+    xb, ridge = np.hstack([x, np.ones((n, 1))]), np.append(np.full(d, strength), 0.0)
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        z = xb @ theta
+        value = float((np.logaddexp(0.0, z) - y * z).sum()) / n + 0.5 * float(ridge @ theta**2)
+        return value, xb.T @ (_sigmoid(z) - y) / n + ridge * theta
+
+    start = np.append(np.zeros(d), math.log((y.mean() + 1e-9) / (1 - y.mean() + 1e-9)))
     bounds = [(0.0, None)] * bounded + [(None, None)] * (d - bounded + 1)
-    out = minimize(problem, theta, jac=True, method="L-BFGS-B", bounds=bounds)
+    out = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
     return out.x[:-1], float(out.x[-1])
 
 
@@ -86,7 +75,7 @@ def _fit_path(
     column past a problem's width is held at 0, a row past its data weighs nothing): a
     probe's search fits every fold, PCA size and strength of each candidate, thousands of
     fits of a few dozen features, where one fit at a time spends its time in numpy's
-    per-call overhead. A problem whose steps do not converge is finished by :func:`_fit`.
+    per-call overhead. A problem whose steps do not converge is finished by L-BFGS-B.
     """
     d = xs[0].shape[1]
     bounded = d if bounded is None else bounded
@@ -156,39 +145,14 @@ def _fit_path(
             fits.append((theta[i, :width], float(theta[i, -1])))
         else:
             x, y = xs[at_data], ys[at_data]
-            fits.append(_fit(x[:, :width], y, float(strength), min(bounded, width)))
+            fits.append(_lbfgs(x[:, :width], y, float(strength), min(bounded, width)))
     return fits
 
 
 _NEWTON_STEPS = 50
-"""Most projected Newton steps :func:`_fit` takes before L-BFGS-B finishes the fit."""
+"""Most projected Newton steps :func:`_fit_path` takes before L-BFGS-B finishes a fit."""
 _TOLERANCE = 1e-9
-"""Largest projected-gradient entry at which :func:`_fit` stops."""
-
-
-class _Problem:
-    """:func:`_fit`'s objective on ``theta = (w, b)``: value, gradient and Hessian.
-
-    The Hessian is taken at the last ``theta`` the value was computed at.
-    """
-
-    def __init__(self, xb: np.ndarray, y: np.ndarray, ridge: np.ndarray) -> None:
-        self.xb, self.y, self.ridge, self.n = xb, y, ridge, len(y)
-        self.p = np.empty(0)
-
-    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        z = self.xb @ theta
-        self.p = _sigmoid(z)
-        value = float((np.logaddexp(0.0, z) - self.y * z).sum()) / self.n
-        grad = self.xb.T @ (self.p - self.y) / self.n + self.ridge * theta
-        return value + 0.5 * float(self.ridge @ theta**2), grad
-
-    def hessian(self, free: np.ndarray) -> np.ndarray:
-        """The Hessian's rows and columns ``free``, at the last ``theta`` called with."""
-        cols = self.xb[:, free]
-        h = (cols * (self.p * (1 - self.p) / self.n)[:, None]).T @ cols
-        h.flat[:: h.shape[0] + 1] += self.ridge[free] + 1e-12
-        return np.asarray(h)
+"""Largest projected-gradient entry at which :func:`_fit_path` stops a fit."""
 
 
 def fit_combined(

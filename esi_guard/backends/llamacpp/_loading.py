@@ -126,12 +126,12 @@ def check_llama(llama: Any) -> None:
         raise ConfigurationError(msg)
 
 
-def check_arguments(llama: Any, n_seq_max: int) -> None:
+def check_arguments(llama: Any, n_seq_max: int, n_ctx: int | None = None) -> None:
     """Refuse what :class:`~.backend.LlamaCppBackend` cannot run on, naming it.
 
     Raises:
         ConfigurationError: ``llama`` is not a ``llama_cpp.Llama`` (or one
-            :func:`check_llama` refuses), or ``n_seq_max < 1``.
+            :func:`check_llama` refuses), ``n_seq_max < 1`` or ``n_ctx < 2``.
     """
     if not isinstance(llama, import_llama_cpp().Llama):
         msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
@@ -139,6 +139,9 @@ def check_arguments(llama: Any, n_seq_max: int) -> None:
     check_llama(llama)
     if n_seq_max < 1:
         msg = f"n_seq_max must be >= 1, got {n_seq_max}"
+        raise ConfigurationError(msg)
+    if n_ctx is not None and n_ctx < 2:
+        msg = f"n_ctx must be >= 2, got {n_ctx}"
         raise ConfigurationError(msg)
 
 

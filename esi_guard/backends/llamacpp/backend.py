@@ -103,7 +103,7 @@ class LlamaCppBackend(Backend):
         prefix_cache: int = PREFIX_CACHE_BYTES,
     ) -> None:
         llama_cpp = import_llama_cpp()
-        check_arguments(llama, n_seq_max)
+        check_arguments(llama, n_seq_max, n_ctx)
         check_precision(forcing_precision)
         self.llama = llama
         self.reuse_prefix = reuse_prefix
@@ -118,20 +118,15 @@ class LlamaCppBackend(Backend):
         self.template = gguf_template(llama, chat_template, self._model_id)
         trained = int(llama._model.n_ctx_train()) or 8192
         window = n_ctx if n_ctx is not None else min(trained, 8192)
-        if window < 2:
-            msg = f"n_ctx must be >= 2, got {window}"
-            raise ConfigurationError(msg)
         self._lock = threading.Lock()
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads,
                               prefix_cache=prefix_cache)  # fmt: skip
         self.forcing_precision = resolve_precision(forcing_precision, llama, llama_cpp)
         """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
-        weights (the original distributions are the generation's: a one-token decode rounds
-        otherwise, and at 1.5B Q4_K_M variants identical to the question score 0.04-0.06);
-        ``"f16"`` / ``"f32"``, a float copy written once to the cache folder (:mod:`._copy`;
-        0.27 / 0.54 GB for the embedded model), faster for a small quantized model on a
-        CPU, the original row forced too (:attr:`forces_original`). ``python -m
-        benchmarks.timing forcing`` measures both."""
+        weights (the original distributions the generation's, rounded otherwise than a
+        many-token decode); ``"f16"`` / ``"f32"``, a float copy in the cache folder
+        (:mod:`._copy`), faster for a small quantized model on a CPU, the original row
+        forced too (:attr:`forces_original`). ``benchmarks.timing forcing`` measures both."""
         self._forcing_llama = forcing_llama(llama_cpp, llama, self.forcing_precision, n_threads)
         self._forcer = self._engine
         if self._forcing_llama is not None:
