@@ -23,6 +23,7 @@ from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
 from esi_guard.exceptions import ModelLoadError
 
 __all__ = [
+    "cache_dir",
     "check_model_path",
     "embedded_gguf_in",
     "file_sha256",
@@ -33,6 +34,15 @@ __all__ = [
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 _LOCK = threading.Lock()
 _CHUNK = 1 << 20
+
+
+def cache_dir() -> Path:
+    """``$ESI_GUARD_CACHE``, else ``$XDG_CACHE_HOME/esi_guard``, else ``~/.cache/esi_guard``."""
+    own = os.environ.get("ESI_GUARD_CACHE")
+    if own:
+        return Path(own).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "esi_guard"
 
 
 def file_sha256(path: str | Path) -> str | None:

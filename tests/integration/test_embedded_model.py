@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from esi_guard import ESIGuard, HFBackend, WholeMessageWarning
+from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,3 +93,27 @@ def test_a_stop_sequence_ends_the_real_models_answer(hf_backend: HFBackend) -> N
     assert text.strip() == esi["answer"] == message.content
     assert message.usage_metadata is not None
     assert message.usage_metadata["output_tokens"] == len(esi["answer_token_ids"])
+
+
+def test_the_gguf_s_kept_reading_gives_the_same_model_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path))
+    fresh = HFBackend.default(device="cpu")  # read from the GGUF file, and kept
+    (kept,) = (tmp_path / "converted").iterdir()
+    again = HFBackend.default(device="cpu")  # read from the kept folder
+    assert again.model.config._name_or_path == str(kept)
+    assert again.model_id == fresh.model_id == EMBEDDED_MODEL_ID
+    assert again.model_sha256 == fresh.model_sha256 is not None
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Was ist die Hauptstadt von Frankreich? ½ 日本"}]  # fmt: skip
+    texts = [b.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+             for b in (fresh, again)]  # fmt: skip
+    assert texts[0] == texts[1]
+    ids = [b.tokenizer(texts[0], add_special_tokens=False)["input_ids"] for b in (fresh, again)]
+    assert ids[0] == ids[1]
+    with torch.no_grad():
+        logits = [b.model(torch.tensor([ids[0]])).logits for b in (fresh, again)]
+    assert torch.equal(logits[0], logits[1])
+    assert again.tokenizer.eos_token_id == fresh.tokenizer.eos_token_id

@@ -35,6 +35,7 @@ from esi_guard.backends._identity import (
 )
 from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
 from esi_guard.backends.base import Backend
+from esi_guard.backends.hf._converted import keep, kept_folder, read_kept
 from esi_guard.backends.hf._engine import Engine, import_torch, split_on_oom
 from esi_guard.backends.hf._force import Rendered, force_group, pack
 from esi_guard.backends.hf._hidden import decoder_parts
@@ -137,6 +138,7 @@ class HFBackend(Backend):
         chat_template: str | None = None,
         max_batch_rows: int = 32,
         model_id: str | None = None,
+        keep_converted: bool = True,
         **model_kwargs: Any,
     ) -> HFBackend:
         """Load a causal LM by hub id, local path, or GGUF file.
@@ -152,6 +154,10 @@ class HFBackend(Backend):
             max_batch_rows: See the class docstring.
             model_id: See the class docstring; default ``name_or_path`` (with the GGUF
                 file's name), or the embedded model's id for its file.
+            keep_converted: For a local GGUF file, keep transformers' reading of it in
+                the cache folder and read that on the next load (about 30 s -> 0.2 s for
+                the embedded model; :mod:`~esi_guard.backends.hf._converted`). Not with
+                ``model_kwargs``.
             **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained``.
         """
         where = str(name_or_path)
@@ -166,11 +172,19 @@ class HFBackend(Backend):
         if local_gguf is not None and not local_gguf.is_file():
             local_gguf = None  # a GGUF on the hub: read from its cache, digest unknown
         extra = {"gguf_file": gguf_file} if gguf_file else {}
+        digest = file_sha256(local_gguf) if local_gguf and keep_converted else None
+        kept = kept_folder(digest, dtype) if digest and not model_kwargs else None
         try:
-            tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-            model: Any = AutoModelForCausalLM.from_pretrained(
-                where, dtype=_resolve_dtype(dtype), **extra, **model_kwargs
-            )
+            read = read_kept(kept, _resolve_dtype(dtype)) if kept else None
+            if read is None:
+                tokenizer = AutoTokenizer.from_pretrained(where, **extra)
+                model: Any = AutoModelForCausalLM.from_pretrained(
+                    where, dtype=_resolve_dtype(dtype), **extra, **model_kwargs
+                )
+                if kept:
+                    keep(kept, tokenizer, model)
+            else:
+                tokenizer, model = read
         except (OSError, ValueError, ImportError) as exc:
             msg = f"could not load model {where!r}" + (
                 f" (GGUF {gguf_file!r})" if gguf_file else ""

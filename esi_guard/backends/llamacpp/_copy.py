@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from esi_guard.backends._identity import file_sha256
+from esi_guard.backends._identity import cache_dir, file_sha256
 from esi_guard.backends.llamacpp._loading import load_llama
 from esi_guard.exceptions import ConfigurationError, ModelLoadError
 
@@ -111,15 +111,6 @@ def load_forcing_copy(
         msg = f"the {precision} copy {str(copy)!r} has another vocabulary than its model"
         raise ModelLoadError(msg)
     return twin
-
-
-def cache_dir() -> Path:
-    """``$ESI_GUARD_CACHE``, else ``$XDG_CACHE_HOME/esi_guard``, else ``~/.cache/esi_guard``."""
-    own = os.environ.get("ESI_GUARD_CACHE")
-    if own:
-        return Path(own).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "esi_guard"
 
 
 def forcing_copy(
