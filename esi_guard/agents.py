@@ -244,6 +244,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
             token_scores=[],
             model=guard.backend.model_id,
             scoring=guard.scoring_config.as_metadata(),
+            threshold_source=guard.threshold_source,
         )
         return _with(response, message, _meta(result))
 

@@ -189,6 +189,10 @@ class ESIResult:
     its tokens to its text."""
     sentence_threshold: float | None = None
     """The threshold sentences were decided on, when it is not ``threshold`` (left out)."""
+    threshold_source: str = "given"
+    """Where ``threshold`` came from: ``"given"`` (``threshold=``), ``"file:<path>"``
+    (``ESIGuard.from_calibration``) or ``"shipped:<file>"`` (the model's shipped
+    calibration, taken when no threshold was given)."""
 
     prompt_tokens: int | None = field(default=None, compare=False)
     """How many tokens the prompt took, when the backend said (set by

@@ -1,4 +1,4 @@
-r"""The hidden-state probe's two commands: ``collect`` a run, ``report`` its tables.
+r"""The hidden-state probe's commands: ``collect`` a run, ``report`` its tables, ``export`` it.
 
     OMP_NUM_THREADS=1 python -m benchmarks.probe collect --data ../shared/data/sciq/test.jsonl \\
         --limit 1000 --cache .bench-cache/probe --shard 0/2        # and 1/2 beside it
@@ -20,8 +20,10 @@ from pathlib import Path
 
 from benchmarks.probe.collect import TIMING_QUESTIONS, collect
 from benchmarks.probe.data import runs
+from benchmarks.probe.export import export
 from benchmarks.probe.report import markdown, report
 from benchmarks.shared_data import shared_data
+from esi_guard.result import DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["main"]
 
@@ -54,7 +56,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     tables.add_argument("--folds", type=int, default=5, help="outer and inner folds")
     tables.add_argument("--repeats", type=int, default=2, help="outer k-fold repeats")
     tables.add_argument("--seed", type=int, default=0)
+    out = commands.add_parser("export", help="runs as an esi-guard calibrate cache")
+    out.add_argument("--cache", type=Path, default=Path(".bench-cache/probe"))
+    out.add_argument("--name", action="append", required=True,
+                     help="a run (sciq-...); several: one cache, in this order")  # fmt: skip
+    out.add_argument("--model", required=True, help="as calibrate will be given it")
+    out.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    out.add_argument("--out", type=Path, required=True)
+    out.add_argument("--threshold", type=Path,
+                     help="a threshold file: write esi-guard evaluate's cache for it")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.command == "export":
+        command = export(args.cache, args.name, model=args.model, out=args.out,
+                         max_new_tokens=args.max_new_tokens,
+                         threshold=args.threshold)  # fmt: skip
+        print(f"wrote {args.out}; run with no model call:\n  {command}")
+        return
     if args.command == "report":
         start = time.perf_counter()
         records = report(args.cache, args.name or runs(args.cache), folds=args.folds,

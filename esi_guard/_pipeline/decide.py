@@ -53,6 +53,8 @@ class Rule:
     the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
     sentence_threshold: float | None = None
     """Sentences whose score is above it are past the threshold (None: ``threshold``)."""
+    threshold_source: str = "given"
+    """Where the threshold came from, as results report it."""
 
     @property
     def by_sentence(self) -> bool:
@@ -171,6 +173,7 @@ class Rule:
             signals=signals if score is not None else {},
             p_wrong=p_wrong,
             hidden=hidden if self.keep_hidden else None,
+            threshold_source=self.threshold_source,
             decided_by=None if self.cascade is None else "esi",
             probe_score=item.probe_score,
             sentences=sentences if score is not None else [],
@@ -266,6 +269,7 @@ class Rule:
             signals=signals,
             p_wrong=p_wrong,
             hidden=hidden if self.keep_hidden else None,
+            threshold_source=self.threshold_source,
             decided_by=decided_by,
             probe_score=item.probe_score,
         )

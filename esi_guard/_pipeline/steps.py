@@ -113,6 +113,8 @@ class Pipeline:
     """A failed step's error is the item's outcome whatever ``on_error`` (:class:`Rule`)."""
     sentence_threshold: float | None = None
     """The threshold of sentences' scores (None: ``threshold``)."""
+    threshold_source: str = "given"
+    """Where the threshold came from (:attr:`ESIGuard.threshold_source`)."""
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
@@ -127,7 +129,8 @@ class Pipeline:
         return Rule(self.threshold, self.action, self.on_error, self.config,
                     self.backend.model_id, self.combined,
                     self.keep_hidden is not None, self.cascade,
-                    self.return_failures, self.sentence_threshold)  # fmt: skip
+                    self.return_failures, self.sentence_threshold,
+                    self.threshold_source)  # fmt: skip
 
     def order(
         self, items: Sequence[Item], answered: bool = False

@@ -57,6 +57,7 @@ def embedded_threshold() -> Path:
     """The threshold file shipped for the embedded model (``ESIGuard()`` uses it).
 
     Written by ``esi-guard calibrate`` (the command is in the calibration docs); it lies
-    beside this module, so it needs no model installed.
+    in the package's ``shipped`` folder with the other models' (:mod:`esi_guard.guard._shipped`),
+    so it needs no model installed.
     """
-    return Path(__file__).with_name("embedded_threshold.json")
+    return Path(__file__).parents[1] / "shipped" / "smollm2-135m-instruct-q4_1.json"

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
-from esi_guard.backends._identity import file_sha256
-from esi_guard.backends._identity import cache_dir
+from esi_guard.backends._identity import cache_dir, file_sha256
 from esi_guard.exceptions import ConfigurationError, ModelLoadError
 
 __all__ = [

@@ -16,10 +16,11 @@ from pydantic import ValidationError
 from esi_guard._keywords import unknown_keyword
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import states_engine
-from esi_guard.backends.embedded import EMBEDDED_MODEL_ID, EmbeddedBackend, embedded_threshold
+from esi_guard.backends.embedded import EmbeddedBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning, PromptMismatchWarning
 from esi_guard.guard._prompt import PROMPT_ADVICE, CalibratedPrompt, fields_of
+from esi_guard.guard._shipped import shipped_for
 from esi_guard.interventions import rebuild_intervention
 from esi_guard.result import ScoringConfig
 
@@ -54,6 +55,7 @@ class Prompted(Guard, Protocol):
 
     _calibrated_prompt: CalibratedPrompt | None
     _prompt_warned: bool
+    _threshold_source: str
 
 
 G = TypeVar("G", bound=Prompted)
@@ -72,6 +74,8 @@ class FileSettings(NamedTuple):
     """The file, as messages name it."""
     hint: str = ""
     """Appended to a mismatch's message."""
+    source: str = ""
+    """Where the threshold came from, as results report it (``threshold_source``)."""
 
 
 _FILE_OPTIONS = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
@@ -186,6 +190,7 @@ def from_threshold_file(
     guard = cls(**settings.kwargs)
     check_file_match(settings, guard, stacklevel=3)
     guard._calibrated_prompt = prompt
+    guard._threshold_source = f"file:{path}"
     overridden = [
         f"{name}={kwargs[name]!r} where the file has {theirs!r}"
         for name, theirs in (("system_prompt", prompt.system), ("prompt_template", template))
@@ -254,7 +259,7 @@ def given_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], FileSettings
     ``llm=`` becomes its backend (:func:`~esi_guard.backends.adapters.backend_for`), with
     ``n_threads`` where given, as does no model (the embedded one's copy with those
     threads); a ``backend=`` with ``n_threads`` is refused (it was built with its own). No
-    ``threshold`` means the embedded model's shipped one (:func:`shipped_settings`).
+    ``threshold`` means the model's shipped one (:func:`shipped_settings`).
     """
     kwargs = dict(kwargs)
     threads = kwargs.get("n_threads")
@@ -278,24 +283,23 @@ def given_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], FileSettings
 
 
 def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> FileSettings:
-    """:func:`file_settings` of the embedded model's shipped calibration (no ``threshold``).
+    """:func:`file_settings` of the model's shipped calibration (no ``threshold`` given).
 
-    Only the embedded model has one: any other model needs ``threshold=`` or
+    The file is :func:`~esi_guard.guard._shipped.shipped_for` the backend (the embedded
+    model's with none), or ``path``; a model none ships for needs ``threshold=`` or
     ``from_calibration``, and is told so in one line. A scoring setting given that differs
     from the shipped file's would make its threshold meaningless: :func:`check_file_match`
     refuses it.
     """
-    backend = kwargs.get("backend")
-    if backend is not None and backend.model_id != EMBEDDED_MODEL_ID:
-        msg = (
-            f"ESIGuard needs threshold=... for {backend.model_id!r} (only the embedded default "
-            "model ships a calibrated one): calibrate it on your labelled questions with "
-            "`esi-guard calibrate`, then ESIGuard.from_calibration(path)"
-        )
-        raise ConfigurationError(msg)
+    if path is None:
+        found = shipped_for(kwargs.get("backend"))
+        path, source = found.path, found.source
+        where = f"the shipped calibration {found.path.name}"
+    else:
+        source, where = f"shipped:{Path(path).name}", f"the shipped calibration {path}"
     hint = "; with other settings give threshold=... (calibrate one: esi-guard calibrate)"
-    calibrated = ThresholdFile.read(path or embedded_threshold())
-    return file_settings(calibrated, kwargs, "the embedded model's shipped threshold", hint)
+    calibrated = ThresholdFile.read(path)
+    return file_settings(calibrated, kwargs, where, hint)._replace(source=source)
 
 
 def configuration_error(exc: ValidationError, own: Iterable[str]) -> ConfigurationError:

@@ -185,6 +185,7 @@ class GuardFields(BaseChatModel):
     _calibrated_prompt: CalibratedPrompt | None = PrivateAttr(default=None)
     _prompt_warned: bool = PrivateAttr(default=False)
     _cascade: Cascade | None = PrivateAttr(default=None)
+    _threshold_source: str = PrivateAttr(default="given")
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
@@ -196,6 +197,16 @@ class GuardFields(BaseChatModel):
             raise _config.configuration_error(exc, [*own, "max_tokens"]) from exc
         if shipped is not None:
             _config.check_file_match(shipped, self, stacklevel=2)
+            self._threshold_source = shipped.source
+
+    @property
+    def threshold_source(self) -> str:
+        """Where ``threshold`` came from; every result reports it.
+
+        ``"given"`` (``threshold=``), ``"file:<path>"`` (:meth:`from_calibration`) or
+        ``"shipped:<file>"`` (the model's shipped calibration, used when no threshold is given).
+        """
+        return self._threshold_source
 
     @model_validator(mode="before")
     @classmethod

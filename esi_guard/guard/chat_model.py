@@ -470,6 +470,7 @@ class ESIGuard(GuardFields):
             cascade=self._cascade,
             return_failures=failures,
             sentence_threshold=self.sentence_threshold,
+            threshold_source=self.threshold_source,
         )
 
     def _start(

@@ -106,8 +106,8 @@ def test_the_gguf_s_kept_reading_gives_the_same_model_bit_for_bit(
     assert again.model.config._name_or_path == str(kept)
     assert again.model_id == fresh.model_id == EMBEDDED_MODEL_ID
     assert again.model_sha256 == fresh.model_sha256 is not None
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": "Was ist die Hauptstadt von Frankreich? ½ 日本"}]  # fmt: skip
+    question = "Was ist die Hauptstadt von Frankreich? ½ 日本"
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     texts = [b.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
              for b in (fresh, again)]  # fmt: skip
     assert texts[0] == texts[1]

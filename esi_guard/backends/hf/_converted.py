@@ -43,8 +43,10 @@ def kept_folder(digest: str, dtype: Any) -> Path:
 
 
 def read_kept(folder: Path, dtype: Any) -> tuple[Any, Any] | None:
-    """The kept ``(tokenizer, model)`` in ``folder``; None when there is none (or it is
-    unreadable: it is then removed, and the caller reads the GGUF file again)."""
+    """The kept ``(tokenizer, model)`` in ``folder``; None when there is none.
+
+    An unreadable one is removed (None too: the caller reads the GGUF file again).
+    """
     if not (folder / _DONE).is_file():
         return None
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,8 +80,8 @@ def keep(folder: Path, tokenizer: Any, model: Any) -> None:
         tokenizer.save_pretrained(partial)
         (partial / _DONE).write_text(f"{time.time()}\n")
         os.rename(partial, folder)
-    except OSError:
-        pass  # another process kept it first, or the disk is full or read-only
+    except (OSError, AttributeError, TypeError, ValueError, RuntimeError):
+        pass  # kept by another process first; a full or read-only disk; a custom tokenizer
     finally:
         model.hf_quantizer = quantizer
         if had_quantization:

@@ -383,6 +383,7 @@ def test_a_model_read_from_a_gguf_file_has_its_digest(
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "w.gguf"
     path.write_bytes(b"GGUF weights")
     digest = hashlib.sha256(b"GGUF weights").hexdigest()

@@ -102,3 +102,10 @@ def test_a_disk_that_refuses_costs_the_next_load_not_this_one(
     keep(folder, SavedTokenizer(), model)  # no error
     assert not folder.exists()
     assert not [p for p in folder.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_tokenizer_that_cannot_save_itself_leaves_nothing_kept(own_cache: Path) -> None:
+    folder = kept_folder("56" * 32, "auto")
+    keep(folder, object(), tiny())  # a custom tokenizer without save_pretrained: no error
+    assert not folder.exists()
+    assert not [p for p in folder.parent.iterdir() if p.name.endswith(".partial")]
