@@ -151,6 +151,10 @@ def score_run(
         given = cache
         cache = cache or default_cache(source.data, request, digest)
         found = complete_cache(cache, request, digest, len(examples))
+        if found is None and given is not None and not request.get("hidden_states"):
+            # a finished run that kept the states holds this run's answers and scores too
+            found = complete_cache(given, {**request, "hidden_states": True}, digest,
+                                   len(examples))  # fmt: skip
         if found is None and given is not None and request.get("hidden_states"):
             hidden_cache = beside(given)  # where a run reusing --cache's answers wrote
             found = complete_cache(hidden_cache, request, digest, len(examples))

@@ -204,6 +204,15 @@ def test_a_run_with_states_reuses_the_answers_and_scores_of_one_without(
     assert all(r["hidden"]["layers"] for r in both)
     third = CliRunner().invoke(cli_module.app, command)
     assert third.exit_code == 0 and "no model loaded" in " ".join(third.output.split())
+    # and the finished run with states serves a run without them (its answers and scores)
+    free = ["calibrate", "--data", str(data), "--n-variants", "4", "--resamples", "50",
+            "--select", "youden", "--out", str(tmp_path / "free.json"),
+            "--cache", str(tmp_path / "run-hidden.jsonl"), "--score", "combined",
+            "--features", "esi,nll"]  # fmt: skip
+    fourth = CliRunner().invoke(cli_module.app, free)
+    assert fourth.exit_code == 0, fourth.output
+    assert "no model loaded" in " ".join(fourth.output.split())
+    assert ThresholdFile.read(tmp_path / "free.json").combined.hidden is None  # type: ignore[union-attr]
 
 
 def test_evaluate_reuses_calibrate_s_cache_and_computes_p_wrong_from_its_signals(
