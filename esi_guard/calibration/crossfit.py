@@ -47,6 +47,7 @@ import numpy as np
 from esi_guard.backends.hidden import HiddenStates
 from esi_guard.calibration.combined_fit import average, fit_combined
 from esi_guard.calibration.metrics import Estimate, auroc, bootstrap, paired_difference
+from esi_guard.calibration.probe_search import reductions_kept
 from esi_guard.combined import HIDDEN, CombinedScore
 from esi_guard.exceptions import ConfigurationError
 
@@ -274,6 +275,16 @@ def select(
     if HIDDEN in requested and states is None:
         msg = "the hidden-state probe was asked for and the answers have no states"
         raise ConfigurationError(msg)
+    with reductions_kept():
+        return _select(signals, y, requested, states, folds, seed, tolerance, resamples,
+                       explain, nested, progress)  # fmt: skip
+
+
+def _select(
+    signals: Sequence[Mapping[str, float]], y: np.ndarray, requested: Sequence[str],
+    states: Sequence[HiddenStates] | None, folds: int, seed: int, tolerance: float,
+    resamples: int, explain: bool, nested: bool, progress: Callable[[str], None] | None,
+) -> Selection:  # fmt: skip
     say = progress or (lambda _: None)
     splits = _splits(y, folds, seed)
     fold_of = np.empty(len(y), dtype=np.int_)

@@ -16,7 +16,10 @@ Pure: numpy, no model.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import numpy as np
@@ -25,7 +28,16 @@ from esi_guard.backends.hidden import HiddenStates, Position
 from esi_guard.combined import HiddenProbe
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["COMPONENTS", "POSITION_SETS", "Reduced", "StateFit", "search_states", "standard"]
+__all__ = [
+    "COMPONENTS",
+    "KEPT_BYTES",
+    "POSITION_SETS",
+    "Reduced",
+    "StateFit",
+    "reductions_kept",
+    "search_states",
+    "standard",
+]
 
 POSITION_SETS: tuple[tuple[Position, ...], ...] = (
     ("prompt_last",),
@@ -63,11 +75,108 @@ class Reduced:
         z = (states - self.mean) / self.scale
         self.center = z.mean(axis=0)
         self.basis = _principal_axes(z - self.center, components)
+        self.projections: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+        """Rows already projected, kept by :func:`_projected` (within :func:`reductions_kept`)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Its arrays' bytes (the projections kept with it, a few dozen columns, aside)."""
+        return sum(a.nbytes for a in (self.mean, self.scale, self.center, self.basis))
 
     def __call__(self, states: np.ndarray, components: int) -> np.ndarray:
         """The states' first ``components`` principal components."""
         z = (states - self.mean) / self.scale - self.center
         return np.asarray(z @ self.basis[:components].T)
+
+
+KEPT_BYTES = 1 << 30
+"""The most bytes of PCA fits :func:`reductions_kept` holds (the least recently used go)."""
+
+
+class _Kept:
+    """PCA fits by the answers (and layer, positions, size) they were fitted on."""
+
+    def __init__(self) -> None:
+        self.fits: OrderedDict[tuple[object, ...], tuple[tuple[HiddenStates, ...], Reduced]] = (
+            OrderedDict()
+        )
+        self.bytes = 0
+
+    def get(self, key: tuple[object, ...], answers: tuple[HiddenStates, ...]) -> Reduced | None:
+        found = self.fits.get(key)
+        if found is None or any(a is not b for a, b in zip(found[0], answers, strict=True)):
+            return None
+        self.fits.move_to_end(key)
+        return found[1]
+
+    def put(self, key: tuple[object, ...], answers: tuple[HiddenStates, ...], fit: Reduced) -> None:
+        self.fits[key] = (answers, fit)
+        self.bytes += fit.nbytes
+        while self.bytes > KEPT_BYTES and len(self.fits) > 1:
+            _, (_, old) = self.fits.popitem(last=False)
+            self.bytes -= old.nbytes
+
+
+_KEPT: ContextVar[_Kept | None] = ContextVar("reductions", default=None)
+
+
+@contextmanager
+def reductions_kept() -> Iterator[None]:
+    """Within it, each search reuses the PCA fits of earlier searches on the same answers.
+
+    A selection (:func:`~esi_guard.calibration.crossfit.select`) cross-fits several
+    candidates that read the hidden states (the probe alone, with the free signals, with
+    ESI too, each feature's contribution) on the same folds, and their searches fit the
+    same reductions on the same rows: at a 1.5B model's width the costliest step. Here
+    each is fitted once (up to :data:`KEPT_BYTES`, least recently used dropped first).
+    The states a fit was made on are held with it, so one answer is never taken for
+    another; the same numbers as fitting again.
+    """
+    if _KEPT.get() is not None:  # within another: its fits are these
+        yield
+        return
+    token = _KEPT.set(_Kept())
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
+def _reduced(
+    hidden: Sequence[HiddenStates], rows: np.ndarray, states: np.ndarray,
+    where: tuple[object, ...], components: int,
+) -> Reduced:  # fmt: skip
+    """``Reduced(states[rows], components)``, or the same fit kept by :func:`reductions_kept`."""
+    kept = _KEPT.get()
+    if kept is None:
+        return Reduced(states[rows], components)
+    answers = tuple(hidden[i] for i in rows)
+    key = (*where, components, *map(id, answers))
+    found = kept.get(key, answers)
+    if found is None:
+        found = Reduced(states[rows], components)
+        kept.put(key, answers, found)
+    return found
+
+
+def _projected(
+    hidden: Sequence[HiddenStates], train: np.ndarray, test: np.ndarray, states: np.ndarray,
+    where: tuple[object, ...], components: int,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The ``train`` and ``test`` rows' components by the reduction fitted on ``train``.
+
+    Kept with the reduction by :func:`reductions_kept` (the same folds come back with
+    every candidate).
+    """
+    reduce = _reduced(hidden, train, states, where, components)
+    kept = _KEPT.get()
+    key = ("projected", *where, components, *map(id, (hidden[i] for i in test)))
+    found = None if kept is None else reduce.projections.get(key)
+    if found is None:
+        found = (reduce(states[train], components), reduce(states[test], components))
+        if kept is not None:
+            reduce.projections[key] = found
+    return found
 
 
 def _principal_axes(centred: np.ndarray, components: int) -> np.ndarray:
@@ -142,9 +251,9 @@ def search_states(
             for fold, (train, test) in enumerate(splits):
                 # The PCA sizes' components are the first of the largest's (as many as the
                 # states give).
-                reduce = Reduced(states[train], max(sizes))
-                xas.append(np.hstack([x[train], reduce(states[train], max(sizes))]))
-                xbs.append(np.hstack([x[test], reduce(states[test], max(sizes))]))
+                fitted, held = _projected(hidden, train, test, states, (layer, chosen), max(sizes))
+                xas.append(np.hstack([x[train], fitted]))
+                xbs.append(np.hstack([x[test], held]))
                 yas.append(y[train])
                 for k in sizes:
                     for c in strengths:
@@ -161,7 +270,7 @@ def search_states(
     layer, chosen, k, strength = best
     li, pi = layers.index(layer), [positions.index(p) for p in chosen]
     states = values[:, li, pi, :].reshape(len(y), -1)
-    reduce = Reduced(states, k)
+    reduce = _reduced(hidden, np.arange(len(y)), states, (layer, chosen), k)
     chosen_x = np.hstack([x, reduce(states, k)])
     ((w, b),) = fit([chosen_x], [y], [(0, chosen_x.shape[1], strength)])
     # Fold standardising, PCA and the components' weights into weights on the raw states.

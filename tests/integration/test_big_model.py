@@ -28,6 +28,7 @@ from esi_guard.calibration.calibrate_combined import decode_states
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
+from esi_guard.guard._shipped import shipped_for
 from integrations.llamacpp.server import LlamaServer, free_port
 from tests.unit.server.servers import process_ready
 
@@ -142,6 +143,42 @@ def test_two_sentences_get_a_score_each(guard: ESIGuard) -> None:
     assert all(math.isfinite(s["score"]) and s["score"] >= 0 for s in sentences)
     worst = max(s["score"] for s in sentences)
     assert esi["decision"] == ("accept" if worst <= guard.threshold else "flag")
+
+
+def test_with_no_threshold_its_shipped_calibration_decides_and_says_so(
+    backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ESIGuard(backend=...)`` with no threshold: the model's shipped file, found by the
+    GGUF's digest (on llama.cpp the one with the hidden-state probe); each result names it,
+    and its ``p_wrong`` is the file's score of the answer's own signals and states."""
+    guard = ESIGuard(backend=backend)
+    chosen = shipped_for(backend)
+    assert guard.threshold_source == chosen.source == f"shipped:{chosen.path.name}"
+    assert chosen.path.name.startswith("qwen2.5-coder-1.5b-instruct-q4_k_m")
+    written = ThresholdFile.read(chosen.path)
+    combined = written.combined
+    assert combined is not None and written.model_sha256 == backend.model_sha256
+    forced: list[int] = []
+    real = backend.teacher_force
+
+    def counted(requests: Any, **kwargs: Any) -> Any:
+        forced.append(len(requests))
+        return real(requests, **kwargs)
+
+    monkeypatch.setattr(backend, "teacher_force", counted)
+    system = written.scoring.system_prompt
+    assert system
+    easy, unknowable = (
+        guard.invoke(ask(q, system)).response_metadata["esi"] for q in (EASY, UNKNOWABLE)
+    )
+    assert easy["threshold_source"] == guard.threshold_source
+    assert "paris" in easy["answer"].lower() and easy["decision"] == "accept"
+    assert unknowable["p_wrong"] > easy["p_wrong"]
+    if not combined.uses_esi:  # the file keeps no ESI: no variant forced, ever
+        assert forced == [] and easy["decided_by"] == "free"
+    for esi in (easy, unknowable):
+        accepted = esi["p_wrong"] <= written.threshold
+        assert esi["decision"] == ("accept" if accepted else "flag")
 
 
 def test_calibrate_evaluate_and_a_hidden_state_probe_on_twelve_sciq_questions(

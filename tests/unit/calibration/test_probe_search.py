@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from esi_guard.backends.hidden import FINAL, POSITIONS, HiddenStates
+from esi_guard.calibration import probe_search
 from esi_guard.calibration.probe_search import POSITION_SETS, search_states, standard
 from esi_guard.exceptions import ConfigurationError
 
@@ -63,3 +64,46 @@ def test_states_of_different_shapes_are_refused() -> None:
 def test_a_constant_column_is_left_unscaled() -> None:
     mean, scale = standard(np.array([[1.0, 3.0], [1.0, 7.0]]))
     assert mean.tolist() == [1.0, 5.0] and scale.tolist() == [1.0, 2.0]
+
+
+def test_kept_reductions_give_the_same_search_and_are_fitted_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(1)
+    n, width, layers = 60, 5, (2, FINAL)
+    values = rng.normal(size=(n, len(layers), len(POSITIONS), width))
+    y = values[:, 0, 0, :] @ rng.normal(size=width)
+    states = [HiddenStates(layers, POSITIONS, values[i]) for i in range(n)]
+    x = rng.normal(size=(n, 2))
+    splits = [(np.flatnonzero(np.arange(n) % 3 != k), np.flatnonzero(np.arange(n) % 3 == k))
+              for k in range(3)]  # fmt: skip
+    fitted: list[int] = []
+    real = probe_search.Reduced.__init__
+
+    def counted(self: probe_search.Reduced, raw: np.ndarray, components: int) -> None:
+        fitted.append(len(raw))
+        real(self, raw, components)
+
+    monkeypatch.setattr(probe_search.Reduced, "__init__", counted)
+
+    def search(signals: np.ndarray) -> probe_search.StateFit:
+        return search_states(signals, y, splits, states, strengths=(1e-3, 1.0),
+                             fit=least_squares, error=lambda held, z: held - z,
+                             score=lambda r: float(np.mean(r**2)))  # fmt: skip
+
+    alone = search(x)
+    once = len(fitted)
+    with probe_search.reductions_kept():
+        first, again = search(x), search(x[:, :1])  # another candidate, the same answers
+    assert len(fitted) == 2 * once  # the second search fitted none of its own
+    assert np.array_equal(first.probe.weights, alone.probe.weights)
+    assert first.probe.selection == alone.probe.selection
+    assert np.array_equal(first.errors, alone.errors)
+    assert again.probe.hidden_size == width
+    with probe_search.reductions_kept():
+        other = [HiddenStates(layers, POSITIONS, values[i].copy()) for i in range(n)]
+        search(x)
+        before = len(fitted)
+        search_states(x, y, splits, other, strengths=(1.0,), fit=least_squares,
+                      error=np.subtract, score=lambda r: float(np.mean(r**2)))  # fmt: skip
+        assert len(fitted) > before  # other answers' states (equal values): fitted anew
