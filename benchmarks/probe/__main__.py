@@ -63,13 +63,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.add_argument("--model", required=True, help="as calibrate will be given it")
     out.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     out.add_argument("--out", type=Path, required=True)
+    out.add_argument("--allow-cut", action="store_true",
+                     help="keep answers cut at the run's limit (a held-out check)")  # fmt: skip
     out.add_argument("--threshold", type=Path,
                      help="a threshold file: write esi-guard evaluate's cache for it")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "export":
         command = export(args.cache, args.name, model=args.model, out=args.out,
                          max_new_tokens=args.max_new_tokens,
-                         threshold=args.threshold)  # fmt: skip
+                         threshold=args.threshold, allow_cut=args.allow_cut)  # fmt: skip
         print(f"wrote {args.out}; run with no model call:\n  {command}")
         return
     if args.command == "report":

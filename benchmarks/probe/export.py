@@ -65,17 +65,19 @@ def export(
     out: Path,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     threshold: Path | None = None,
+    allow_cut: bool = False,
 ) -> str:
     """Write runs ``names`` (in order) as one calibrate cache at ``out``; its command.
 
     With ``threshold`` (a threshold file) the cache is ``esi-guard evaluate``'s for that
     file instead: evaluate computes each answer's ``p_wrong`` from the cached signals and
-    states, no model call.
+    states, no model call. ``allow_cut``: keep answers cut at the run's limit as they are
+    where the guard would have gone on (for a held-out check, counted in the command's line).
     """
     headers = [run_header(cache_dir, name) for name in names]
     runs = [load(cache_dir, name) for name in names]
     for name, header, run in zip(names, headers, runs, strict=True):
-        _check_run(name, header, run.records, max_new_tokens)
+        _check_run(name, header, run.records, max_new_tokens, allow_cut)
     first = headers[0]
     for name, header in zip(names[1:], headers[1:], strict=True):
         for key in ("model", "engine", "system", "L", "k", "soc", "layers", "positions"):
@@ -118,6 +120,9 @@ def export(
             lines.append(json.dumps(_record(offset + i, example.answers, record, spec, values)))
         offset += len(run.records)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cut = sum(r.get("finish_reason") != "stop" for run in runs for r in run.records)
+    if cut and max_new_tokens != first["max_new_tokens"]:
+        print(f"  kept as they are: {cut} answers cut at {first['max_new_tokens']} tokens")
     data_args = " ".join(f"--data {path}" for path in data)
     if threshold is not None:
         return (f"esi-guard evaluate --threshold {threshold} --model {model} {data_args} "
@@ -152,8 +157,9 @@ def _stop(message: str) -> NoReturn:
 
 
 def _check_run(
-    name: str, header: dict[str, Any], records: Sequence[dict[str, Any]], max_new_tokens: int
-) -> None:
+    name: str, header: dict[str, Any], records: Sequence[dict[str, Any]], max_new_tokens: int,
+    allow_cut: bool,
+) -> None:  # fmt: skip
     if header.get("template") or header.get("chat_template") or header.get("stop"):
         _stop(f"{name} was asked with a template or few-shot prompt: not calibrate's")
     if header["labels"] != "containment":
@@ -162,7 +168,7 @@ def _check_run(
         _stop(f"{name} lacks some of its first {len(records)} questions: collect more")
     if max_new_tokens != header["max_new_tokens"]:
         cut = [r["index"] for r in records if r.get("finish_reason") != "stop"]
-        if max_new_tokens < header["max_new_tokens"] or cut:
+        if max_new_tokens < header["max_new_tokens"] or (cut and not allow_cut):
             limit = header["max_new_tokens"]
             _stop(f"{name}: {len(cut)} answers cut at {limit} tokens: --max-new-tokens {limit}")
 
