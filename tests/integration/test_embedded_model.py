@@ -9,6 +9,7 @@ import pytest
 
 from esi_guard import ESIGuard, HFBackend, WholeMessageWarning
 from esi_guard.backends.embedded import EMBEDDED_MODEL_ID
+from esi_guard.backends.hf import backend as hf_backend_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -100,11 +101,23 @@ def test_the_gguf_s_kept_reading_gives_the_same_model_bit_for_bit(
 ) -> None:
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("ESI_GUARD_CACHE", str(tmp_path))
+    read: list[bool] = []
+    real = hf_backend_module.read_kept
+
+    def spied(folder: Path, dtype: object) -> object:
+        found = real(folder, dtype)
+        read.append(found is not None)
+        return found
+
+    monkeypatch.setattr(hf_backend_module, "read_kept", spied)
     fresh = HFBackend.default(device="cpu")  # read from the GGUF file, and kept
     (kept,) = (tmp_path / "converted").iterdir()
     again = HFBackend.default(device="cpu")  # read from the kept folder
-    assert again.model.config._name_or_path == str(kept)
+    assert read == [False, True] and (kept / "model.safetensors").is_file()
+    # named as the GGUF's reading is, so a wrapper of the model (a pipeline) finds its file
+    assert again.model.config._name_or_path == fresh.model.config._name_or_path
     assert again.model_id == fresh.model_id == EMBEDDED_MODEL_ID
+    assert HFBackend(again.model, again.tokenizer).model_id == EMBEDDED_MODEL_ID
     assert again.model_sha256 == fresh.model_sha256 is not None
     question = "Was ist die Hauptstadt von Frankreich? ½ 日本"
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]

@@ -183,8 +183,9 @@ class HFBackend(Backend):
                 )
                 if kept:
                     keep(kept, tokenizer, model)
-            else:
+            else:  # named as the GGUF's own reading is: a wrapper of it finds the same file
                 tokenizer, model = read
+                model.config._name_or_path = tokenizer.name_or_path = where
         except (OSError, ValueError, ImportError) as exc:
             msg = f"could not load model {where!r}" + (
                 f" (GGUF {gguf_file!r})" if gguf_file else ""
