@@ -29,7 +29,6 @@ probe's candidate layers are those of the run nearest to the ones ``calibrate`` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import replace
@@ -39,7 +38,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from benchmarks.probe.data import load, run_header
-from esi_guard.backends import FINAL, HiddenSpec
+from esi_guard.backends import FINAL, HiddenSpec, file_sha256
 from esi_guard.calibration.calibrate_combined import encode_states
 from esi_guard.calibration.data import dataset_hash, load_files
 from esi_guard.calibration.file import ThresholdFile
@@ -94,7 +93,7 @@ def export(
     guard = build.guard(chosen, scoring, hidden=True)
     if guard.backend.engine != first["engine"]:
         _stop(f"--model runs on {guard.backend.engine}; the runs on {first['engine']}")
-    if guard.backend.model_sha256 != _sha256(Path(first["model"])):
+    if guard.backend.model_sha256 != file_sha256(first["model"]):
         _stop(f"--model {model} is not the file the runs scored ({first['model']})")
     if guard.intervention.describe() != first["soc"]:
         _stop(f"the runs' SOC {first['soc']} is not the guard's")
@@ -107,8 +106,8 @@ def export(
     digest = dataset_hash(examples)
     spec = _nearest(HiddenSpec(tuple(first["layers"]), tuple(first["positions"])),
                     guard.hidden_states)  # fmt: skip
-    run_header_ = replace(RunHeader.of(guard, digest, system, None, request), hidden_states=spec)
-    lines = [json.dumps(run_header_.as_json())]
+    cache_header = replace(RunHeader.of(guard, digest, system, None, request), hidden_states=spec)
+    lines = [json.dumps(cache_header.as_json())]
     offset = 0
     for run in runs:
         columns = [run.spec.layers.index(layer) for layer in spec.layers]
@@ -141,14 +140,6 @@ def _evaluated(threshold: Path, guard: ESIGuard, system: str) -> dict[str, Any]:
         _stop(f"{threshold} scores otherwise than the runs: {differ or 'its model'}")
     return calibrated.model_dump(mode="json", include={"scoring", "sequential", "combined",
                                  "esi_probe", "probe_band", "free_score"})  # fmt: skip
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _stop(message: str) -> NoReturn:

