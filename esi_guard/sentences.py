@@ -24,6 +24,7 @@ Pure: text and arrays in, :class:`SentenceScore` out. No model, HTTP or LangChai
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -75,7 +76,13 @@ class SentenceScore:
 @lru_cache(maxsize=1)
 def _segmenter() -> Any:
     try:
-        import pysbd
+        # pysbd's regexes hold invalid escapes ("\\s" in a plain string): where its files are
+        # compiled at import (installed with --no-compile, PIP_NO_COMPILE in many images),
+        # Python 3.12 warns, and under -W error the warning is a SyntaxError.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import pysbd
     except ImportError as exc:  # pragma: no cover - a core dependency
         msg = "scores per sentence need pysbd: pip install pysbd"
         raise ImportError(msg) from exc

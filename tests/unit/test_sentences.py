@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from esi_guard.sentences import SentenceScore, score_sentences, split_sentences, token_sentences
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _words(text: str) -> list[int]:
@@ -84,3 +89,26 @@ def test_as_dict_names_the_metadata_keys() -> None:
         "signals": {"nll": 1.0}, "first_token": 0, "end_token": 1, "p_wrong": 0.7,
     }  # fmt: skip
     assert "p_wrong" not in SentenceScore("A.", 0, 2, 0, 1, 0.5).as_dict()
+
+
+def test_sentences_split_where_pysbd_is_compiled_at_import_under_warnings_as_errors(
+    tmp_path: Path,
+) -> None:
+    """pysbd's invalid escapes warn when its files compile (no bytecode shipped, Python 3.12
+    warns louder): under ``-W error`` that was a SyntaxError inside the guard (seen on the
+    GPU machine, whose packages were installed with --no-compile)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pysbd
+
+    shutil.copytree(Path(pysbd.__file__).parent, tmp_path / "pysbd",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    code = "from esi_guard.sentences import split_sentences; print(split_sentences('A b. C d.'))"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[(0, 5), (5, 9)]"
