@@ -204,17 +204,16 @@ def union_distributions(
     p_ids, q_ids = np.broadcast_arrays(p_ids, q_ids)
     p_values, q_values = np.broadcast_arrays(p_values, q_values)
     p_valid, q_valid = p_ids >= 0, q_ids >= 0
-    same = (p_ids[..., :, None] == q_ids[..., None, :]) & p_valid[..., :, None]
-    same &= q_valid[..., None, :]
+    p_in_q, p_found, q_found = _matches(p_ids, p_valid, q_ids, q_valid)
 
     p_fill = fill_value(p_values, p_valid, kind)[..., None]
     q_fill = fill_value(q_values, q_valid, kind)[..., None]
 
     # q's value on each of p's tokens: its own where it has the token, else its fill.
-    q_on_p = np.take_along_axis(q_values, same.argmax(axis=-1), axis=-1)
-    q_first = np.where(same.any(axis=-1), q_on_p, q_fill)
+    q_on_p = np.take_along_axis(q_values, p_in_q, axis=-1)
+    q_first = np.where(p_found, q_on_p, q_fill)
     # q's own tokens that p lacks get p's fill; the rest of q's slots are dropped.
-    q_only = q_valid & ~same.any(axis=-2)
+    q_only = q_valid & ~q_found
 
     first = np.where(p_valid, 0.0, -np.inf)
     second = np.where(q_only, 0.0, -np.inf)
@@ -228,6 +227,50 @@ def union_distributions(
     log_p = _log_softmax(np.concatenate(p_parts, axis=-1))
     log_q = _log_softmax(np.concatenate(q_parts, axis=-1))
     return log_p, log_q
+
+
+def _matches(
+    p_ids: IntArray, p_valid: np.ndarray, q_ids: IntArray, q_valid: np.ndarray
+) -> tuple[IntArray, np.ndarray, np.ndarray]:
+    """Which valid tokens the two sides share, row by row (shapes ``(..., k)``).
+
+    Returns, for each ``p`` slot, the ``q`` slot holding its token (0 where none) and
+    whether there is one; and for each ``q`` slot whether ``p`` holds its token. Each row's
+    ``2k`` tokens are sorted together (``O(k log k)``): the pairwise comparison this
+    replaces built a ``(..., k, k)`` array, most of ESI's host time at ``k=100``. A side
+    holding a token twice (a top-k never does) takes that comparison instead.
+    """
+    shape = p_ids.shape
+    k = shape[-1]
+    slots = np.arange(2 * k)
+    both = np.concatenate([p_ids, q_ids], axis=-1).astype(np.int64).reshape(-1, 2 * k)
+    valid = np.concatenate([p_valid, q_valid], axis=-1).reshape(-1, 2 * k)
+    # Padding gets a key of its own (never equal to another); p's slot sorts before q's.
+    keys = np.where(valid, both, -2 - slots) * 2 + (slots >= k)
+    order = np.argsort(keys, axis=-1)
+    ranked = np.take_along_axis(keys, order, axis=-1) // 2
+    pair = ranked[:, 1:] == ranked[:, :-1]
+    first, second = order[:, :-1], order[:, 1:]
+    if (pair & ((first >= k) | (second < k))).any():
+        return _matches_pairwise(p_ids, p_valid, q_ids, q_valid)
+    rows, at = np.nonzero(pair)
+    p_slot, q_slot = first[rows, at], second[rows, at] - k
+    p_in_q = np.zeros((len(keys), k), dtype=np.int64)
+    p_found = np.zeros((len(keys), k), dtype=bool)
+    q_found = np.zeros((len(keys), k), dtype=bool)
+    p_in_q[rows, p_slot] = q_slot
+    p_found[rows, p_slot] = True
+    q_found[rows, q_slot] = True
+    return p_in_q.reshape(shape), p_found.reshape(shape), q_found.reshape(shape)
+
+
+def _matches_pairwise(
+    p_ids: IntArray, p_valid: np.ndarray, q_ids: IntArray, q_valid: np.ndarray
+) -> tuple[IntArray, np.ndarray, np.ndarray]:
+    """:func:`_matches` by comparing every pair (a token held twice: its first slot)."""
+    same = (p_ids[..., :, None] == q_ids[..., None, :]) & p_valid[..., :, None]
+    same &= q_valid[..., None, :]
+    return same.argmax(axis=-1), same.any(axis=-1), same.any(axis=-2)
 
 
 def _bhattacharyya_coefficient(log_p: FloatArray, log_q: FloatArray) -> FloatArray:

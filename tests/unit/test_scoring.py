@@ -286,3 +286,33 @@ def test_support_all_equals_pair_when_every_distribution_keeps_the_same_tokens()
     assert esi_score(original, variants, support="all").score == pytest.approx(pair, rel=1e-12)
     with pytest.raises(ScoringError, match="unknown support"):
         esi_score(original, variants, support="most")  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_shared_tokens_found_by_sorting_are_those_every_pair_compared_finds(
+    data: st.DataObject,
+) -> None:
+    """Padding anywhere, broadcast rows, a token held twice (then the pairwise way)."""
+    from esi_guard.scoring import _matches, _matches_pairwise
+
+    k = data.draw(st.integers(1, 8))
+    rows = data.draw(st.integers(1, 4))
+    token = st.integers(-1, 12)
+    p_ids = np.array(data.draw(st.lists(st.lists(token, min_size=k, max_size=k),
+                                        min_size=rows, max_size=rows)))  # fmt: skip
+    q_ids = np.array(data.draw(st.lists(st.lists(token, min_size=k, max_size=k),
+                                        min_size=rows, max_size=rows)))  # fmt: skip
+    if data.draw(st.booleans()):  # top-k sets: each token once a side
+        p_ids = np.array(
+            [list(dict.fromkeys(r)) + [-1] * (k - len(set(r))) for r in p_ids.tolist()]
+        )
+        q_ids = np.array(
+            [list(dict.fromkeys(r)) + [-1] * (k - len(set(r))) for r in q_ids.tolist()]
+        )
+    p_ids, q_ids = np.broadcast_arrays(p_ids[None], np.stack([q_ids, q_ids[::-1]]))
+    sorted_way = _matches(p_ids, p_ids >= 0, q_ids, q_ids >= 0)
+    pairwise = _matches_pairwise(p_ids, p_ids >= 0, q_ids, q_ids >= 0)
+    slot, found, q_found = sorted_way
+    assert np.array_equal(found, pairwise[1]) and np.array_equal(q_found, pairwise[2])
+    assert np.array_equal(np.where(found, slot, 0), np.where(pairwise[1], pairwise[0], 0))
