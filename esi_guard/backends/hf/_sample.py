@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from esi_guard.backends._engine_helpers import check_sampling, make_sample
 from esi_guard.backends._types import Messages, Sample
@@ -25,10 +24,13 @@ def sample_answers(
     stop: Sequence[str] = (),
     *,
     reuse_prefix: bool,
+    max_rows: int,
 ) -> list[list[Sample]]:
     """:meth:`HFBackend.sample`'s work, under the engine's lock.
 
-    ``reuse_prefix``: run the prompt once and copy its KV cache over the ``n`` samples.
+    Prompts are sampled together, ``n`` rows each, in passes of at most ``max_rows`` rows
+    (at least one prompt a pass): one ``generate`` per pass, not one per prompt.
+    ``reuse_prefix``: each prompt runs once and its KV cache is copied over its ``n`` rows.
     """
     check_sampling(n, temperature)
     import torch
@@ -36,37 +38,61 @@ def sample_answers(
 
     config = GenerationConfig(  # type: ignore[no-untyped-call]
         max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0,
-        top_p=1.0, num_return_sequences=n, eos_token_id=engine.eos_ids,
-        pad_token_id=engine.pad_id, output_logits=True, return_dict_in_generate=True,
+        top_p=1.0, eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id,
+        output_logits=True, return_dict_in_generate=True,
     )  # fmt: skip
-    expanded = copy.deepcopy(config)  # the prompt already copied n times
-    expanded.num_return_sequences = 1
+    per_pass = max(1, max_rows // n)
     results: list[list[Sample]] = []
     with engine.lock:
         torch.manual_seed(seed)
-        for prompt in prompts:
-            row = engine.render(prompt)
-            ids = torch.tensor([row], device=engine.device)
-            with torch.inference_mode():
-                cache = None
-                if reuse_prefix and len(row) > 1:
-                    # The prompt runs once; its KV cache is copied over the n samples.
-                    cache = engine.prefill(ids[:, :-1])
-                    cache.batch_repeat_interleave(n)
-                    ids = ids.repeat(n, 1)  # contiguous: an expanded view decodes slower
-                out = engine.model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    **{engine.cache_name: cache},
-                    generation_config=config if cache is None else expanded,
-                )
-                new = out.sequences[:, len(row) :]
-                logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
-                picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
-            tokens = new.cpu().tolist()
-            results.append([_sample(engine, t, lp, stop)
-                            for t, lp in zip(tokens, picked, strict=True)])  # fmt: skip
+        rows = [engine.render(prompt) for prompt in prompts]
+        for start in range(0, len(rows), per_pass):
+            chunk = rows[start : start + per_pass]
+            results += _sample_pass(engine, chunk, n, config, stop, reuse_prefix=reuse_prefix)
     return results
+
+
+def _sample_pass(
+    engine: Engine,
+    rows: list[list[int]],
+    n: int,
+    config: Any,
+    stop: Sequence[str],
+    *,
+    reuse_prefix: bool,
+) -> list[list[Sample]]:
+    """``n`` samples of each prompt row in one ``generate`` (rows padded on the left)."""
+    import torch
+
+    input_ids, attention = engine.left_padded(rows)
+    width = input_ids.shape[1]
+    ids = input_ids.to(engine.device).repeat_interleave(n, dim=0)
+    mask = attention.to(engine.device).repeat_interleave(n, dim=0)
+    with torch.inference_mode():
+        cache = None
+        if reuse_prefix and width > 1:
+            # Each prompt runs once; its KV cache is copied over its n rows.
+            head = attention[:, :-1].to(engine.device)
+            positions = (head.cumsum(-1) - 1).clamp(min=0)
+            cache = engine.model(
+                input_ids=input_ids[:, :-1].to(engine.device),
+                attention_mask=head,
+                position_ids=positions,
+                use_cache=True,
+            )[engine.cache_name]
+            cache.batch_repeat_interleave(n)
+        out = engine.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **{engine.cache_name: cache},
+            generation_config=config,
+        )
+        new = out.sequences[:, width:]
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+        picked = logprobs.gather(2, new[..., None])[..., 0].cpu().tolist()
+    tokens = new.cpu().tolist()
+    samples = [_sample(engine, t, lp, stop) for t, lp in zip(tokens, picked, strict=True)]
+    return [samples[i : i + n] for i in range(0, len(samples), n)]
 
 
 def _sample(

@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 
 __all__ = ["HFBackend"]
 
+CPU_BATCH_ROWS = 32
+"""Rows a forward pass holds at most by default on a CPU."""
+GPU_BATCH_ROWS = 256
+"""On a GPU: a guarded batch of 32 prompts with L=10 variants forces 352 rows in two passes,
+not eleven (``python -m benchmarks.timing.gpu --model embedded --max-batch-rows 32`` compares)."""
+
 
 def _resolve_device(device: str) -> str:
     if device != "auto":
@@ -86,7 +92,8 @@ class HFBackend(Backend):
             (a hub id here, a local folder there).
         chat_template: Jinja chat template overriding the tokenizer's.
         max_batch_rows: Most sequences in one forward pass; a request's variants are
-            never split across passes.
+            never split across passes. Default: 32 on a CPU, 256 on a GPU (a pass the
+            device's memory cannot hold is split in halves, and retried, on its own).
         reuse_prefix: Teacher forcing computes the prompt prefix every row of a pass
             shares (chat template, system prompt, unchanged leading text) once, and
             expands its KV cache over the rows, so the batched forward covers only what
@@ -104,9 +111,12 @@ class HFBackend(Backend):
         *,
         model_id: str | None = None,
         chat_template: str | None = None,
-        max_batch_rows: int = 32,
+        max_batch_rows: int | None = None,
         reuse_prefix: bool = True,
     ) -> None:
+        if max_batch_rows is None:
+            on_cpu = getattr(getattr(model, "device", None), "type", "cpu") == "cpu"
+            max_batch_rows = CPU_BATCH_ROWS if on_cpu else GPU_BATCH_ROWS
         if max_batch_rows < 1:
             msg = f"max_batch_rows must be >= 1, got {max_batch_rows}"
             raise ConfigurationError(msg)
@@ -136,7 +146,7 @@ class HFBackend(Backend):
         device: str = "auto",
         dtype: Any = "auto",
         chat_template: str | None = None,
-        max_batch_rows: int = 32,
+        max_batch_rows: int | None = None,
         model_id: str | None = None,
         keep_converted: bool = True,
         **model_kwargs: Any,
@@ -375,7 +385,7 @@ class HFBackend(Backend):
         """
         return sample_answers(
             self._engine, prompts, n, temperature, max_new_tokens, seed, stop,
-            reuse_prefix=self.reuse_prefix,
+            reuse_prefix=self.reuse_prefix, max_rows=self.max_batch_rows,
         )  # fmt: skip
 
     def teacher_force(

@@ -228,6 +228,25 @@ def test_samples_carry_the_models_own_token_logprobs(backend: HFBackend) -> None
         assert short.token_logprobs == whole.token_logprobs[: len(short.token_logprobs)]
 
 
+@pytest.mark.parametrize(("rows", "reuse"), [(3, True), (64, False)])
+def test_samples_batched_or_alone_carry_the_models_own_token_logprobs(
+    backend: HFBackend, rows: int, reuse: bool
+) -> None:
+    """Prompts of different lengths share a pass (padded on the left), or each has its own."""
+    other = HFBackend(backend.model, backend.tokenizer, max_batch_rows=rows, reuse_prefix=reuse)
+    prompts = [user("Name a colour."), user("Name a much longer thing, please?"), user("Hi")]
+    drawn = other.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=3)
+    assert [len(s) for s in drawn] == [3, 3, 3]
+    for prompt, samples in zip(prompts, drawn, strict=True):
+        for sample in samples:
+            ids = [int(t) for t in sample.text.split()] if sample.text else []
+            if not ids:
+                continue
+            expected = lone_logits(backend, prompt, ids).log_softmax(-1)
+            picked = expected[torch.arange(len(ids)), torch.tensor(ids)]
+            assert sample.token_logprobs == pytest.approx(picked.tolist(), abs=1e-5)
+
+
 def test_prompts_past_the_context_window_are_refused_alone(backend: HFBackend) -> None:
     assert backend.context_length == 512
     fits, too_long = user("short question?"), user("x" * 600)
@@ -394,3 +413,13 @@ def test_a_model_read_from_a_gguf_file_has_its_digest(
     assert (named.model_id, named.model_sha256) == ("org/w", digest)
     folder = HFBackend.from_pretrained(tmp_path, device="cpu")  # safetensors: no one file
     assert (folder.model_id, folder.model_sha256) == (str(tmp_path), None)
+
+
+def test_rows_a_pass_holds_default_to_the_models_device(backend: HFBackend) -> None:
+    """32 on a CPU; 256 elsewhere (the guarded batch of 32 prompts, L=10: 352 rows)."""
+    on_cpu = HFBackend(backend.model, backend.tokenizer)
+    assert on_cpu.max_batch_rows == 32
+    with torch.device("meta"):  # not a CPU; holds no data
+        elsewhere = transformers.LlamaForCausalLM(backend.model.config)
+    assert HFBackend(elsewhere, backend.tokenizer).max_batch_rows == 256
+    assert HFBackend(elsewhere, backend.tokenizer, max_batch_rows=8).max_batch_rows == 8
