@@ -21,7 +21,7 @@ from esi_guard.backends._types import Generation
 from esi_guard.backends.hidden import FINAL, HiddenSpec, reduce_hidden
 from esi_guard.exceptions import BackendError, ConfigurationError
 
-__all__ = ["capture", "decoder_parts", "with_states"]
+__all__ = ["capture", "decoder_parts", "on_host", "with_states"]
 
 _BLOCKS = ("layers", "h", "blocks")
 """Where decoders keep their blocks: Llama-likes ``layers``, GPT-2 ``h``, others ``blocks``."""
@@ -56,9 +56,12 @@ def capture(
 ) -> Iterator[dict[int, list[Any]]]:
     """Hooks keeping ``select(state)`` of each forward pass at each of ``layers``.
 
-    Yields ``{layer: [kept, ...]}``, one float32 CPU tensor per forward pass in order;
-    ``select`` takes a layer's output, ``(batch, positions, d_model)``, and returns the
-    part to keep. The hooks are removed on exit, also on an error.
+    Yields ``{layer: [kept, ...]}``, one float32 tensor per forward pass in order, on the
+    model's device: a copy to the host inside the pass would wait for the device at every
+    hooked layer of every decoding step (on a GPU, the launch queue drained each time);
+    the caller moves them once, when the passes are done (:func:`on_host`). ``select`` takes
+    a layer's output, ``(batch, positions, d_model)``, and returns the part to keep. The
+    hooks are removed on exit, also on an error.
     """
     import torch
 
@@ -72,7 +75,7 @@ def capture(
     def keeper(store: list[Any]) -> Callable[..., None]:
         def hook(module: Any, args: Any, output: Any) -> None:
             state = output[0] if isinstance(output, tuple) else output
-            store.append(select(state).detach().to("cpu", torch.float32, copy=True))
+            store.append(select(state).detach().to(torch.float32, copy=True))
 
         return hook
 
@@ -85,6 +88,13 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
+
+
+def on_host(tensors: Sequence[Any], axis: int = 0) -> np.ndarray:
+    """Kept tensors stacked along ``axis`` on their device, then copied to the host at once."""
+    import torch
+
+    return np.asarray(torch.stack(list(tensors), dim=axis).cpu().numpy())
 
 
 def with_states(
@@ -101,10 +111,7 @@ def with_states(
     Each answer reduces the rows of its kept length (rows past an end token or a stop
     sequence are left out).
     """
-    states = {
-        layer: np.stack([t.numpy() for t in per_pass[-passes:]], axis=1)
-        for layer, per_pass in kept.items()
-    }
+    states = {layer: on_host(per_pass[-passes:], axis=1) for layer, per_pass in kept.items()}
     return [
         dataclasses.replace(
             gen,

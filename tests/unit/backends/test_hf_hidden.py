@@ -231,3 +231,21 @@ def test_an_architecture_without_known_blocks_is_named(backend: HFBackend) -> No
 
     with pytest.raises(ConfigurationError, match="Odd"):
         decoder_parts(Odd())
+
+
+def test_states_stay_on_the_models_device_until_the_passes_are_done() -> None:
+    """No copy to the host inside a pass (on a GPU each one waited for the device, at every
+    hooked layer of every decoding step): a model on the ``meta`` device, which holds no
+    data, keeps what its hooks select there (a copy to the CPU would fail)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    with capture(model, [0, FINAL], lambda state: state[:, -1]) as kept:
+        model(input_ids=torch.zeros((2, 5), dtype=torch.long, device="meta"))
+    assert {layer: [t.device.type for t in per_pass] for layer, per_pass in kept.items()} == {
+        0: ["meta"], FINAL: ["meta"]}  # fmt: skip
+    assert all(t.dtype == torch.float32 and t.shape == (2, 16) for t in kept[0])
