@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -24,9 +25,9 @@ pytestmark = [
 ]
 
 MARGIN = 1.0
-"""A CPU fp32 answer counts as clear when every position's top-2 logits differ by more."""
-ESI_TOLERANCE = 0.05
-"""Most |ESI(half precision on GPU) - ESI(fp32 on CPU)| allowed for a clear answer."""
+"""A CPU fp32 step counts as clear when its top-2 logits differ by more."""
+ESI_MEDIAN, ESI_MOST = 0.01, 0.05
+"""Median and largest |ESI(half precision on GPU) - ESI(fp32 on CPU)| of the same answers."""
 SYSTEM = "Please directly answer the following question with one or few words."
 
 
@@ -39,26 +40,43 @@ def _guard(backend: HFBackend) -> ESIGuard:
     return ESIGuard(backend=backend, threshold=1.0, max_new_tokens=16, n_variants=10, seed=0)
 
 
+def _chats(questions: list[str]) -> list[list[dict[str, str]]]:
+    return [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+            for q in questions]  # fmt: skip
+
+
+def _clear_prefix(gen: Generation) -> int:
+    """Steps before the first one where this answer's top-2 logits are within MARGIN."""
+    margins = gen.topk.values[:, 0] - gen.topk.values[:, 1]
+    return next((t for t, m in enumerate(margins) if m <= MARGIN), len(margins))
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_on_gpu_agrees_with_fp32_on_cpu(
     cpu: HFBackend, sciq_questions: list[str], dtype: str
 ) -> None:
+    """Greedy steps agree until fp32 itself nears a tie; ESI of the same answers is close."""
     gpu = HFBackend.default(device="cuda", dtype=dtype)
     assert gpu.device.type == "cuda"
+    chats = _chats(sciq_questions[:20])
+    on_cpu = cpu.generate(chats, max_new_tokens=16, top_k=2)
+    on_gpu = gpu.generate(chats, max_new_tokens=16, top_k=2)
+    compared = 0
+    for a, b in zip(on_cpu, on_gpu, strict=True):
+        assert isinstance(a, Generation) and isinstance(b, Generation)
+        clear = _clear_prefix(a)
+        assert b.token_ids[:clear] == a.token_ids[:clear]
+        compared += clear
+    assert compared >= 40  # enough clear steps for the comparison to mean something
     prompts = [[("system", SYSTEM), ("human", q)] for q in sciq_questions[:20]]
-    on_cpu = [m.response_metadata["esi"] for m in _guard(cpu).batch(prompts)]
-    on_gpu = [m.response_metadata["esi"] for m in _guard(gpu).batch(prompts)]
-    gens = cpu.generate([[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
-                         for q in sciq_questions[:20]], max_new_tokens=16, top_k=2)  # fmt: skip
-    clear = 0
-    for a, b, gen in zip(on_cpu, on_gpu, gens, strict=True):
-        assert isinstance(gen, Generation)
-        margins = gen.topk.values[:, 0] - gen.topk.values[:, 1]
-        if len(margins) and margins.min() > MARGIN:
-            clear += 1
-            assert a["answer"] == b["answer"]
-            assert b["score"] == pytest.approx(a["score"], abs=ESI_TOLERANCE)
-    assert clear >= 5  # enough clear answers for the comparison to mean something
+    pairs = [(p, g.text) for p, g in zip(prompts, on_cpu, strict=True)
+             if isinstance(g, Generation) and g.text.strip()]  # fmt: skip
+    diffs = [abs(_guard(gpu).score(p, y).score - _guard(cpu).score(p, y).score)  # type: ignore[operator]
+             for p, y in pairs]  # fmt: skip
+    print(f"{dtype}: |ESI gpu - ESI cpu| over {len(diffs)} answers: "
+          + " ".join(f"{d:.4f}" for d in sorted(diffs)))  # fmt: skip
+    assert len(diffs) >= 15
+    assert float(np.median(diffs)) <= ESI_MEDIAN and max(diffs) <= ESI_MOST
 
 
 def test_prefix_reuse_on_gpu_changes_nothing(sciq_questions: list[str]) -> None:
@@ -71,22 +89,26 @@ def test_prefix_reuse_on_gpu_changes_nothing(sciq_questions: list[str]) -> None:
 
 
 def test_a_batch_of_32_mixed_length_prompts(sciq_questions: list[str]) -> None:
-    gpu = HFBackend.default(device="cuda", dtype="bfloat16")
+    """In fp32 a prompt batched with 31 others of other lengths gets what it gets alone;
+    in bf16 every answer of the batch is scored; the model is never moved after loading."""
+    questions = [q * (1 + i % 4) for i, q in enumerate(sciq_questions[:32])]
+    exact = HFBackend.default(device="cuda", dtype="float32")
+    batched = [m.response_metadata["esi"] for m in _guard(exact).batch(questions)]
+    alone = [_guard(exact).invoke(q).response_metadata["esi"] for q in questions[:4]]
+    for a, b in zip(alone, batched, strict=False):
+        assert a["answer"] == b["answer"]
+        assert b["score"] == pytest.approx(a["score"], abs=1e-3)
+    half = HFBackend.default(device="cuda", dtype="bfloat16")
     moves = []
-    original_to = gpu.model.to
+    original_to = half.model.to
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         moves.append((args, kwargs))
         return original_to(*args, **kwargs)
 
-    gpu.model.to = counted  # the model is moved once, when loaded: never per call
-    questions = [q * (1 + i % 4) for i, q in enumerate(sciq_questions[:32])]
-    batched = [m.response_metadata["esi"] for m in _guard(gpu).batch(questions)]
-    alone = [_guard(gpu).invoke(q).response_metadata["esi"] for q in questions[:4]]
-    assert all(esi["scored"] for esi in batched)
-    for a, b in zip(alone, batched, strict=False):
-        assert a["answer"] == b["answer"]
-        assert b["score"] == pytest.approx(a["score"], abs=ESI_TOLERANCE)
+    half.model.to = counted
+    in_half = [m.response_metadata["esi"] for m in _guard(half).batch(questions)]
+    assert all(esi["scored"] and 0 <= esi["score"] <= 1 for esi in in_half)
     assert moves == []
 
 
