@@ -1,6 +1,7 @@
 """ESI's overhead beyond generation on a Llama-3-8B-shaped model, as the paper times it.
 
     python -m benchmarks.timing gpu                       # on a GPU: 8B shape, bf16
+    python -m benchmarks.timing.gpu --profile DIR         # alone (no other subject's imports)
     python -m benchmarks.timing gpu --tiny --device cpu   # the same code at a tiny shape (tests)
 
 The model has random weights: what a forward pass costs does not depend on what the
@@ -12,8 +13,11 @@ beyond them (the paper's timer starts once the greedy answers exist), for full E
 sequential ESI (``min_variants=2``; with random weights the threshold is the median full
 score and the stopping constant a fixed 1.0, so some prompts stop early: this times the
 rounds' mechanics, not a calibrated rule); semantic entropy's extra seconds (10 samples at
-T=1; the sampling, which is its cost, without the clustering); guarded/plain; peak GPU
-memory.
+T=1; the sampling, which is its cost, without the clustering); guarded/plain; the extra
+seconds of the guards that spend less (:func:`cheap_guards`: without ESI, with a hidden-state
+probe, the value cascade and the share it sends to ESI); peak GPU memory. ``--profile DIR``:
+torch's profiler over one guarded batch of the largest size (:func:`profiled`).
+tests/gpu/on_device.sh runs it on the device machine (docs/development.md).
 """
 
 from __future__ import annotations
