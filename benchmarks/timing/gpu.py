@@ -210,15 +210,19 @@ def profiled(guard: ESIGuard, prompts: list[Any], folder: Path, cuda: bool) -> d
     with trace.open("rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
         packed.write(raw.read())
     trace.unlink()
-    labels = {e.key: e for e in events if e.key.startswith("esi.")}
+    from torch.autograd import DeviceType
+
+    host = {e.key: e.cpu_time_total / 1e6 for e in events  # the labels' host-side events
+            if e.key.startswith("esi.") and e.device_type == DeviceType.CPU}  # fmt: skip
+    kernels = sum(e.self_device_time_total for e in events  # as the table's footer sums
+                  if e.device_type == DeviceType.CUDA and not e.is_user_annotation)  # fmt: skip
     counts = {e.key: e.count for e in events
               if e.key in ("cudaStreamSynchronize", "cudaMemcpyAsync", "aten::item")}  # fmt: skip
     return {
         "batch": len(prompts),
         "wall_seconds": wall,
-        "host_seconds": {k: e.cpu_time_total / 1e6 for k, e in labels.items()},
-        "device_kernel_seconds": sum(e.self_device_time_total for e in events) / 1e6
-        if cuda else None,
+        "host_seconds": host,
+        "device_kernel_seconds": kernels / 1e6 if cuda else None,
         "calls": counts,
     }  # fmt: skip
 
