@@ -30,6 +30,7 @@ with them (a :class:`ConfigurationError`): the server decides, the backend was b
 from __future__ import annotations
 
 import importlib.util
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,38 @@ from esi_guard.exceptions import ConfigurationError
 
 __all__ = [
     "ACCEPTED",
+    "LocalBackend",
     "auto_engine",
     "backend_for",
     "check_threads",
     "local_backend",
+    "read_chat_template",
     "torch_threads",
 ]
+
+
+class LocalBackend(str, Enum):
+    """What runs a local model (``--model default``, a folder, a hub id or a ``.gguf`` file)."""
+
+    auto = "auto"
+    transformers = "transformers"
+    llamacpp = "llamacpp"
+
+
+def read_chat_template(chat_template: str | None) -> str | None:
+    """A chat template file's source (``"completion"`` and None as they are).
+
+    Raises:
+        ConfigurationError: the file cannot be read (its name and the reason).
+    """
+    if chat_template is None or chat_template == "completion":
+        return chat_template
+    try:
+        return Path(chat_template).read_text(encoding="utf-8")
+    except OSError as exc:
+        msg = f"cannot read the chat template {chat_template}: {exc.strerror}"
+        raise ConfigurationError(msg) from exc
+
 
 _REMOTE = {"langchain_openai.ChatOpenAI", "langchain_openai.OpenAI"}
 """Clients of an OpenAI-compatible server: the server runs the model."""

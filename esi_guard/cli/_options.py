@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from esi_guard.backends.adapters import LocalBackend
+
 __all__ = [
     "AnswersField",
     "AnswersSep",
@@ -79,14 +81,6 @@ class Selection(str, Enum):
     coverage = "coverage"
     f1 = "f1"
     youden = "youden"
-
-
-class LocalBackend(str, Enum):
-    """What runs a local model (``--model default``, a folder, a hub id or a ``.gguf`` file)."""
-
-    auto = "auto"
-    transformers = "transformers"
-    llamacpp = "llamacpp"
 
 
 class InterventionName(str, Enum):

@@ -8,18 +8,18 @@ from __future__ import annotations
 import hashlib
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from esi_guard.backends.adapters import auto_engine, local_backend
+from esi_guard.backends.adapters import auto_engine, local_backend, read_chat_template
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.calibration import labels as label_methods
 from esi_guard.cli._options import LabelMethod, LocalBackend
 from esi_guard.cli.output import fail
 from esi_guard.combined import probe_window
+from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
 
@@ -122,12 +122,10 @@ def worker_cpus(model: ModelOptions) -> float:
 
 def template_text(chat_template: str | None) -> str | None:
     """The chat template's source (``completion`` and None as they are)."""
-    if chat_template is None or chat_template == "completion":
-        return chat_template
     try:
-        return Path(chat_template).read_text(encoding="utf-8")
-    except OSError as exc:
-        fail(f"cannot read the chat template {chat_template}: {exc.strerror}")
+        return read_chat_template(chat_template)
+    except ConfigurationError as exc:
+        fail(str(exc))
 
 
 def labeller(method: LabelMethod, threshold: float | None, judge: str | None) -> Any:

@@ -7,7 +7,7 @@ r"""``esi-guard serve``: the guard as an OpenAI-compatible server (the ``serve``
 The model runs in process (``--model``, ``--backend``) or on an upstream OpenAI-compatible
 server (``--upstream``, through the API backend); with ``--ray`` in Ray Serve replicas
 (:mod:`esi_guard.ray`), each building its guard from the same flags
-(:class:`~esi_guard.cli.served_guard.GuardOptions`). FastAPI and uvicorn (and Ray) are
+(:class:`~esi_guard.served.GuardOptions`). FastAPI and uvicorn (and Ray) are
 imported when the command runs, so the other commands never need them.
 """
 
@@ -28,8 +28,8 @@ from esi_guard.cli._options import (
     Threads,
 )
 from esi_guard.cli.output import fail
-from esi_guard.cli.served_guard import GuardOptions, ServeAction, ServeOnError
 from esi_guard.exceptions import ESIGuardError
+from esi_guard.served import GuardOptions, ServeAction, ServeOnError
 
 if TYPE_CHECKING:
     from esi_guard.server import ServeSettings

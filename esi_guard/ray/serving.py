@@ -266,7 +266,7 @@ def guard_app(
 
     Args:
         guard: Builds the guard in each replica, e.g. ``lambda: ESIGuard(backend=...)`` or
-            :meth:`GuardOptions.build <esi_guard.cli.served_guard.GuardOptions.build>`. Its
+            :meth:`GuardOptions.build <esi_guard.served.GuardOptions.build>`. Its
             ``on_error`` must be ``"abstain"`` or ``"flag"``.
         settings: The server's settings (``esi-guard serve``'s flags), per replica for the
             batcher (``max_batch``, ``batch_window_ms``, ``max_queue``, ``slots``), at the
@@ -316,7 +316,7 @@ class GuardAppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     guard: dict[str, Any] = Field(default_factory=dict)
-    """``esi-guard serve``'s guard flags (:class:`~esi_guard.cli.served_guard.GuardOptions`):
+    """``esi-guard serve``'s guard flags (:class:`~esi_guard.served.GuardOptions`):
     ``model``, ``threshold``, ``action``, ``upstream``, ``upstream_model``..."""
     server: dict[str, Any] = Field(default_factory=dict)
     """The server's settings (:class:`~esi_guard.server.ServeSettings`): ``api_key``,
@@ -329,7 +329,7 @@ class GuardAppArgs(BaseModel):
 
 def app_builder(args: GuardAppArgs) -> Any:
     """The application from a Serve config: ``import_path: esi_guard.ray:app_builder``."""
-    from esi_guard.cli.served_guard import GuardOptions
+    from esi_guard.served import GuardOptions
 
     if isinstance(args, dict):
         args = GuardAppArgs.model_validate(args)

@@ -130,6 +130,9 @@ def test_a_circle_is_found() -> None:
         ("esi_guard._text", "langchain_core"),
         ("esi_guard.backends", "esi_guard.guard"),
         ("esi_guard.guard._tracing", "esi_guard._pipeline"),
+        ("esi_guard.ray.serving", "esi_guard.cli"),
+        ("esi_guard.served", "esi_guard.cli"),
+        ("esi_guard.served", "esi_guard.ray"),
     ],
 )
 def test_nothing_below_imports_what_is_above(lower: str, upper: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import esi_guard.served
 from esi_guard import ConfigurationError, FakeBackend
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
@@ -110,7 +111,8 @@ def test_distill_and_serve_load_the_local_model_with_the_threads_given(
         loads.append(kwargs)
         raise ConfigurationError("stop here")  # the command ends, naming it
 
-    monkeypatch.setattr(build, "local_backend", local_backend)
+    monkeypatch.setattr(build, "local_backend", local_backend)  # distill's
+    monkeypatch.setattr(esi_guard.served, "local_backend", local_backend)  # serve's
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"question": "q?"}) + "\n")

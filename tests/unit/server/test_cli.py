@@ -13,10 +13,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+import esi_guard.served
 import esi_guard.server
 from esi_guard import FakeBackend, OpenAIBackend
-from esi_guard.cli import app, build
-from esi_guard.cli.served_guard import served_names
+from esi_guard.cli import app
+from esi_guard.served import served_names
 from tests.unit.server.servers import QUESTION, user
 
 
@@ -24,7 +25,7 @@ from tests.unit.server.servers import QUESTION, user
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """What `serve` would run: the app and where, with a fake backend for the model."""
     runs: list[dict[str, Any]] = []
-    monkeypatch.setattr(build, "backend", lambda *args: FakeBackend())
+    monkeypatch.setattr(esi_guard.served, "local_backend", lambda *a, **k: FakeBackend())
     monkeypatch.setattr(esi_guard.server, "run", lambda a, **kw: runs.append({"app": a, **kw}))
     return runs
 

@@ -1,8 +1,9 @@
 """The guard ``esi-guard serve`` serves, from its flags: built where it runs.
 
 :class:`GuardOptions` holds the flags that choose the guard (the model or upstream, the
-threshold, the action); ``esi-guard serve`` builds its guard from it, and with ``--ray``
-each Ray Serve replica builds its own (:mod:`esi_guard.ray`).
+threshold, the action); ``esi-guard serve`` (:mod:`esi_guard.cli.serve`) builds its guard
+from it, and with ``--ray`` each Ray Serve replica builds its own (:mod:`esi_guard.ray`).
+It lies below both: neither the CLI nor Ray reaches into the other for it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from esi_guard.backends._identity import names_a_path
-from esi_guard.cli import build
-from esi_guard.cli._options import LocalBackend
+from esi_guard.backends.adapters import LocalBackend, local_backend, read_chat_template
 from esi_guard.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -118,13 +118,13 @@ def _engine(
     upstream_mode: str, threads: int | None = None,
 ) -> Backend:  # fmt: skip
     """The model in process, or the upstream server through the API backend."""
+    template = read_chat_template(chat_template)
     if upstream is None or upstream_model is None:
-        chosen = build.ModelOptions(model, None, "auto", device, backend, chat_template, dtype,
-                                    threads)  # fmt: skip
-        return build.backend(chosen)
+        engine = None if backend is LocalBackend.auto else backend.value
+        return local_backend(model, engine=engine, device=device, n_threads=threads,
+                             chat_template=template, dtype=dtype)  # fmt: skip
     from esi_guard.backends.openai import OpenAIBackend
 
-    template = build.template_text(chat_template)
     return OpenAIBackend(upstream_model, base_url=upstream, mode=upstream_mode,  # type: ignore[arg-type]
                          chat_template=template, max_concurrency=64)  # fmt: skip
 
