@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from esi_guard import ESIGuard, HFBackend  # noqa: E402
 from esi_guard.backends import Generation  # noqa: E402
+from esi_guard.backends.hidden import FINAL, HiddenSpec  # noqa: E402
 from esi_guard.exceptions import OutOfMemoryError  # noqa: E402
 
 pytestmark = [
@@ -77,6 +78,25 @@ def test_half_precision_on_gpu_agrees_with_fp32_on_cpu(
           + " ".join(f"{d:.4f}" for d in sorted(diffs)))  # fmt: skip
     assert len(diffs) >= 15
     assert float(np.median(diffs)) <= ESI_MEDIAN and max(diffs) <= ESI_MOST
+
+
+def test_hidden_states_read_on_gpu_are_the_cpus(cpu: HFBackend, sciq_questions: list[str]) -> None:
+    """The hooks keep the states on the device until the passes end (one copy to the host
+    then): the values are fp32 CPU's, for every answer the two devices agree on."""
+    gpu = HFBackend.default(device="cuda", dtype="float32")
+    spec = HiddenSpec((10, FINAL))
+    chats = _chats(sciq_questions[:6])
+    on_cpu = cpu.generate(chats, max_new_tokens=8, top_k=5, hidden=spec)
+    on_gpu = gpu.generate(chats, max_new_tokens=8, top_k=5, hidden=spec)
+    same = 0
+    for a, b in zip(on_cpu, on_gpu, strict=True):
+        assert isinstance(a, Generation) and isinstance(b, Generation)
+        assert a.hidden is not None and b.hidden is not None
+        if a.token_ids != b.token_ids:
+            continue  # a near tie took another answer: other states
+        same += 1
+        np.testing.assert_allclose(b.hidden.values, a.hidden.values, rtol=1e-2, atol=1e-2)
+    assert same >= 3
 
 
 def test_prefix_reuse_on_gpu_changes_nothing(sciq_questions: list[str]) -> None:
