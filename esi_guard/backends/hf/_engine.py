@@ -169,9 +169,17 @@ class Engine:
         """The text of token ids, special tokens left out."""
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
-    def prefill(self, input_ids: Any) -> Any:
-        """Run ``input_ids`` once and return their KV cache, under either name."""
-        return self.model(input_ids=input_ids, use_cache=True)[self.cache_name]
+    def prefill(self, input_ids: Any, attention_mask: Any = None) -> Any:
+        """Run ``input_ids`` once and return their KV cache, under either name.
+
+        ``attention_mask``: rows padded on the left; each row's positions count from its
+        first real token.
+        """
+        if attention_mask is None:
+            return self.model(input_ids=input_ids, use_cache=True)[self.cache_name]
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=positions, use_cache=True)[self.cache_name]  # fmt: skip
 
     def topk_to_numpy(self, logits: torch.Tensor, top_k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k on the device; only ids and values move to the host."""

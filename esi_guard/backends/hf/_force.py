@@ -18,7 +18,7 @@ import numpy as np
 
 from esi_guard.backends._engine_helpers import non_finite, shared_prefix
 from esi_guard.backends._types import Forced, ForcingRequest
-from esi_guard.backends.hf._hidden import capture, on_host
+from esi_guard.backends.hf._hidden import capture
 from esi_guard.backends.hidden import HiddenSpec, HiddenStates, reduce_hidden
 from esi_guard.scoring import TopK
 
@@ -169,7 +169,7 @@ def _original_states(
 
     def read(kept: dict[int, list[Any]]) -> list[HiddenStates | None]:
         states: list[HiddenStates | None] = [None] * len(group)
-        held = {layer: on_host(kept[layer][-1:])[0] for layer in layers}
+        held = {layer: kept[layer][-1].cpu().numpy() for layer in layers}  # the one pass
         for k, (i, _, spec, n) in enumerate(wanted):
             by_layer = {layer: held[layer][k, : max(n, 1)] for layer in spec.layers}
             states[i] = reduce_hidden(spec, by_layer, n)

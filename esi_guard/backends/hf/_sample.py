@@ -72,14 +72,8 @@ def _sample_pass(
         cache = None
         if reuse_prefix and width > 1:
             # Each prompt runs once; its KV cache is copied over its n rows.
-            head = attention[:, :-1].to(engine.device)
-            positions = (head.cumsum(-1) - 1).clamp(min=0)
-            cache = engine.model(
-                input_ids=input_ids[:, :-1].to(engine.device),
-                attention_mask=head,
-                position_ids=positions,
-                use_cache=True,
-            )[engine.cache_name]
+            cache = engine.prefill(input_ids[:, :-1].to(engine.device),
+                                   attention[:, :-1].to(engine.device))  # fmt: skip
             cache.batch_repeat_interleave(n)
         out = engine.model.generate(
             input_ids=ids,
