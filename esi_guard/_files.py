@@ -43,5 +43,8 @@ def read_model(
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
+        cause = exc.errors()[0].get("ctx", {}).get("error")
+        if isinstance(cause, ConfigurationError):  # a validator's own one line (a retired mode)
+            raise ConfigurationError(f"{name} {where}: {cause}") from exc
         msg = f"{name} {where} is invalid: {exc}"
         raise ConfigurationError(msg) from exc
