@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from esi_guard import _retired
 from esi_guard._keywords import check_keywords
 from esi_guard.backends.hidden import HiddenStates
 from esi_guard.sentences import SentenceScore
@@ -45,6 +46,10 @@ OnError = Literal["abstain", "flag", "raise"]
 """What the guard does with an answer it could not score."""
 
 
+_RETIRED = ("min_variants", "stop_constant")
+"""Fields of modes retired in 0.2.0 (:mod:`esi_guard._retired`) that older files hold."""
+
+
 class ScoringConfig(BaseModel):
     """How scores are computed; a guard must score the same way to use a threshold."""
 
@@ -52,8 +57,15 @@ class ScoringConfig(BaseModel):
 
     def __init__(self, **data: Any) -> None:
         """Validate; an unknown field is a :class:`ConfigurationError` naming the nearest."""
+        data = _retired.check(data, _RETIRED, "ScoringConfig")
         check_keywords("ScoringConfig", data, type(self).model_fields)
         super().__init__(**data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_retired(cls, data: Any) -> Any:
+        """A file's fields of retired modes: dropped when unset, an error when set."""
+        return _retired.check(data, _RETIRED, "scoring") if isinstance(data, dict) else data
 
     intervention: dict[str, Any]
     """The intervention's ``describe()``: its name and parameters."""
@@ -85,11 +97,6 @@ class ScoringConfig(BaseModel):
     """The template a calibration run rendered each question with (``{question}``, and
     ``{context}`` for data with passages), through ``ESIGuard.with_prompt``; None when the
     question was its own message."""
-    min_variants: int | None = None
-    """Sequential ESI: variants scored in the first round (None: all ``n_variants`` at
-    once). See :mod:`esi_guard.sequential`."""
-    stop_constant: float | None = None
-    """Sequential ESI: the stopping rule's calibrated constant."""
 
     def differences(self, other: ScoringConfig, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """One ``"<field>: <this> vs <other>"`` line per field whose values differ."""
@@ -102,7 +109,7 @@ class ScoringConfig(BaseModel):
 
     def as_metadata(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the optional fields left out when unset)."""
-        optional = ("system_prompt", "prompt_template", "min_variants", "stop_constant")
+        optional = ("system_prompt", "prompt_template")
         unset = {name for name in optional if getattr(self, name) is None}
         return self.model_dump(exclude=unset)
 
@@ -151,10 +158,8 @@ class ESIResult:
     """Each variant's own score (mean over tokens of alpha_t * D), in ``variants`` order;
     ``score`` is their mean."""
     variants_used: int = 0
-    """How many variants were scored: ``n_variants``, or fewer when sequential ESI
-    (``min_variants``) stopped early."""
-    stopped_early: bool = False
-    """True when sequential ESI settled the decision before ``n_variants``."""
+    """How many variants were scored: ``n_variants``, or fewer when the intervention gave
+    fewer (0 for an answer decided without ESI)."""
     signals: dict[str, float] = field(default_factory=dict)
     """The greedy answer's free signals from the same pass: ``nll`` (its negative
     log-probability, each token's over its position's top-k), ``entropy`` (mean entropy

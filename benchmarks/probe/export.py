@@ -138,7 +138,7 @@ def _evaluated(threshold: Path, guard: ESIGuard, system: str) -> dict[str, Any]:
     differ = settings.differences(ours, ignore=("prompt_template", "decide_on"))
     if differ or calibrated.model_sha256 != guard.backend.model_sha256:
         _stop(f"{threshold} scores otherwise than the runs: {differ or 'its model'}")
-    return calibrated.model_dump(mode="json", include={"scoring", "sequential", "combined",
+    return calibrated.model_dump(mode="json", include={"scoring", "combined",
                                  "esi_probe", "probe_band", "free_score"})  # fmt: skip
 
 

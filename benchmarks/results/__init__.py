@@ -1,5 +1,5 @@
 """The scripts behind the docs' result tables.
 
-``run`` (closed-book and RAG sets, with ``closed_book``, ``rag`` and ``sequential``),
-``cascade`` and ``decisions``.
+``run`` (closed-book and RAG sets, with ``closed_book`` and ``rag``), ``cascade`` and
+``decisions``.
 """

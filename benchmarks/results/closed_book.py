@@ -4,8 +4,7 @@ Each question's scores, per-variant ESI scores and stage times go to a JSONL cac
 (:mod:`benchmarks.cache`, ``<dataset>-closed-<k>of<n>.jsonl``) as soon as its batch is done,
 so a data set resumes after an interruption and can be split over processes (``--shard``).
 The cache does not depend on ``--limit``: the questions are shuffled once (seed 0) and a
-larger limit only adds questions. Once every question of the limit is scored, the
-sequential rows (:mod:`benchmarks.sequential`, cached the same way) run, and the report
+larger limit only adds questions. Once every question of the limit is scored, the report
 is made from the caches.
 """
 
@@ -18,7 +17,6 @@ from typing import Any
 
 from benchmarks.cache import Cache
 from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
-from benchmarks.results.sequential import sequential_row
 from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
 from esi_guard.baselines import (
@@ -110,14 +108,12 @@ class Parts:
     ESI and the free signals run on every question; the sampling baselines and P(True)
     on the first ``sampling``, the L=2/3/5 passes timed on their own on the first
     ``ablation`` (beyond it their scores come from the first variants of the L=10 pass),
-    the fidelity passes (``FIDELITY``: SOC as the paper's text and as the authors' code)
-    on the first ``fidelity``, and the sequential rows' guarded runs on the first
-    ``sequential`` answers. None: all.
+    and the fidelity passes (``FIDELITY``: SOC as the paper's text and as the authors' code)
+    on the first ``fidelity``. None: all.
     """
 
     sampling: int | None = None
     ablation: int | None = None
-    sequential: int | None = None
     fidelity: int | None = None
 
     def needs(self, index: int) -> dict[str, bool]:
@@ -358,7 +354,6 @@ def run_closed(
     limit: int,
     batch: int,
     semantic: Semantic,
-    max_disagreement: float,
     cache_dir: Path,
     shard: tuple[int, int],
     answering: Answering | None = None,
@@ -406,27 +401,17 @@ def run_closed(
         print(f"  {dataset}: {len(rows)}/{len(examples)} scored; the other shards go on",
               flush=True)  # fmt: skip
         return []
-    return report(backend, examples, rows, cache, semantic=semantic,
-                  intervention={"ESI(SOC)": SkipOneChar(), "ESI(Para)": para},
-                  answering=answering, batch=batch, max_disagreement=max_disagreement,
-                  shard=shard, sequential=parts.sequential)  # fmt: skip
+    return report(examples, rows, cache, semantic=semantic)
 
 
 def report(
-    backend: HFBackend,
     examples: list[Example],
     rows: list[dict[str, Any]],
     cache: Cache,
     *,
     semantic: Semantic,
-    intervention: dict[str, Any],
-    answering: Answering,
-    batch: int,
-    max_disagreement: float,
-    shard: tuple[int, int],
-    sequential: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Every method's records on one data set, the sequential rows included.
+    """Every method's records on one data set.
 
     Each method's AUROC is on the questions it scored (all of them for ESI and the free
     signals; the first ``--sampling-limit`` for the sampling baselines); each paired
@@ -487,21 +472,6 @@ def report(
         records.append({**common, "method": f"{first} - {second}", "paired": True,
                         "n": len(both), "auroc_difference": diff.value, "low": diff.low,
                         "high": diff.high})  # fmt: skip
-    head = kept[:sequential]
-    messages = [[("system", answering.system), ("human", e.question)] for e, _ in head]
-    for name, method in intervention.items():
-        if method is None or not head or any(name not in r["variants"] for _, r in head):
-            continue
-        row = sequential_row(
-            backend, messages, [r["variants"][name] for _, r in head],
-            [wrong[r["index"]] for _, r in head], indices=[r["index"] for _, r in head],
-            name=name, intervention=method,
-            cache=Cache(cache.directory, f"{dataset}-{_slug(name)}", cache.header),
-            shard=shard, generate_seconds=plain, answering=answering, batch=batch,
-            max_disagreement=max_disagreement,
-        )  # fmt: skip
-        if row is not None:
-            records.append({**common, **row})
     return records
 
 
@@ -582,8 +552,3 @@ def _pairs(values: dict[str, dict[int, float]], wrong: dict[int, int]) -> list[t
                                               [wrong[i] for i in values[m]]))  # fmt: skip
         pairs.append((COMBINED, best))
     return pairs
-
-
-def _slug(name: str) -> str:
-    """``ESI(SOC)`` -> ``sequential-soc``: a file-name part."""
-    return "sequential-" + name.removeprefix("ESI(").removesuffix(")").lower()

@@ -148,31 +148,11 @@ def _methods_markdown(records: list[dict[str, Any]]) -> str:
                 f"{se['extra_seconds_per_example'] / esi['extra_seconds_per_example']:.2f}x)"
             )
         lines.append(line)
-        for name in ("ESI(SOC) sequential", "ESI(Para) sequential"):
-            r = cell.get((d, name))
-            if r is None or not r.get("n"):
-                continue
-            seq, whole = r["seconds_per_example"], r["full_guard_seconds_per_example"]
-            lines.append(
-                f"{d}: {name}: variants_used_mean {r['variants_used_mean']:.2f}, "
-                f"decision_agreement {r['decision_agreement']:.3f} (n={r['n']}); guarded call "
-                f"{seq:.2f} s vs full L {whole:.2f} s ({seq / whole:.2f}x), "
-                f"vs plain {seq / plain:.2f}x{_versus_full(r)}. {r['note']}"
-            )
     if paired:
         lines += ["", _paired_markdown(paired)]
     if rag:
         lines += ["", rag_markdown(rag)]
     return "\n".join(lines)
-
-
-def _versus_full(record: dict[str, Any]) -> str:
-    """The sequential guard's AUROC minus the full-L guard's, paired (older records lack it)."""
-    if "auroc_minus_full" not in record:
-        return ""
-    low, high = record["auroc_minus_full_low"], record["auroc_minus_full_high"]
-    return (f"; AUROC minus the full-L guard's {record['auroc_minus_full']:+.3f} "
-            f"[{low:+.3f}, {high:+.3f}] {_verdict(low, high)}")  # fmt: skip
 
 
 def _verdict(low: float, high: float) -> str:
@@ -231,12 +211,6 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch", type=int, default=8, help="questions per batched call")
     parser.add_argument(
-        "--max-disagreement",
-        type=float,
-        default=0.05,
-        help="sequential ESI: the bound its stopping rule is fitted to (early vs full-L)",
-    )
-    parser.add_argument(
         "--cache",
         type=Path,
         default=Path(".bench-cache"),
@@ -251,7 +225,6 @@ def main() -> None:
     )
     for part, what in (("sampling", "the sampling baselines and P(True)"),
                        ("ablation", "the L=2/3/5 passes timed on their own"),
-                       ("sequential", "the sequential rows"),
                        ("fidelity", "the SOC passes as the paper's text and the authors' "
                         "code")):  # fmt: skip
         parser.add_argument(f"--{part}-limit", type=int, metavar="N",
@@ -337,11 +310,9 @@ def main() -> None:
                              "has passages")  # fmt: skip
             records += run_rag(backend, path, **settings, max_new_tokens=args.max_new_tokens)
         else:
-            parts = Parts(args.sampling_limit, args.ablation_limit, args.sequential_limit,
-                          args.fidelity_limit)  # fmt: skip
+            parts = Parts(args.sampling_limit, args.ablation_limit, args.fidelity_limit)
             records += run_closed(backend, path, **settings, answering=answering, parts=parts,
-                                  nli=nli, max_disagreement=args.max_disagreement,
-                                  dtype=args.dtype)  # fmt: skip
+                                  nli=nli, dtype=args.dtype)  # fmt: skip
         args.json.write_text(json.dumps(records, indent=1))  # kept after each data set
     table = markdown(records)
     print(table)

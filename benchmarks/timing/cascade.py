@@ -13,14 +13,10 @@ The questions timed are others from the same set (``--data``, not among the coll
 One at a time, each question goes through the three in turn; then each runs ``batch``
 over all of them (batches of 8). Reported: mean seconds per question, guarded/plain
 ratios, the share of answers the cascade sent to ESI and its decision agreement with the
-full guard on these questions. ``--min-variants K`` adds a fourth guard, ``cascade_seq``:
-the cascade with sequential ESI inside its band (from K variants on, stopping by a rule
-fitted label-free on the collected run's per-variant scores, as ``esi-guard calibrate
---min-variants`` fits it: early decisions differ from full-L ones on at most 2% with
-probability 0.9). ``--probe FILE`` takes a probe ``esi-guard distill`` wrote instead of a
-collected run (on the guard's own engine; threshold: the 80% quantile of its held-out ESI
-values); the questions timed are then ``--data``'s after the first ``--skip`` (in
-``--seed`` order: pass the distillation's ``--limit`` and ``--seed``).
+full guard on these questions. ``--probe FILE`` takes a probe ``esi-guard distill`` wrote
+instead of a collected run (on the guard's own engine; threshold: the 80% quantile of its
+held-out ESI values); the questions timed are then ``--data``'s after the first ``--skip``
+(in ``--seed`` order: pass the distillation's ``--limit`` and ``--seed``).
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ from esi_guard import ESIGuard
 from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.calibration.cascade_fit import fit_esi_probe, held_out
 from esi_guard.calibration.data import load_examples
-from esi_guard.calibration.thresholds import fit_stop_constant
 from esi_guard.cascade import ESIProbe
 
 __all__ = ["add_arguments", "distilled", "measure"]
@@ -75,7 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="sciq-smollm2")
     parser.add_argument("--data", default="sciq/test.jsonl")
     parser.add_argument("--limit", type=int, default=40)
-    parser.add_argument("--min-variants", type=int, help="add the cascade with sequential ESI")
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,18 +93,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     full = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), **settings)
     cascade = ESIGuard(backend=LlamaCppBackend.default(n_threads=1), esi_probe=probe, **settings)
     guards = {"esi": full, "cascade": cascade}
-    rule = None
-    if args.min_variants is not None:
-        if args.cache is None:
-            sys.exit("--min-variants fits its rule on a collected run: give --cache")
-        rows = [r["variants"] for r in _records(args.cache, args.name) if r.get("variants")]
-        rule = fit_stop_constant(rows, threshold, min_variants=args.min_variants,
-                                 max_disagreement=0.02, delta=0.1)  # fmt: skip
-        if rule is None:
-            sys.exit(f"no stop constant keeps early decisions within 2% from {args.min_variants}")
-        guards["cascade_seq"] = ESIGuard(backend=LlamaCppBackend.default(n_threads=1),
-                                         esi_probe=probe, min_variants=rule.min_variants,
-                                         stop_constant=rule.constant, **settings)  # fmt: skip
     timed = side_by_side(plain, guards, prompts, max_new_tokens=answering.max_new_tokens,
                          batch=BATCH)  # fmt: skip
     one, batched, metas = timed
@@ -119,13 +101,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     agree = {k: float(np.mean([a["decision"] == b["decision"]
                                for a, b in zip(metas["esi"], metas[k], strict=True)]))
              for k in cascades}  # fmt: skip
-    used = [m["variants_used"] for m in metas.get("cascade_seq", []) if m["decided_by"] == "esi"]
     out = {"n": len(prompts), "threshold": threshold, "one_at_a_time": one, "batched": batched,
            **timed.ratios(), "esi_share": ran, "agreement": agree,
-           "stop_rule": None if rule is None else {"constant": rule.constant,
-                                                   "min_variants": rule.min_variants,
-                                                   "disagreement": rule.disagreement},
-           "variants_used_in_band": float(np.mean(used)) if used else None,
            "probe": {"layer": probe.hidden.layers if probe.hidden else None,
                      "n_fit": probe.n_fit}}  # fmt: skip
     print(json.dumps(out, indent=1))

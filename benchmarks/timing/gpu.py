@@ -8,15 +8,13 @@ The model has random weights: what a forward pass costs does not depend on what 
 weights are, and no checkpoint can be downloaded where this runs. ~40-token prompts,
 5-token answers, L=10 SOC variants, k=100, batches of 1, 16 and 32 prompts, on the
 transformers backend; ``--model embedded`` runs the embedded SmolLM2 instead. For each batch
-size: seconds per example of the greedy answers alone; ESI's extra seconds per example
-beyond them (the paper's timer starts once the greedy answers exist), for full ESI and for
-sequential ESI (``min_variants=2``; with random weights the threshold is the median full
-score and the stopping constant a fixed 1.0, so some prompts stop early: this times the
-rounds' mechanics, not a calibrated rule); semantic entropy's extra seconds (10 samples at
-T=1; the sampling, which is its cost, without the clustering); guarded/plain; the extra
-seconds of the guards that spend less (:func:`cheap_guards`: without ESI, with a hidden-state
-probe, the value cascade and the share it sends to ESI); peak GPU memory. ``--profile DIR``:
-torch's profiler over one guarded batch of the largest size (:func:`profiled`).
+size: seconds per example of the greedy answers alone; full ESI's extra seconds per example
+beyond them (the paper's timer starts once the greedy answers exist); semantic entropy's
+extra seconds (10 samples at T=1; the sampling, which is its cost, without the
+clustering); guarded/plain; the extra seconds of the guards that spend less
+(:func:`cheap_guards`: without ESI, with a hidden-state probe, the value cascade and the
+share it sends to ESI); peak GPU memory. ``--profile DIR``: torch's profiler over one
+guarded batch of the largest size (:func:`profiled`).
 tests/gpu/on_device.sh runs it on the device machine (docs/development.md).
 """
 
@@ -238,26 +236,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     settings = {"backend": backend, "n_variants": 10, "max_new_tokens": 5, "seed": 0}
     pool = questions(max(args.batches) * (args.repeats + 1), args.words)
     full = ESIGuard(threshold=1.0, **settings)  # type: ignore[arg-type]
-    median = statistics.median(m.response_metadata["esi"]["score"] for m in full.batch(pool[:16]))
-    sequential = ESIGuard(threshold=median, min_variants=2, stop_constant=1.0, **settings)  # type: ignore[arg-type]
     cheap = cheap_guards(backend, full, pool[-32:], settings)
     plain = [[{"role": "user", "content": q}] for q in pool]
     rows = []
     for size in args.batches:
-        arms = ("generate", "full", "sequential", "sample", *cheap)
+        arms = ("generate", "full", "sample", *cheap)
         times: dict[str, list[float]] = {arm: [] for arm in arms}
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        used, sent = [], []
+        sent: list[bool] = []
         for repeat in range(args.repeats + 1):  # the first round warms up
             window = slice(repeat * size, (repeat + 1) * size)
             batch, messages = pool[window], plain[window]
-            out: list[Any] = []
             took = {
                 "generate": _timed(lambda m=messages: backend.generate(
                     m, max_new_tokens=5, top_k=100), sync),
                 "full": _timed(lambda b=batch: full.batch(b), sync),
-                "sequential": _timed(lambda b=batch, o=out: o.extend(sequential.batch(b)), sync),
                 "sample": _timed(lambda m=messages: backend.sample(
                     m, n=10, temperature=1.0, max_new_tokens=5), sync),
             }  # fmt: skip
@@ -267,7 +261,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if repeat:
                 for arm, seconds in took.items():
                     times[arm].append(seconds / size)
-                used += [m.response_metadata["esi"]["variants_used"] for m in out]
                 sent += [m.response_metadata["esi"]["decided_by"] == "esi"
                          for m in kept[-size:]]  # fmt: skip
         mean = {arm: statistics.mean(values) for arm, values in times.items()}
@@ -276,8 +269,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "batch": size,
             "generate_seconds_per_example": g,
             "full_extra_seconds_per_example": mean["full"] - g,
-            "sequential_extra_seconds_per_example": mean["sequential"] - g,
-            "sequential_variants_used_mean": statistics.mean(used),
             "semantic_entropy_extra_seconds_per_example": mean["sample"],
             "guarded_over_plain": mean["full"] / g,
             "free_extra_seconds_per_example": mean["free"] - g,
@@ -290,9 +281,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ms = {k: v * 1000 for k, v in row.items() if k.endswith("per_example")}
         print(
             f"batch {size:3d}: answer {g * 1000:8.1f} ms/ex | ESI extra: full "
-            f"{ms['full_extra_seconds_per_example']:8.1f} ms/ex, sequential "
-            f"{ms['sequential_extra_seconds_per_example']:8.1f} ms/ex "
-            f"({row['sequential_variants_used_mean']:.1f} variants); semantic entropy "
+            f"{ms['full_extra_seconds_per_example']:8.1f} ms/ex; semantic entropy "
             f"{ms['semantic_entropy_extra_seconds_per_example']:8.1f} ms/ex; "
             f"guarded/plain {row['guarded_over_plain']:.2f}x | without ESI "
             f"{ms['free_extra_seconds_per_example']:.1f}, with a states probe "

@@ -231,8 +231,8 @@ def _decide(
     Where the session cannot give the answer's rows (it failed, or the answer is not the
     tokens it forced), they are forced once more, as a non-streamed call does.
     """
-    rounds = pipeline.rounds([item], include_original=False)
-    requests = next(rounds)
+    planned = pipeline.planned([item], include_original=False)
+    requests = [request for _, request in planned]
     ids = list(item.answer_ids)
     main: Forced | None = None
     same = growing.ids[: growing.n_forced] == ids[: growing.n_forced]
@@ -247,7 +247,4 @@ def _decide(
     top_k = pipeline.config.top_k
     todo = requests if main is None else requests[1:]
     forced = shield(lambda: call(todo, top_k=top_k), len(todo), "teacher_force") if todo else []
-    try:
-        rounds.send([main, *forced] if main is not None else forced)
-    except StopIteration:
-        return
+    pipeline.assessed([item], planned, [main, *forced] if main is not None else forced)

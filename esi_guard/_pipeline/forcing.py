@@ -1,4 +1,4 @@
-"""The forcing requests of the score step: what to force for each item, once per round.
+"""The forcing requests of the score step: what to force for each item.
 
 :func:`plan` turns each scorable item into its :class:`~esi_guard.backends.ForcingRequest`
 (and a second one without the prompt's context, for ``context_reliance``); an item that
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item
@@ -31,16 +31,12 @@ def plan(
     hidden: HiddenSpec | None,
     intervention: Intervention,
     include_original: bool,
-    known: dict[int, dict[str, Any]] | None = None,
-    context: bool = True,
 ) -> list[tuple[Item, ForcingRequest]]:
     """The forcing requests of the items that can be scored; the others are decided.
 
     An item whose template has a context gets a second request right after its own:
     the answer forced once after the prompt without its context (``context_reliance``).
     It is a request of its own so that the variants keep their shared prefix.
-    Sequential rounds pass the texts already forced per item (``known``): only new
-    ones are asked for, and an item with none gets no request this round.
     """
     planned = []
     for item in items:
@@ -50,10 +46,7 @@ def plan(
         if problem is not None:
             item.outcome = rule.result(item, None, reason(problem))
             continue
-        done = known.get(id(item), {}) if known is not None else {}
-        texts = [text for text in item.changed if text not in done]
-        if not texts and not include_original:
-            continue
+        texts = list(item.changed)
         request = ForcingRequest(
             prompt=item.prompt.messages,
             variants=[item.prompt.with_question(text) for text in texts],
@@ -64,7 +57,7 @@ def plan(
         )
         planned.append((item, request))
         template = item.prompt.template
-        if context and template is not None and template.without_context is not None:
+        if template is not None and template.without_context is not None:
             planned.append((item, replace(request, variants=[template.without_context],
                                           include_original=False, hidden=None)))  # fmt: skip
     return planned

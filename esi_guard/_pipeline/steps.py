@@ -16,15 +16,16 @@ without restating the order, as ``BaseChatModel.generate`` hands its run manager
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
+from esi_guard._pipeline.assess import assess
 from esi_guard._pipeline.decide import Rule
+from esi_guard._pipeline.forcing import plan
 from esi_guard._pipeline.items import Item, Outcome
-from esi_guard._pipeline.rounds import forcing_rounds
 from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
 from esi_guard.backends.base import Backend
@@ -316,22 +317,16 @@ class Pipeline:
     def force(self, items: Sequence[Item], *, include_original: bool = False) -> list[Outcome]:
         """Teacher-force each item's answer after its variants and decide every item.
 
-        One backend call, or one per round with sequential ESI (``min_variants``). A guard
-        without ESI (an answer it was handed: it generated none) forces the answer after
-        the prompt alone, for its distributions and states.
+        One backend call. A guard without ESI (an answer it was handed: it generated none)
+        forces the answer after the prompt alone, for its distributions and states.
         """
         if not self.rule.uses_esi:
             return self._force_free(items)
-        rounds = self.rounds(items, include_original)
-        requests = next(rounds)
-        top_k = self.config.top_k
-        while True:
-            call = partial(self.backend.teacher_force, requests, top_k=top_k)
-            forced = shield(call, len(requests), "teacher_force") if requests else []
-            try:
-                requests = rounds.send(forced)
-            except StopIteration as done:
-                return cast(list[Outcome], done.value)
+        planned = self.planned(items, include_original)
+        requests = [request for _, request in planned]
+        call = partial(self.backend.teacher_force, requests, top_k=self.config.top_k)
+        forced = shield(call, len(requests), "teacher_force") if requests else []
+        return self.assessed(items, planned, forced)
 
     def _force_free(self, items: Sequence[Item]) -> list[Outcome]:
         """A guard without ESI scoring answers it did not generate: the original row only."""
@@ -357,27 +352,30 @@ class Pipeline:
 
     async def aforce(self, items: Sequence[Item]) -> list[Outcome]:
         """Async :meth:`force`."""
-        rounds = self.rounds(items, include_original=False)
-        requests = next(rounds)
-        top_k = self.config.top_k
-        while True:
-            acall = partial(self.backend.ateacher_force, requests, top_k=top_k)
-            forced = await ashield(acall, len(requests), "teacher_force") if requests else []
-            try:
-                requests = rounds.send(forced)
-            except StopIteration as done:
-                return cast(list[Outcome], done.value)
+        planned = self.planned(items, include_original=False)
+        requests = [request for _, request in planned]
+        acall = partial(self.backend.ateacher_force, requests, top_k=self.config.top_k)
+        forced = await ashield(acall, len(requests), "teacher_force") if requests else []
+        return self.assessed(items, planned, forced)
 
-    def rounds(
+    def planned(
         self, items: Sequence[Item], include_original: bool
-    ) -> Generator[list[ForcingRequest], list[Forced | BackendError], list[Outcome]]:
-        """The forcing requests of each round (sent back their results); the outcomes."""
+    ) -> list[tuple[Item, ForcingRequest]]:
+        """The forcing requests of the items that can be scored (the others are decided)."""
         for item in items:
             if item.outcome is None and item.answer_ids and item.token_ends is None:
                 item.token_ends = self.backend.token_offsets(item.answer_ids, item.answer)
-        return forcing_rounds(items, include_original, rule=self.rule,
-                              kind=self.backend.values_kind, hidden=self.hidden,
-                              intervention=self.intervention)  # fmt: skip
+        return plan(items, rule=self.rule, hidden=self.hidden, intervention=self.intervention,
+                    include_original=include_original)  # fmt: skip
+
+    def assessed(
+        self,
+        items: Sequence[Item],
+        planned: Sequence[tuple[Item, ForcingRequest]],
+        forced: Sequence[Forced | BackendError],
+    ) -> list[Outcome]:
+        """Every item decided from its planned requests' forced distributions."""
+        return assess(items, planned, forced, self.rule, self.backend.values_kind)
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self.stream_args()}

@@ -12,8 +12,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from esi_guard import _retired
 from esi_guard._files import read_model
 from esi_guard.calibration.metrics import Estimate
 from esi_guard.calibration.thresholds import Choice
@@ -81,11 +82,6 @@ class ThresholdFile(BaseModel):
     """Each metric's value and 95% bootstrap interval (``value``, ``low``, ``high``)."""
     created: str
     esi_guard_version: str
-    sequential: dict[str, Any] | None = None
-    """Sequential ESI's fitted stopping rule (``calibrate --min-variants``): ``constant``,
-    ``min_variants``, ``disagreement`` (early vs full-L decisions on the calibration data),
-    its upper ``bound`` at ``1 - delta``, ``max_disagreement``, ``delta``,
-    ``variants_used_mean``. None when not fitted."""
     combined: CombinedScore | None = None
     """With ``calibrate --score combined``: the combined score the threshold applies to
     (a probability that the answer is wrong). None: the threshold is on ESI itself."""
@@ -110,6 +106,12 @@ class ThresholdFile(BaseModel):
     ESI, the cheap score of a value-of-information cascade (ESI runs only where it falls
     inside ``probe_band``, and ``combined`` decides there)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _not_retired(cls, data: Any) -> Any:
+        """A file of a retired mode is refused in one line (:mod:`esi_guard._retired`)."""
+        return _retired.check(data, ("sequential",)) if isinstance(data, dict) else data
+
     @classmethod
     def from_run(
         cls, run: ScoredRun, choice: Choice, *, label_method: str, dataset: DatasetInfo,
@@ -118,7 +120,7 @@ class ThresholdFile(BaseModel):
         """The file of a threshold chosen on a run: its model and scoring, the choice, now.
 
         ``version``: esi-guard's; ``fitted``: what was fitted beside the threshold
-        (``sequential``, ``combined``, ``combined_report``...).
+        (``combined``, ``combined_report``...).
         """
         risk = choice.selective_risk
         return cls(

@@ -23,7 +23,6 @@ gives the tested thresholds and their bounds, to say how far the best one was.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,16 +31,13 @@ from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "MIN_PER_CLASS",
-    "STOP_CONSTANTS",
     "Choice",
     "RiskTest",
-    "StopRule",
     "by_coverage",
     "by_f1",
     "by_risk",
     "by_youden",
     "class_counts",
-    "fit_stop_constant",
     "min_accepted",
     "min_examples",
     "risk_bound",
@@ -256,66 +252,3 @@ def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> 
         ),
     }
     return _choice(s, w, best.threshold, f"risk<={alpha:g}@delta={delta:g}", guarantee=guarantee)
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """A fitted constant of the sequential stopping rule (:mod:`esi_guard.sequential`)."""
-
-    constant: float
-    """The rule's constant."""
-    min_variants: int
-    """Variants in the first round."""
-    disagreement: float
-    """Fraction of calibration answers whose early decision differs from the full-L one."""
-    bound: float
-    """Its upper confidence bound at ``1 - delta`` (Clopper-Pearson)."""
-    max_disagreement: float
-    """The fraction the bound had to stay under."""
-    delta: float
-    """Probability that the bound fails."""
-    variants_used_mean: float
-    """Mean variants scored per answer under the rule, on the calibration data."""
-
-
-STOP_CONSTANTS = tuple(round(0.25 * i, 2) for i in range(1, 81))
-"""Constants tried when fitting the stopping rule, smallest (stops earliest) first."""
-
-
-def fit_stop_constant(
-    variant_scores: Sequence[Sequence[float]],
-    threshold: float,
-    *,
-    min_variants: int,
-    max_disagreement: float,
-    delta: float,
-) -> StopRule | None:
-    """The smallest constant that keeps early decisions close to the full-L ones.
-
-    Close: they differ on at most ``max_disagreement`` of the answers, with confidence
-    ``1 - delta`` (Clopper-Pearson); None when no constant tried does. Each entry of
-    ``variant_scores`` is one answer's per-variant scores over all L variants, in the
-    order the guard scores them.
-    """
-    from esi_guard.sequential import variants_used
-
-    rows = [list(map(float, row)) for row in variant_scores if len(row) >= 2]
-    if not rows:
-        return None
-    full = [math.fsum(row) / len(row) > threshold for row in rows]
-    for constant in STOP_CONSTANTS:
-        used = [variants_used(row, threshold, constant, min_variants) for row in rows]
-        early = [math.fsum(row[:k]) / k > threshold for row, k in zip(rows, used, strict=True)]
-        errors = sum(a != b for a, b in zip(early, full, strict=True))
-        bound = risk_bound(errors, len(rows), delta)
-        if bound <= max_disagreement:
-            return StopRule(
-                constant=constant,
-                min_variants=min_variants,
-                disagreement=errors / len(rows),
-                bound=bound,
-                max_disagreement=max_disagreement,
-                delta=delta,
-                variants_used_mean=sum(used) / len(used),
-            )
-    return None

@@ -22,7 +22,7 @@ from esi_guard.exceptions import ESIGuardError
 
 __all__ = ["fit_cascade", "read_probe"]
 
-_IGNORED = ("system_prompt", "prompt_template", "min_variants", "stop_constant", "decide_on")
+_IGNORED = ("system_prompt", "prompt_template", "decide_on")
 
 
 def read_probe(path: Path) -> ESIProbe:

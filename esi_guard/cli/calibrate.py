@@ -7,21 +7,23 @@ r"""``esi-guard calibrate``: score a labelled QA set, report it, and write a thr
         --out threshold.json
 
 The threshold is chosen on ESI, or with ``--score combined`` on a fitted P(wrong)
-(:mod:`esi_guard.cli._combined`); ``--min-variants`` fits sequential ESI's stopping rule
-and ``--esi-probe`` a cascade's band (:mod:`esi_guard.cli._cascade`) beside it.
+(:mod:`esi_guard.cli._combined`); ``--esi-probe`` fits a cascade's band
+(:mod:`esi_guard.cli._cascade`) beside it. ``--min-variants`` (sequential ESI, retired in
+0.2.0) is refused with what replaces it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from esi_guard import __version__
+from esi_guard._retired import RETIRED
 from esi_guard.calibration.calibrate_combined import Combined, parse_features
 from esi_guard.calibration.file import DatasetInfo, ThresholdFile
 from esi_guard.calibration.metrics import Estimate
@@ -31,7 +33,6 @@ from esi_guard.calibration.thresholds import (
     by_f1,
     by_risk,
     by_youden,
-    fit_stop_constant,
     min_accepted,
     min_examples,
     risk_search,
@@ -101,32 +102,6 @@ SMALL_SET = 100
 """Fewer scored examples than this get a warning, whatever the rule."""
 
 
-def _stop_rule(
-    records: list[dict[str, Any]], threshold: float, min_variants: int, most: float, delta: float
-) -> dict[str, Any] | None:
-    """Fit sequential ESI's stopping constant on the run's variant scores, and say so."""
-    rows = [r["variant_scores"] for r in records if r["scored"] and r.get("variant_scores")]
-    progress(f"fitting sequential ESI's stopping rule on {len(rows)} answers...")
-    rule = fit_stop_constant(
-        rows, threshold, min_variants=min_variants, max_disagreement=most, delta=delta
-    )
-    if rule is None:
-        warn(
-            f"sequential ESI: no stopping constant keeps early decisions within "
-            f"{most:g} of the full-L ones with probability >= {1 - delta:g} on these "
-            f"{len(rows)} answers; the file holds no stopping rule. Raise "
-            "--max-disagreement or calibrate on more examples."
-        )
-        return None
-    console.print(
-        f"sequential ESI: stop constant {rule.constant:g} from {rule.min_variants} variants: "
-        f"{rule.variants_used_mean:.2f} variants per answer, early decision differs from the "
-        f"full-L one on {rule.disagreement:.3f} of {len(rows)} answers (<= {rule.bound:.3f} "
-        f"with probability {1 - delta:g})"
-    )
-    return asdict(rule)
-
-
 def calibrate(
     data: Data,
     out: Annotated[Path, typer.Option(help="Where to write the threshold file (JSON).")],
@@ -165,15 +140,13 @@ def calibrate(
     batch_size: BatchSize = 8,
     resamples: Resamples = 1000,
     min_variants: Annotated[
-        int | None,
-        typer.Option(help="Also fit sequential ESI's stopping rule, first round of N variants."),
+        int | None, typer.Option(hidden=True, help="Retired in 0.2.0 (sequential ESI).")
     ] = None,
     max_disagreement: Annotated[
-        float,
-        typer.Option(help="Sequential / cascade: most decisions differing from full-L ones."),
+        float, typer.Option(help="Cascade: most decisions differing from full-ESI ones.")
     ] = 0.05,
     stop_delta: Annotated[
-        float, typer.Option(help="Sequential / cascade: allowed failure probability of that bound.")
+        float, typer.Option(help="Cascade: allowed failure probability of that bound.")
     ] = 0.1,
     esi_probe: Annotated[
         Path | None,
@@ -212,14 +185,14 @@ def calibrate(
     ray_address: RayAddress = None,
 ) -> None:  # fmt: skip
     """Score a labelled QA set with ESI, report metrics, and write a threshold file."""
+    if min_variants is not None:
+        fail(RETIRED["min_variants"])
     _check_targets(select, alpha, delta, coverage)
     build.local_threads(threads, api_base)
     if granularity is Granularity.sentence:
         if workers:
             fail("--workers scores whole answers: not with --granularity sentence")
-        _check_sentence_options(
-            score, min_variants, esi_probe, prompt, labels, questions_per_prompt
-        )
+        _check_sentence_options(score, esi_probe, prompt, labels, questions_per_prompt)
         chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template,
                                     dtype, threads)  # fmt: skip
         scoring = build.ScoringOptions(intervention.value, n_variants, top_k, distance,
@@ -237,7 +210,7 @@ def calibrate(
         return
     fits = score is ScoreName.combined or esi_probe is not None
     needs_extra("calibrate", used_modules(labels=labels.value, plot=plot is not None, fits=fits))
-    names = _check_fits(score, min_variants, features, cascade, fit_fraction, esi_probe)
+    names = _check_fits(score, features, cascade, fit_fraction, esi_probe)
     probe = None if esi_probe is None else read_probe(esi_probe)
     hidden = HIDDEN in names or probe is not None
     chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template, dtype,
@@ -270,16 +243,12 @@ def calibrate(
         if plot is not None:
             _plot(plot, scores, wrong, None, f"{title}: no threshold meets risk <= {alpha:g}")
         raise typer.Exit(1)
-    sequential = None
-    if min_variants is not None:
-        sequential = _stop_rule(run.records, choice.threshold, min_variants, max_disagreement,
-                                stop_delta)  # fmt: skip
     dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
                           n=len(run.examples), limit=limit, seed=seed or 0)  # fmt: skip
     if combined is not None and choice.guarantee and combined.report["fit"] == "cross":
         statement = choice.guarantee["statement"] + CROSS_FITTED
         choice = replace(choice, guarantee={**choice.guarantee, "statement": statement})
-    result = _threshold_file(run, choice, metrics, combined, sequential, dataset)
+    result = _threshold_file(run, choice, metrics, combined, dataset)
     if cascade and combined is not None and combined.free is None:
         console.print(f"no cascade: the kept score ({combined.report['chosen']}) reads no "
                       "ESI, so its guard forces no variant on any answer")  # fmt: skip
@@ -333,13 +302,11 @@ def _risk(choice: Choice) -> str:
 
 
 def _check_sentence_options(
-    score: ScoreName, min_variants: int | None, esi_probe: Path | None, prompt: Path | None,
-    labels: LabelMethod, k: int,
+    score: ScoreName, esi_probe: Path | None, prompt: Path | None, labels: LabelMethod, k: int,
 ) -> None:  # fmt: skip
     """What --granularity sentence does not take ends the command before any model loads."""
     for given, option in (
         (score is not ScoreName.esi, "--score combined"),
-        (min_variants is not None, "--min-variants"),
         (esi_probe is not None, "--esi-probe"),
         (prompt is not None, "--prompt (the sentence prompts are built in)"),
         (labels is not LabelMethod.containment, "--labels other than containment"),
@@ -351,12 +318,10 @@ def _check_sentence_options(
 
 
 def _check_fits(
-    score: ScoreName, min_variants: int | None, features: str, cascade: bool,
-    fit_fraction: float | None, esi_probe: Path | None,
+    score: ScoreName, features: str, cascade: bool, fit_fraction: float | None,
+    esi_probe: Path | None,
 ) -> tuple[str, ...]:  # fmt: skip
     """The combined score's features; options that do not go together end the command."""
-    if score is ScoreName.combined and min_variants is not None:
-        fail("--score combined and --min-variants: choose one")
     try:
         names = parse_features(features)
     except ESIGuardError as exc:
@@ -378,12 +343,12 @@ def _check_fits(
 
 def _threshold_file(
     run: Run, choice: Choice, metrics: dict[str, Estimate], combined: Combined | None,
-    sequential: dict[str, Any] | None, dataset: DatasetInfo,
+    dataset: DatasetInfo,
 ) -> ThresholdFile:  # fmt: skip
     """The file: the choice, and the model and scoring the run's cache header names."""
     return ThresholdFile.from_run(
         run.header, choice, label_method=run.labeller.name, dataset=dataset, metrics=metrics,
-        version=__version__, sequential=sequential, combined=combined and combined.model,
+        version=__version__, combined=combined and combined.model,
         combined_report=combined and combined.report,
     )  # fmt: skip
 

@@ -94,7 +94,7 @@ def evaluate(
     request = {
         **chosen.request(),
         "threshold": calibrated.model_dump(mode="json",
-                                           include={"scoring", "sequential", "combined",
+                                           include={"scoring", "combined",
                                                     "esi_probe", "probe_band", "free_score"}),
     }  # fmt: skip
     run = score_run(

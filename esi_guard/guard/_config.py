@@ -111,9 +111,6 @@ def file_settings(
     if calibrated.esi_probe is not None:
         settings["esi_probe"] = given.pop("esi_probe", calibrated.esi_probe)
         settings["probe_band"] = given.pop("probe_band", calibrated.probe_band)
-    if calibrated.sequential is not None:
-        settings["stop_constant"] = given.pop("stop_constant", calibrated.sequential["constant"])
-        settings["min_variants"] = given.pop("min_variants", calibrated.sequential["min_variants"])
     if given.get("intervention") is None:
         given["intervention"] = rebuild_intervention(expected.intervention)
         # A file older than some of the intervention's options names fewer of them.
@@ -133,7 +130,7 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
     calibrated = settings.calibrated
     problems = settings.expected.differences(
         guard.scoring_config,
-        ignore=("system_prompt", "prompt_template", "min_variants", "stop_constant"),
+        ignore=("system_prompt", "prompt_template"),
     )
     if (different_model := model_difference(calibrated, guard.backend)) is not None:
         problems.insert(0, different_model)

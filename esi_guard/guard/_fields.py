@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from esi_guard import _retired
 from esi_guard.backends.base import Backend
 from esi_guard.backends.embedded import EmbeddedBackend
 from esi_guard.backends.hidden import HiddenSpec
@@ -36,6 +37,9 @@ from esi_guard.scoring import Distance, Support
 __all__ = ["DEFAULT_ABSTAIN_MESSAGE", "GuardFields"]
 
 DEFAULT_ABSTAIN_MESSAGE = "I am not confident enough to answer that reliably."
+
+_RETIRED = ("min_variants", "stop_constant")
+"""Settings of modes retired in 0.2.0: an error naming what replaces them when given."""
 
 
 class GuardFields(BaseChatModel):
@@ -71,14 +75,7 @@ class GuardFields(BaseChatModel):
     intervention: Intervention = Field(default_factory=SkipOneChar)
     """How variants of the question are made (SOC with p=0.3, M*=3 by default)."""
     n_variants: int = Field(default=10, ge=1)
-    """L, the number of intervened variants per question (the most, with ``min_variants``)."""
-    min_variants: int | None = Field(default=None, ge=2)
-    """Sequential ESI (off by default): score this many variants first, then twice as many
-    and so on up to ``n_variants``, and stop as soon as the decision is settled (see
-    :mod:`esi_guard.sequential`). Needs ``stop_constant``; ``from_calibration`` reads both
-    from a file written by ``esi-guard calibrate --min-variants``."""
-    stop_constant: float | None = Field(default=None, ge=0)
-    """The sequential stopping rule's constant, fitted by ``esi-guard calibrate``."""
+    """L, the number of intervened variants per question."""
     top_k: int = Field(default=100, ge=1)
     """k, the number of tokens kept in each truncated distribution."""
     distance: Distance = "hellinger"
@@ -175,7 +172,7 @@ class GuardFields(BaseChatModel):
     metadata says why). The last chunk's ``response_metadata["esi"]`` is the whole
     answer's, as a non-streamed call gives it (``sentences`` included), and its scores
     are those of the same guard's ``invoke`` up to the engine's rounding. Needs what
-    deciding on sentences needs (no ``min_variants``, cascade or probe) and
+    deciding on sentences needs (no cascade or probe) and
     ``support="pair"``. ``invoke`` is not streamed and is the non-streamed call."""
     streaming: bool = False
     """LangChain's flag: ``invoke`` goes through ``_stream`` (still one chunk, when scored)."""
@@ -189,6 +186,7 @@ class GuardFields(BaseChatModel):
 
     def __init__(self, **kwargs: Any) -> None:
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
+        kwargs = _retired.check(kwargs, _RETIRED, "ESIGuard")
         kwargs, shipped = _config.given_settings(kwargs)
         try:
             super().__init__(**kwargs)
@@ -248,6 +246,4 @@ class GuardFields(BaseChatModel):
             seed=self.seed,
             max_new_tokens=self.max_new_tokens,
             decide_on=self.decide_on,
-            min_variants=self.min_variants,
-            stop_constant=self.stop_constant if self.min_variants is not None else None,
         )

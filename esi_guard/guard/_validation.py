@@ -41,10 +41,6 @@ class Settings(Protocol):
     @property
     def temperature(self) -> float | None: ...
     @property
-    def min_variants(self) -> int | None: ...
-    @property
-    def stop_constant(self) -> float | None: ...
-    @property
     def sentence_threshold(self) -> float | None: ...
     @property
     def esi_probe(self) -> object: ...
@@ -83,7 +79,7 @@ def check_sentences(guard: Settings) -> None:
 
     That is ``action="redact"``, ``decide_on="sentences"`` and ``stream_mode="sentences"``.
     Sentences are scored on their own tokens' ESI: every answer must run ESI in full, so
-    no sequential ESI, cascade or combined score without ESI; and a hidden-state probe
+    no cascade or combined score without ESI; and a hidden-state probe
     reads the whole answer, so no combined score with one. A stream scores each sentence
     before the answer's end, so a token's score may not depend on later tokens: no
     ``support="all"``.
@@ -99,7 +95,6 @@ def check_sentences(guard: Settings) -> None:
     )  # fmt: skip
     combined = guard.combined
     reasons = {
-        "min_variants (sequential ESI decides on the whole answer)": guard.min_variants,
         "an esi_probe cascade (it decides whole answers)": guard.esi_probe,
         "a value-of-information cascade (free_score)": guard.free_score,
         "a combined score with a hidden-state probe (it reads the whole answer)":
@@ -133,20 +128,6 @@ def check_settings(guard: Settings) -> None:
     if guard.temperature not in (None, 0):
         msg = f"ESI scores the greedy answer: temperature must be 0, got {guard.temperature}"
         raise ConfigurationError(msg)
-    if guard.min_variants is not None:
-        if guard.stop_constant is None:
-            msg = (
-                "min_variants needs stop_constant, the stopping rule's calibrated constant: "
-                "run esi-guard calibrate --min-variants N and build the guard with "
-                "ESIGuard.from_calibration(path)"
-            )
-            raise ConfigurationError(msg)
-        if guard.decide_on != "esi" or guard.combined is not None:
-            msg = (
-                "min_variants (sequential ESI) decides on the ESI score: decide_on='esi' "
-                "and no combined score"
-            )
-            raise ConfigurationError(msg)
     if guard.combined is not None and guard.decide_on not in ("esi", "sentences"):
         msg = "a combined score decides on p_wrong: decide_on must be 'esi' or 'sentences'"
         raise ConfigurationError(msg)

@@ -101,8 +101,8 @@ class ESIGuard(GuardFields):
         ``distance``, ``support``, ``seed``, ``max_new_tokens``) differ from the file's: a
         threshold means something only for scores computed the same way. Other options
         (``action``, ``fallback``, ``abstain_message``) pass through; SOC and Typo are
-        rebuilt from the file, paraphrases must be passed in. The file's sequential rule
-        (``min_variants=None`` turns it off) and combined score apply; another engine gets
+        rebuilt from the file, paraphrases must be passed in. The file's combined score
+        applies; another engine gets
         an :class:`EngineMismatchWarning`, another prompt (given here or sent by a call)
         one :class:`PromptMismatchWarning` (:mod:`esi_guard.guard._prompt`).
         """

@@ -26,7 +26,7 @@ def test_every_shards_records_count_and_a_line_cut_short_is_scored_again(tmp_pat
     cache.add((1, 2), [{"index": 3}])  # the resumed run appends on a fresh line
     assert sorted(cache.done()) == [0, 1, 2, 3]
     # Another data set's cache beside it is not read as this one's.
-    Cache(tmp_path, "sciq-sequential-soc", HEADER).add((0, 1), [{"index": 9}])
+    Cache(tmp_path, "nq_open-closed", HEADER).add((0, 1), [{"index": 9}])
     assert 9 not in cache.done()
 
 
@@ -91,7 +91,7 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
         return [{**r, "scores": {**r["scores"], "sampled": 1.0},
                  "parts": {**r["parts"], "sampling": True}} for r, _ in chunk]  # fmt: skip
 
-    def report(backend: Any, examples: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+    def report(examples: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
         reports.append([r["index"] for r in rows])
         sampled.append([r["index"] for r in rows if "sampled" in r["scores"]])
         return [{"dataset": "set"}]
@@ -102,7 +102,7 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
     try:
         out = closed_book.run_closed(
             _Sampling(), data, limit=limit, answering=Answering(4), batch=2, semantic=Semantic(),  # type: ignore[arg-type]
-            max_disagreement=0.05, cache_dir=cache, shard=shard, parts=parts, dtype=dtype,
+            cache_dir=cache, shard=shard, parts=parts, dtype=dtype,
         )  # fmt: skip
     except _Killed:
         out = None
@@ -174,32 +174,3 @@ def test_a_larger_sampling_limit_tops_up_the_cached_questions_without_rescoring(
     again, _ = _run(data, cache, monkeypatch, shard=(0, 1),
                     parts=closed_book.Parts(sampling=5, ablation=6))  # fmt: skip
     assert again == [] and topped == []
-
-
-def test_sequential_rows_resume_from_their_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from benchmarks.results.sequential import sequential_row
-    from esi_guard import ESIGuard, FakeBackend, SkipOneChar
-
-    n = 100  # each half's rule needs ~45 answers to bound its disagreement at 5%
-    messages = [[("human", f"What is item number {i} of the list?")] for i in range(n)]
-    rows = [[0.1 * (i % 5)] * 10 for i in range(n)]  # variants agree: every answer stops at 2
-    settings: dict[str, Any] = {
-        "indices": list(range(n)), "name": "ESI(SOC)", "intervention": SkipOneChar(),
-        "cache": Cache(tmp_path, "set-sequential-soc", HEADER), "generate_seconds": 0.0,
-        "answering": Answering(4), "batch": 25, "max_disagreement": 0.05,
-    }  # fmt: skip
-    backend = FakeBackend(default_sensitivity=0.3)
-    wrong = [i % 2 for i in range(n)]
-    assert sequential_row(backend, messages, rows, wrong, shard=(0, 2), **settings) is None
-    record = sequential_row(backend, messages, rows, wrong, shard=(1, 2), **settings)
-    assert record is not None and record["n"] == n
-    assert 2 <= record["variants_used_mean"] <= 10 and 0 <= record["decision_agreement"] <= 1
-
-    def never(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("every batch is cached: the guard must not run again")
-
-    monkeypatch.setattr(ESIGuard, "batch", never)
-    again = sequential_row(backend, messages, rows, wrong, shard=(0, 1), **settings)
-    assert again == record

@@ -54,8 +54,6 @@ def test_a_guard_with_a_combined_score_decides_on_p_wrong() -> None:
         ESIGuard(backend=backend, threshold=0.5).invoke(SURE).response_metadata["esi"]["p_wrong"]
         is None
     )
-    with pytest.raises(ConfigurationError, match="combined"):
-        ESIGuard(backend=backend, threshold=0.5, combined=model, min_variants=2, stop_constant=1.0)
 
 
 def test_calibrate_with_a_combined_score_then_evaluate(
@@ -102,8 +100,3 @@ def test_calibrate_with_a_combined_score_then_evaluate(
     ])  # fmt: skip
     assert evaluated.exit_code == 0, evaluated.output
     assert "P(wrong): AUROC" in evaluated.output
-    both = runner.invoke(cli_module.app, [
-        "calibrate", *common, "--n-variants", "4", "--score", "combined", "--min-variants", "2",
-        "--out", str(out),
-    ])  # fmt: skip
-    assert both.exit_code == 2 and "choose one" in both.output

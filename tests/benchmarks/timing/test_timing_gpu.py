@@ -21,10 +21,8 @@ def test_the_gpu_benchmark_runs_at_a_tiny_shape(tmp_path: Path) -> None:
     assert record["shape"] == "tiny" and [r["batch"] for r in record["rows"]] == [1, 4]
     for row in record["rows"]:
         assert row["generate_seconds_per_example"] > 0
-        assert 2 <= row["sequential_variants_used_mean"] <= 10
         assert set(row) >= {
             "full_extra_seconds_per_example",
-            "sequential_extra_seconds_per_example",
             "free_extra_seconds_per_example",
             "probe_extra_seconds_per_example",
             "cascade_extra_seconds_per_example",

@@ -122,7 +122,7 @@ def test_sentences_all_right_are_refused_before_any_file(
     assert not out.exists() and "nan" not in result.output.lower()
 
 
-@pytest.mark.parametrize("option", [["--score", "combined"], ["--min-variants", "2"]])
+@pytest.mark.parametrize("option", [["--score", "combined"], ["--esi-probe", "probe.json"]])
 def test_options_a_sentence_threshold_cannot_take_are_refused(
     setting: tuple[FakeBackend, Path], tmp_path: Path, option: list[str]
 ) -> None:

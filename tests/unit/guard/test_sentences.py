@@ -116,8 +116,6 @@ def test_an_answer_that_cannot_be_split_is_never_passed_by_a_guard_on_sentences(
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"action": "redact", "min_variants": 2, "stop_constant": 1.0}, "min_variants"),
-        ({"decide_on": "sentences", "min_variants": 2, "stop_constant": 1.0}, "min_variants"),
         ({"sentence_threshold": -1.0}, "sentence_threshold=-1.0"),
     ],
 )

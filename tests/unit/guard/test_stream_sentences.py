@@ -146,7 +146,6 @@ def test_invoke_in_sentence_mode_is_the_non_streamed_call() -> None:
     ("settings", "named"),
     [
         ({"support": "all"}, "support='all'"),
-        ({"min_variants": 2, "stop_constant": 1.0}, "min_variants"),
     ],
 )
 def test_settings_that_cannot_stream_sentences_are_refused(
