@@ -13,9 +13,9 @@ time is a dot product.
 
 A :class:`Cascade` decides on a cheap score where that score is far enough from the
 threshold and lets full ESI decide elsewhere. The cheap score is the probe's estimate of
-ESI (a guard deciding on ESI), or a combined score's ``p_wrong`` with the probe's
-estimate in ESI's place (a guard deciding on ``p_wrong``, with its hidden-state term
-when it has one). ESI runs when the cheap score falls in ``[low, high]``; below it the
+ESI (a guard deciding on ESI; the cascade on a combined score's ``p_wrong`` was retired in
+0.2.0: the value cascade decides such guards), or, in a value cascade, a combined score
+fitted without ESI. ESI runs when the cheap score falls in ``[low, high]``; below it the
 answer is accepted, above it the guard's action is taken. The band comes either from
 the probe alone (the threshold +- :attr:`ESIProbe.band`, the held-out quantile of
 ``|ESI - estimate|`` at the probe's ``coverage``: no labels needed) or from calibration
@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from esi_guard._files import read_model
+from esi_guard._retired import retired
 from esi_guard.backends.hidden import HiddenSpec, HiddenStates
 from esi_guard.combined import CombinedScore, HiddenProbe
 from esi_guard.exceptions import ConfigurationError
@@ -156,10 +157,10 @@ class Cascade(BaseModel):
     """The cheap score (a probe, or a no-ESI combined score), the band; pure routing.
 
     Two kinds: with ``probe`` (an ESI-probe cascade) the cheap score is the probe's
-    estimate of ESI, or ``combined``'s ``p_wrong`` with that estimate in ESI's place; with
-    ``free`` (a value-of-information cascade, ``esi-guard calibrate --cascade``) it is the
-    ``p_wrong`` of a combined score fitted without ESI, and where it falls inside the band
-    ESI runs and ``combined`` (fitted with ESI) decides.
+    estimate of ESI, for a guard deciding on ESI; with ``free`` (a value-of-information
+    cascade, ``esi-guard calibrate --cascade``) it is the ``p_wrong`` of a combined score
+    fitted without ESI, and where it falls inside the band ESI runs and ``combined``
+    (fitted with ESI) decides.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -167,8 +168,7 @@ class Cascade(BaseModel):
     probe: ESIProbe | None = None
     band: Band
     combined: CombinedScore | None = None
-    """When set, the cheap score is its ``p_wrong`` with the probe's estimate as ``esi``
-    (an ESI-probe cascade); with ``free``, what decides inside the band."""
+    """With ``free``: what decides inside the band (a combined score with ESI)."""
     free: CombinedScore | None = None
     """A value-of-information cascade's cheap score: a combined score without ESI."""
 
@@ -180,6 +180,9 @@ class Cascade(BaseModel):
         if self.free is not None and ("esi" in self.free.features or self.combined is None):
             msg = "a value-of-information cascade needs free without esi, and combined with it"
             raise ValueError(msg)
+        if self.probe is not None and self.combined is not None:
+            error = retired("esi_probe_on_combined")
+            raise error
         return self
 
     @property
@@ -201,9 +204,7 @@ class Cascade(BaseModel):
             return None, self.free.p_wrong(signals, hidden)
         assert self.probe is not None  # the validator's
         estimate = self.probe.estimate(signals, hidden)
-        if self.combined is None:
-            return estimate, estimate
-        return estimate, self.combined.p_wrong({**signals, "esi": estimate}, hidden)
+        return estimate, estimate
 
     def route(self, cheap: float) -> Literal["accept", "untrusted"] | None:
         """The cheap score's decision, or None: inside the band, ESI decides."""

@@ -240,7 +240,7 @@ class Rule:
             return None
         free = cascade.free is not None
         return self._early_result(
-            item, score=estimate, p_wrong=cheap if free or cascade.combined else None,
+            item, score=estimate, p_wrong=cheap if free else None,
             signals=dict(signals), hidden=hidden, decided_by="free" if free else "probe",
             untrusted=route == "untrusted",
         )  # fmt: skip

@@ -110,7 +110,13 @@ class ThresholdFile(BaseModel):
     @classmethod
     def _not_retired(cls, data: Any) -> Any:
         """A file of a retired mode is refused in one line (:mod:`esi_guard._retired`)."""
-        return _retired.check(data, ("sequential",)) if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        probe_on_combined = data.get("esi_probe") is not None and data.get("combined") is not None
+        if probe_on_combined and data.get("free_score") is None:
+            error = _retired.retired("esi_probe_on_combined")
+            raise error
+        return _retired.check(data, ("sequential",))
 
     @classmethod
     def from_run(

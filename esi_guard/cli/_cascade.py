@@ -3,9 +3,8 @@
 Every calibration answer ran full ESI; the probe's cheap score is computed for each from
 its signals and states, and :func:`~esi_guard.calibration.cascade_fit.fit_band` finds the
 narrowest band whose decisions differ from full-ESI ones on at most ``--max-disagreement``
-of the answers with probability ``1 - --stop-delta``. With ``--score combined`` the band is on the
-combined score's ``p_wrong`` (the probe's estimate in ESI's place), fitted on the answers
-the threshold was chosen on.
+of the answers with probability ``1 - --stop-delta``. With ``--score combined`` the probe
+is refused (retired in 0.2.0: ``--cascade`` fits the value cascade instead).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from esi_guard.calibration.calibrate_combined import Combined, decode_states
+from esi_guard.calibration.calibrate_combined import decode_states
 from esi_guard.calibration.cascade_fit import fit_band
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.cli.output import console, fail
@@ -34,9 +33,8 @@ def read_probe(path: Path) -> ESIProbe:
 
 
 def fit_cascade(
-    run: Run, probe: ESIProbe, threshold: float, combined: Combined | None, most: float,
-    delta: float,
-) -> dict[str, Any]:  # fmt: skip
+    run: Run, probe: ESIProbe, threshold: float, most: float, delta: float
+) -> dict[str, Any]:
     """The threshold file's ``esi_probe`` and ``probe_band``; the command ends if none fits."""
     scoring = run.scoring
     problems = [] if probe.scoring is None else probe.scoring.differences(scoring, ignore=_IGNORED)
@@ -46,12 +44,9 @@ def fit_cascade(
         fail("the ESI probe does not match this run (distilled vs calibrated): "
              + "; ".join(problems))  # fmt: skip
     scored = [r for r in run.records if r["scored"]]
-    if combined is None:
-        picks, full = list(range(len(scored))), [float(r["score"]) for r in scored]
-    else:
-        picks, full = combined.held, combined.p_wrong
+    picks, full = list(range(len(scored))), [float(r["score"]) for r in scored]
     band = Band(low=threshold, high=threshold)  # a placeholder for the cheap scores
-    cascade = Cascade(probe=probe, band=band, combined=combined and combined.model)
+    cascade = Cascade(probe=probe, band=band)
     try:
         cheap = []
         for i in picks:
@@ -60,8 +55,7 @@ def fit_cascade(
             cheap.append(cascade.cheap(record["signals"], states)[1])
     except ESIGuardError as exc:
         fail(f"the ESI probe cannot read these results: {exc}")
-    fitted = fit_band(cheap, full, threshold, max_disagreement=most, delta=delta,
-                      logit=combined is not None)  # fmt: skip
+    fitted = fit_band(cheap, full, threshold, max_disagreement=most, delta=delta)
     if fitted is None:
         fail(
             f"cascade: no band keeps its decisions within {most:g} of full-ESI ones with "

@@ -258,7 +258,7 @@ def calibrate(
     if probe is not None:
         progress("fitting the cascade's band on the ESI probe...")
         result = result.model_copy(update=fit_cascade(
-            run, probe, choice.threshold, combined, max_disagreement, stop_delta))  # fmt: skip
+            run, probe, choice.threshold, max_disagreement, stop_delta))  # fmt: skip
     result.write(out)
     console.print(
         f"threshold {choice.threshold:.4f} ({choice.method}): calibration coverage "
@@ -334,6 +334,8 @@ def _check_fits(
         ):
             if given:
                 fail(f"{option} is for --score combined")
+    if score is ScoreName.combined and esi_probe is not None:
+        fail(RETIRED["esi_probe_on_combined"])
     if cascade and (esi_probe is not None or fit_fraction is not None):
         fail(
             "--cascade cross-fits its band on every answer: not with --esi-probe or --fit-fraction"

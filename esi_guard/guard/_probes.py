@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from esi_guard._pipeline.steps import merged
+from esi_guard._retired import retired
 from esi_guard.backends.base import states_engine
 from esi_guard.calibration.cascade_fit import label_free_band
 from esi_guard.cascade import Band, Cascade, ESIProbe
@@ -38,7 +39,6 @@ def probe_cascade(
     backend: Backend,
     scoring: ScoringConfig,
     threshold: float,
-    combined: CombinedScore | None,
     max_disagreement: float = 0.02,
 ) -> Cascade:
     """An ESI-probe cascade for these settings, or a ConfigurationError naming the misfit."""
@@ -60,13 +60,6 @@ def probe_cascade(
     if problems:
         msg = "the ESI probe does not match this guard (distilled vs given): " + "; ".join(problems)
         raise ConfigurationError(msg)
-    if band is None and combined is not None:
-        msg = (
-            "a cascade on a combined score needs a band fitted on labelled answers: "
-            "`esi-guard calibrate --score combined --esi-probe FILE` writes one into the "
-            "threshold file (ESIGuard.from_calibration reads it)"
-        )
-        raise ConfigurationError(msg)
     band = band or label_free_band(probe, threshold, max_disagreement=max_disagreement)
     if not band.low <= threshold <= band.high:
         msg = (
@@ -74,7 +67,7 @@ def probe_cascade(
             f"{threshold:g}"
         )
         raise ConfigurationError(msg)
-    cascade = Cascade(probe=probe, band=band, combined=combined)
+    cascade = Cascade(probe=probe, band=band)
     needs = cascade.needs_hidden
     if needs is not None:
         try:
@@ -132,9 +125,11 @@ def guard_cascade(guard: Any) -> Cascade | None:
     if guard.decide_on != "esi":
         msg = "a cascade estimates ESI: decide_on must stay 'esi'"
         raise ConfigurationError(msg)
+    if guard.combined is not None:
+        error = retired("esi_probe_on_combined", "ESIGuard")
+        raise error
     return probe_cascade(guard.esi_probe, guard.probe_band, backend=guard.backend,
                          scoring=guard.scoring_config, threshold=guard.threshold,
-                         combined=guard.combined,
                          max_disagreement=guard.probe_disagreement)  # fmt: skip
 
 

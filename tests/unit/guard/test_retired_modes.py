@@ -80,3 +80,32 @@ def test_calibrate_min_variants_is_refused_before_any_model_loads(tmp_path: Path
     assert result.exit_code != 0
     assert "sequential ESI" in result.output and RELEASE in result.output
     assert not out.exists()
+
+
+def test_an_esi_probe_cascade_on_a_combined_score_is_refused(
+    tmp_path: Path, threshold_file: Callable[..., ThresholdFile]
+) -> None:
+    """Built by hand, or read from a file that holds both: one line naming the value cascade."""
+    from esi_guard.cascade import Band, ESIProbe
+    from esi_guard.combined import CombinedScore
+
+    probe = ESIProbe(model=fake().model_id, features=(), mean=(), scale=(), weights=(),
+                     intercept=0.5, strength=0.0, band=0.1, coverage=0.98, n_fit=0)  # fmt: skip
+    combined = CombinedScore(mean=(0.0, 0.0, 0.0), scale=(1.0, 1.0, 1.0),
+                             weights=(1.0, 0.0, 0.0), intercept=0.0, strength=0.1,
+                             n_fit=100)  # fmt: skip
+    with pytest.raises(ConfigurationError, match=f"retired in esi-guard {RELEASE}.*--cascade"):
+        ESIGuard(backend=fake(), threshold=0.5, esi_probe=probe, combined=combined)
+    raw = json.loads(threshold_file().model_dump_json())
+    raw |= {
+        "esi_probe": probe.model_dump(mode="json"),
+        "combined": combined.model_dump(mode="json"),
+        "probe_band": Band(low=0.4, high=0.6).model_dump(mode="json"),
+    }
+    path = tmp_path / "probe-on-combined.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigurationError) as caught:
+        ESIGuard.from_calibration(path, backend=fake())
+    assert "\n" not in str(caught.value) and "ESI-probe cascade on a combined score" in str(
+        caught.value
+    )
