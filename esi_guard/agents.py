@@ -53,6 +53,7 @@ from langgraph.constants import TAG_NOSTREAM
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.decide import acted, untrusted
 from esi_guard._text import message_text
+from esi_guard.applied import apply
 from esi_guard.backends.adapters import backend_for
 from esi_guard.backends.base import Backend
 from esi_guard.backends.fake import FakeBackend
@@ -270,12 +271,14 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
                 f"{result.threshold}"
             )
             raise UncertainAnswerError(msg, result=result, answer=message)
-        content = self._options["abstain_message"] if result.decision == "abstain" else None
-        return _with(response, message, _meta(result), content=content)
+        applied = apply(result, abstain_message=self._options["abstain_message"])
+        content = applied.content if result.decision in ("abstain", "redact") else None
+        return _with(response, message, applied.esi, content=content)
 
     def _routed(self, routed: ModelResponse[Any], result: ESIResult) -> ModelResponse[Any]:
-        result = acted(result, "route")
-        return _with(routed, _answer(routed), _meta(result, fallback_used=True))
+        answer = _answer(routed)
+        applied = apply(acted(result, "route"), answer or "", abstain_message="")
+        return _with(routed, answer, applied.esi)
 
     def _handed_over(self, request: ModelRequest[Any]) -> ESIResult | None:
         """The result raised on, when ``request`` re-runs that request on another model.

@@ -176,6 +176,7 @@ class Rule:
             threshold_source=self.threshold_source,
             decided_by=None if self.cascade is None else "esi",
             probe_score=item.probe_score,
+            prompt_tokens=item.prompt_tokens,
             sentences=sentences if score is not None else [],
             sentence_threshold=self.sentence_threshold,
         )
@@ -272,6 +273,7 @@ class Rule:
             threshold_source=self.threshold_source,
             decided_by=decided_by,
             probe_score=item.probe_score,
+            prompt_tokens=item.prompt_tokens,
         )
 
 

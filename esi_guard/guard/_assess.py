@@ -8,7 +8,6 @@ through LangChain's chat-model run, its messages and their metadata dicts.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 from esi_guard._pipeline.decide import raised
@@ -51,7 +50,7 @@ def outcome(item: Item | InputError, on_error: OnError) -> Assessed:
         return result
     if not result.scored and on_error == "raise":
         return raised(result)
-    return replace(result, prompt_tokens=item.prompt_tokens)
+    return result
 
 
 def run(

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.ai import UsageMetadata, add_usage
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import Item
-from esi_guard._text import message_text
+from esi_guard.applied import apply
 from esi_guard.exceptions import BackendError
 from esi_guard.result import ESIResult, OnError
 from esi_guard.sentences import SentenceScore
@@ -37,8 +37,10 @@ def chat_result(
 ) -> ChatResult:
     """The chat result for a decided item, or the error ``on_error="raise"`` raises.
 
+    The content, usage and metadata are :func:`~esi_guard.applied.apply`'s:
     ``usage_metadata`` counts the answer's own prompt and answer tokens (plus the
-    fallback's usage when routed); ESI's extra work is in ``response_metadata["esi"]``.
+    fallback's usage, its token details included, when routed); ESI's extra work is in
+    ``response_metadata["esi"]``.
     """
     result = item.outcome
     if isinstance(result, BackendError):
@@ -46,28 +48,19 @@ def chat_result(
     assert result is not None  # the pipeline decides every item
     if not result.scored and on_error == "raise":
         raise raised(result)
-    meta: dict[str, Any] = {"model_name": model_name}
-    prompt_tokens = item.prompt_tokens or 0
+    applied = apply(result, fallback, abstain_message=abstain_message)
     usage = UsageMetadata(
-        input_tokens=prompt_tokens,
-        output_tokens=len(item.answer_ids),
-        total_tokens=prompt_tokens + len(item.answer_ids),
+        input_tokens=applied.input_tokens,
+        output_tokens=applied.output_tokens,
+        total_tokens=applied.total_tokens,
     )
-    content = result.answer
-    esi = result.as_dict()
-    if result.decision == "abstain":
-        content = abstain_message
-    elif result.decision == "redact":
-        content = result.kept_answer
-    elif result.decision == "route":
-        meta.update(getattr(fallback, "response_metadata", {}) or {})
-        if getattr(fallback, "usage_metadata", None):
-            usage = add_usage(usage, fallback.usage_metadata)
-        content = message_text(fallback)
-        esi["fallback_used"] = True
-    message = AIMessage(
-        content=content, response_metadata={**meta, "esi": esi}, usage_metadata=usage
-    )
+    routed = cast(UsageMetadata, getattr(fallback, "usage_metadata", None) or {})
+    if "fallback_used" in applied.esi and "input_token_details" in routed:
+        usage["input_token_details"] = routed["input_token_details"]
+    if "fallback_used" in applied.esi and "output_token_details" in routed:
+        usage["output_token_details"] = routed["output_token_details"]
+    meta = {"model_name": model_name, **applied.fallback_metadata, "esi": applied.esi}
+    message = AIMessage(content=applied.content, response_metadata=meta, usage_metadata=usage)
     return ChatResult(generations=[ChatGeneration(message=message)])
 
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from esi_guard.applied import ABSTAIN_FINISH_REASON
+
 __all__ = [
     "ABSTAIN_FINISH_REASON",
     "Answer",
@@ -32,9 +34,6 @@ __all__ = [
     "whole_message_warning",
 ]
 
-ABSTAIN_FINISH_REASON = "content_filter"
-"""The ``finish_reason`` of an answer the guard withheld: OpenAI's value for an answer a
-filter withheld, so every client already knows it; the content is the abstention text."""
 
 _Strict = ConfigDict(extra="forbid")
 

@@ -20,14 +20,14 @@ from typing import Any, Protocol, cast
 
 from langchain_core.messages import convert_to_messages
 
-from esi_guard._text import message_text
+from esi_guard.applied import apply
 from esi_guard.exceptions import APIError, ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ESIResult
 from esi_guard.server._batcher import Full, MicroBatcher
 from esi_guard.server._errors import ServeError, from_exception, overloaded
 from esi_guard.server._metrics import Metrics
-from esi_guard.server._schema import ABSTAIN_FINISH_REASON, Answer, ChatRequest, chunk, esi_info
+from esi_guard.server._schema import Answer, ChatRequest, chunk, esi_info
 from esi_guard.server._settings import ServeSettings
 from esi_guard.server._stream import ending, include_usage, sse
 from esi_guard.server._timed import TimedBackend
@@ -235,26 +235,11 @@ class Service:
         result = output.result if isinstance(output, Routed) else output
         if not isinstance(result, ESIResult):
             raise self.failure(output)
-        esi = result.as_dict()
-        n, prompt_tokens = len(result.answer_token_ids), result.prompt_tokens or 0
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                 "total_tokens": prompt_tokens + n}  # fmt: skip
-        content, finish = result.answer, result.finish_reason or "stop"
-        if result.decision == "abstain":
-            content, finish = self.abstain_message, ABSTAIN_FINISH_REASON
-        elif result.decision == "redact":
-            content = result.kept_answer
-        elif routed is not None:
-            esi["fallback_used"] = True
-            content = message_text(routed)
-            finish = (getattr(routed, "response_metadata", None) or {}).get(
-                "finish_reason"
-            ) or "stop"
-            extra = getattr(routed, "usage_metadata", None) or {}
-            more = (extra.get("input_tokens", 0), extra.get("output_tokens", 0))
-            usage = {"prompt_tokens": prompt_tokens + more[0], "completion_tokens": n + more[1],
-                     "total_tokens": prompt_tokens + n + sum(more)}  # fmt: skip
-        return self._counted(Answer(content, finish, usage, esi_info(esi)))
+        applied = apply(result, routed, abstain_message=self.abstain_message)
+        usage = {"prompt_tokens": applied.input_tokens, "completion_tokens": applied.output_tokens,
+                 "total_tokens": applied.total_tokens}  # fmt: skip
+        answer = Answer(applied.content, applied.finish_reason, usage, esi_info(applied.esi))
+        return self._counted(answer)
 
     def _counted(self, answer: Answer) -> Answer:
         self.metrics.decided(answer.esi)

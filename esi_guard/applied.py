@@ -1,0 +1,83 @@
+"""A decided answer applied: what the caller is sent in its place, in one vocabulary.
+
+:func:`apply` turns an :class:`~esi_guard.ESIResult` (and, for ``route``, the fallback's
+answer) into an :class:`Applied`: the content, the finish reason, the token usage and the
+``esi`` metadata. Every front end translates it to its own format and does nothing else
+with the decision: the chat model into an ``AIMessage``, ``esi-guard serve`` into an
+OpenAI chat completion. Pure: no model, no LangChain import (the fallback's answer is read
+by duck typing: a message's ``content``, ``response_metadata`` and ``usage_metadata``).
+
+=============  ===========================================  ============================
+decision       content                                      finish reason
+=============  ===========================================  ============================
+``accept``     the answer                                   the answer's (``stop``...)
+``flag``       the answer (the metadata says why)           the answer's
+``abstain``    the abstain message                          ``content_filter``
+``redact``     the answer without its untrusted sentences   the answer's
+``route``      the fallback's answer (its usage added)      the fallback's, else ``stop``
+=============  ===========================================  ============================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from esi_guard._text import message_text
+from esi_guard.result import ESIResult
+
+__all__ = ["ABSTAIN_FINISH_REASON", "Applied", "apply"]
+
+ABSTAIN_FINISH_REASON = "content_filter"
+"""The finish reason of an answer the guard withheld: OpenAI's value for an answer a filter
+withheld, so every client already knows it; the content is the abstention text."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What is sent in place of one guarded answer."""
+
+    content: str
+    finish_reason: str
+    input_tokens: int
+    """The prompt's tokens (plus the fallback's prompt, when routed)."""
+    output_tokens: int
+    """The answer's tokens (plus the fallback's answer, when routed)."""
+    esi: dict[str, Any]
+    """``response_metadata["esi"]``: the result's :meth:`~esi_guard.ESIResult.as_dict`, with
+    ``fallback_used`` when routed."""
+    fallback_metadata: dict[str, Any] = field(default_factory=dict)
+    """The fallback's own ``response_metadata`` when routed (its model name, its finish
+    reason...), else empty."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Input and output tokens together."""
+        return self.input_tokens + self.output_tokens
+
+
+def apply(result: ESIResult, fallback: Any = None, *, abstain_message: str) -> Applied:
+    """``result``'s decision applied (see the module's table).
+
+    ``fallback``: the fallback's answer (a message, or anything :func:`message_text` reads)
+    when the decision is ``route``; ignored otherwise.
+    """
+    esi = result.as_dict()
+    prompt_tokens, answer_tokens = result.prompt_tokens or 0, len(result.answer_token_ids)
+    finish = result.finish_reason or "stop"
+    if result.decision == "abstain":
+        return Applied(abstain_message, ABSTAIN_FINISH_REASON, prompt_tokens, answer_tokens, esi)
+    if result.decision == "redact":
+        return Applied(result.kept_answer, finish, prompt_tokens, answer_tokens, esi)
+    if result.decision == "route" and fallback is not None:
+        meta = dict(getattr(fallback, "response_metadata", None) or {})
+        usage = getattr(fallback, "usage_metadata", None) or {}
+        return Applied(
+            content=message_text(fallback),
+            finish_reason=meta.get("finish_reason") or "stop",
+            input_tokens=prompt_tokens + usage.get("input_tokens", 0),
+            output_tokens=answer_tokens + usage.get("output_tokens", 0),
+            esi={**esi, "fallback_used": True},
+            fallback_metadata=meta,
+        )
+    return Applied(result.answer, finish, prompt_tokens, answer_tokens, esi)
