@@ -40,7 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from esi_guard.backends.hidden import FINAL, POSITIONS, HiddenSpec, HiddenStates, Position
-from esi_guard.exceptions import ConfigurationError
+from esi_guard.exceptions import ConfigurationError, ScoringError
 from esi_guard.scoring import TopK, ValueKind, fill_value, truncated_entropy
 
 __all__ = [
@@ -99,20 +99,18 @@ def free_signals(
     With the answer's ``text``, its :func:`repetition` too; with its tokens' ``logprobs``
     (:func:`token_logprobs`, where the caller has them) they are not computed again.
 
-    ``nll`` is :func:`~esi_guard.baselines.neg_log_likelihood` of the answer's tokens, each
+    ``nll`` is the negative log-likelihood of the answer's tokens, each
     normalised over its position's top-k (the benchmark's "NLL (greedy)"); a token missing
     from its top-k (a forced, non-greedy answer) gets the fill value ESI gives a missing
     token. ``entropy`` is the mean of ESI's ``alpha_t``: pass them (``ESIScore.alphas``)
     when they are at hand, else they are computed.
     """
-    from esi_guard.baselines import neg_log_likelihood
-
     entropy = truncated_entropy(original) if alphas is None else alphas
     if logprobs is None:
         logprobs = token_logprobs(original, answer_ids, kind)
     values = logprobs.tolist()
     signals = {
-        "nll": neg_log_likelihood(values),
+        "nll": _neg_log_likelihood(values),
         "entropy": float(np.mean(entropy)),
         "max_nll": float(-min(values)) if values else 0.0,
     }
@@ -255,3 +253,11 @@ class CombinedScore(BaseModel):
 
 def _sigmoid(z: Any) -> Any:
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z)))
+
+
+def _neg_log_likelihood(token_logprobs: list[float]) -> float:
+    """-log P(answer) from its tokens' log-probabilities."""
+    if not token_logprobs:
+        msg = "neg_log_likelihood needs at least one answer token"
+        raise ScoringError(msg)
+    return -float(sum(token_logprobs))

@@ -15,11 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cache import Cache
-from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
-from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
-from esi_guard.baselines import (
+from benchmarks.baselines import (
     PTRUE_PROMPT,
     lexical_similarity,
     ln_pe,
@@ -30,6 +26,11 @@ from esi_guard.baselines import (
     semantic_entropy,
     sentence_sar,
 )
+from benchmarks.cache import Cache
+from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
+from benchmarks.nli import NLIModel
+from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
+from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
@@ -39,7 +40,6 @@ from esi_guard.calibration.metrics import (
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.nli import NLIModel
 
 __all__ = ["run_closed"]
 

@@ -37,11 +37,7 @@ from typing import Any
 import numpy as np
 from langchain_core.prompts import PromptTemplate
 
-from benchmarks.cache import Cache
-from benchmarks.common import Clock, token_logprobs
-from esi_guard import HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ForcingRequest, Sample
-from esi_guard.baselines import (
+from benchmarks.baselines import (
     lexical_similarity,
     ln_pe,
     mean_token_entropy,
@@ -49,6 +45,10 @@ from esi_guard.baselines import (
     semantic_entropy,
     sentence_sar,
 )
+from benchmarks.cache import Cache
+from benchmarks.common import Clock, token_logprobs
+from esi_guard import HFBackend, SkipOneChar, esi_score
+from esi_guard.backends import ForcingRequest, Sample
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference

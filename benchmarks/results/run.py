@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import FEW_SHOT_TEMPLATE, Answering
+from benchmarks.nli import NLIModel
 from benchmarks.probe.data import runs as probe_runs
 from benchmarks.probe.report import markdown as probe_markdown
 from benchmarks.probe.report import report as probe_report
@@ -64,7 +65,6 @@ from esi_guard import HFBackend
 from esi_guard.backends.adapters import local_backend
 from esi_guard.calibration.data import load_examples
 from esi_guard.calibration.labels import Semantic
-from esi_guard.nli import NLIModel
 
 
 def _has_passages(path: Path) -> bool:

@@ -19,7 +19,7 @@ Configured as in the ESI paper's appendix ("Baseline Implementation Details"):
 * :func:`p_true`: 1 - P(True) of the model judging its own greedy answer;
 * :func:`sentence_sar`: SAR's sentence-relevance-weighted entropy (Duan et al. 2024) with
   embedding similarity as relevance; :func:`sar`: SAR in full, tokens weighted by their
-  relevance first, with a cross-encoder or NLI model's scores (:mod:`esi_guard.nli`) or
+  relevance first, with a cross-encoder or NLI model's scores (:mod:`benchmarks.nli`) or
   the embedding fallback.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from esi_guard.backends._types import Sample
+from esi_guard.backends import Sample
 from esi_guard.exceptions import ConfigurationError, ScoringError
 
 __all__ = [
@@ -188,7 +188,7 @@ def _sentence_shifted(
 
 PairScore = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 """Scores of text pairs, ``(firsts, seconds) -> (n,)`` in [0, 1]: how much the second keeps
-of the first's meaning (an :class:`~esi_guard.nli.NLIModel`'s ``pair_scores``)."""
+of the first's meaning (an :class:`~benchmarks.nli.NLIModel`'s ``pair_scores``)."""
 
 
 def sar(

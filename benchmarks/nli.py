@@ -117,7 +117,7 @@ class NLIModel:
     def equivalence(self, texts: Sequence[str]) -> np.ndarray:
         """1 where two texts entail each other both ways, else 0 (n x n, symmetric).
 
-        A :data:`~esi_guard.baselines.Similarity` for ``semantic_entropy(..., threshold=0.5)``.
+        A :data:`~benchmarks.baselines.Similarity` for ``semantic_entropy(..., threshold=0.5)``.
         """
         _, entails = self._both_ways(texts)
         return np.asarray(entails & entails.T, dtype=np.float64)
@@ -125,7 +125,7 @@ class NLIModel:
     def relevance(self, texts: Sequence[str]) -> np.ndarray:
         """The mean of the two directions' pair scores (n x n, symmetric, 1 on the diagonal).
 
-        A :data:`~esi_guard.baselines.Similarity` for ``sentence_sar`` and ``sar``.
+        A :data:`~benchmarks.baselines.Similarity` for ``sentence_sar`` and ``sar``.
         """
         score, _ = self._both_ways(texts)
         return np.asarray((score + score.T) / 2, dtype=np.float64)

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.baselines import sar, semantic_entropy, sentence_sar
 from esi_guard import ConfigurationError
 from esi_guard.backends import Sample
-from esi_guard.baselines import sar, semantic_entropy, sentence_sar
 from esi_guard.exceptions import ScoringError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from esi_guard.nli import NLIModel  # noqa: E402
+from benchmarks.nli import NLIModel  # noqa: E402
 
 WORDS = ["paris", "lyon", "is", "the", "capital", "it", "city"]
 

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from esi_guard import ScoringError
-from esi_guard.baselines import (
+from benchmarks.baselines import (
     Sample,
     cluster_by_equivalence,
     lexical_similarity,
@@ -20,6 +19,7 @@ from esi_guard.baselines import (
     semantic_entropy,
     sentence_sar,
 )
+from esi_guard import ScoringError
 
 
 def same_text(texts: Sequence[str]) -> np.ndarray:
