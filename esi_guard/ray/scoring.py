@@ -3,11 +3,12 @@
 ``esi-guard calibrate`` and ``evaluate`` score a labelled set in batches of
 ``--batch-size`` questions (:mod:`esi_guard.cli.run.score`). With ``--workers N`` the same
 batches, cut the same way, go to N Ray actors; each actor builds its own guard once and
-scores whole batches, so every answer is computed in the same batch as in one process and
-the records, the cache and the threshold file are the same (the cache's lines come in the
-order the batches finish; a run reads them by index). Batches are written to the cache as
-they come back, so a run stopped halfway resumes from it, with or without workers. A worker
-that dies is restarted by Ray and its batch run again.
+scores whole batches with the function the command hands it (the pool knows nothing of a
+run's records: nothing here imports the CLI), so every answer is computed in the same
+batch as in one process and the records, the cache and the threshold file are the same
+(the cache's lines come in the order the batches finish; a run reads them by index).
+Batches are written to the cache as they come back, so a run stopped halfway resumes from
+it, with or without workers. A worker that dies is restarted by Ray and its batch run again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from esi_guard.ray._cluster import connect
 
 if TYPE_CHECKING:
     from esi_guard.calibration.data import Example
-    from esi_guard.cli.run.cache import RunHeader
     from esi_guard.guard import ESIGuard
 
 ray = import_extra("ray", needed_by="--workers", what="Ray", extra="ray")
@@ -32,32 +32,25 @@ __all__ = ["ScoringPool"]
 Chunk = list[int]
 """The indices of one batch of examples."""
 
+Score = Callable[["ESIGuard", dict[int, "Example"], Chunk], list[dict[str, Any]]]
+"""A batch's records from a worker's guard, the batch's examples (by index) and its indices."""
+
 
 class _Scorer:
-    """One worker: its guard, built once, and the run's prompts."""
+    """One worker: its guard, built once, and what scores a batch with it."""
 
-    def __init__(
-        self, guard: Callable[[], ESIGuard], system_prompt: str | None, template: str | None
-    ) -> None:
+    def __init__(self, guard: Callable[[], ESIGuard], score: Score) -> None:
         self.guard = guard()
-        self.system_prompt = system_prompt
-        self.template = template
+        self.score = score
 
-    def header(
-        self, digest: str, system: str | None, template: str | None, request: dict[str, Any]
-    ) -> RunHeader:
-        from esi_guard.cli.run.cache import RunHeader
-
-        return RunHeader.of(self.guard, digest, system, template, request)
+    def call(self, function: Callable[[ESIGuard], Any]) -> Any:
+        return function(self.guard)
 
     def records(
         self, chunk: Chunk, examples: dict[int, Example]
     ) -> tuple[Chunk, list[dict[str, Any]]]:
         """The batch's records; its examples come with it (a restarted worker needs them)."""
-        from esi_guard.cli.run.score import score_chunk
-
-        return chunk, score_chunk(self.guard, examples, chunk, self.system_prompt,
-                                  self.template)  # fmt: skip
+        return chunk, self.score(self.guard, examples, chunk)
 
 
 class ScoringPool:
@@ -72,8 +65,8 @@ class ScoringPool:
         guard: Builds each worker's guard (pickled to it).
         workers: How many actors.
         examples: The run's examples (each batch's go with it).
-        system_prompt: The run's system prompt.
-        template: The run's prompt template (``{question}``, ``{context}``).
+        score: Scores one batch in a worker (pickled to it): ``score(guard, examples,
+            chunk)`` -> the batch's records, as one process would write them.
         worker_cpus: Ray's ``num_cpus`` for each actor.
         address: The Ray cluster to join.
     """
@@ -84,8 +77,7 @@ class ScoringPool:
         workers: int,
         *,
         examples: Sequence[Example],
-        system_prompt: str | None = None,
-        template: str | None = None,
+        score: Score,
         worker_cpus: float = 1.0,
         address: str | None = None,
     ) -> None:
@@ -95,13 +87,11 @@ class ScoringPool:
         self._connected = connect(address)
         scorer = ray.remote(num_cpus=worker_cpus, max_restarts=3, max_task_retries=3)(_Scorer)
         self.examples = examples
-        self.actors = [scorer.remote(guard, system_prompt, template) for _ in range(workers)]
+        self.actors = [scorer.remote(guard, score) for _ in range(workers)]
 
-    def header(
-        self, digest: str, system: str | None, template: str | None, request: dict[str, Any]
-    ) -> RunHeader:
-        """The run's cache header, from the first worker's guard."""
-        return ray.get(self.actors[0].header.remote(digest, system, template, request))  # type: ignore[no-any-return]
+    def call(self, function: Callable[[ESIGuard], Any]) -> Any:
+        """``function(guard)`` run on the first worker's guard (a run's header, say)."""
+        return ray.get(self.actors[0].call.remote(function))
 
     def records(self, chunks: Sequence[Chunk]) -> Iterator[tuple[Chunk, list[dict[str, Any]]]]:
         """Each batch's records, as the batches finish (any order)."""

@@ -130,7 +130,7 @@ def test_a_circle_is_found() -> None:
         ("esi_guard._text", "langchain_core"),
         ("esi_guard.backends", "esi_guard.guard"),
         ("esi_guard.guard._tracing", "esi_guard._pipeline"),
-        ("esi_guard.ray.serving", "esi_guard.cli"),
+        ("esi_guard.ray", "esi_guard.cli"),
         ("esi_guard.served", "esi_guard.cli"),
         ("esi_guard.served", "esi_guard.ray"),
     ],

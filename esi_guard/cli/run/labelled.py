@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,7 +22,7 @@ from esi_guard.cli.run.cache import (
     donor_cache,
     write_labels,
 )
-from esi_guard.cli.run.score import fill_states, score_with_progress
+from esi_guard.cli.run.score import fill_states, score_chunk, score_with_progress
 from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ScoringConfig
@@ -166,10 +167,12 @@ def score_run(
             from esi_guard.ray import ScoringPool
 
             progress(f"starting {workers} Ray workers, each loading the model...")
-            with ScoringPool(guard, workers, examples=examples, system_prompt=system,
-                             template=template, worker_cpus=worker_cpus,
-                             address=ray_address) as pool:  # fmt: skip
-                header = pool.header(digest, system, template, request)
+            score = partial(score_chunk, system_prompt=system, template=template)
+            with ScoringPool(guard, workers, examples=examples, score=score,
+                             worker_cpus=worker_cpus, address=ray_address) as pool:  # fmt: skip
+                header = pool.call(partial(RunHeader.of, dataset_sha256=digest,
+                                           system_prompt=system, template=template,
+                                           request=request))  # fmt: skip
                 records = score_with_progress(None, examples, cache=cache, header=header,
                                               system=system, template=template,
                                               batch_size=batch_size, pool=pool)  # fmt: skip
