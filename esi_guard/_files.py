@@ -45,6 +45,7 @@ def read_model(
     except ValidationError as exc:
         cause = exc.errors()[0].get("ctx", {}).get("error")
         if isinstance(cause, ConfigurationError):  # a validator's own one line (a retired mode)
-            raise ConfigurationError(f"{name} {where}: {cause}") from exc
+            msg = f"{name} {where}: {cause}"
+            raise ConfigurationError(msg) from exc
         msg = f"{name} {where} is invalid: {exc}"
         raise ConfigurationError(msg) from exc
