@@ -129,7 +129,7 @@ def forcing_rounds(
         live = rounds.start(size, last=last)
         planned = plan(live, rule=rule, hidden=hidden, intervention=intervention,
                        include_original=include_original and number == 0,
-                       known=rounds.known, context=number == 0)  # fmt: skip
+                       known=rounds.known)  # fmt: skip
         forced = yield [request for _, request in planned]
         outs = rounds.record(planned, forced)
         for item in live:
@@ -158,6 +158,6 @@ def _round_result(
     """The item's result from every variant forced so far (``out``: this round's)."""
     if isinstance(out, BackendError):
         return out
-    result = scored(item, rounds.merged(item), rounds.context.get(id(item)), rule, kind)
+    result = scored(item, rounds.merged(item), rule, kind)
     result.work = rounds.work(item)
     return result
