@@ -86,10 +86,9 @@ class ScoringConfig(BaseModel):
     """Seed of the intervention."""
     max_new_tokens: int = Field(ge=1)
     """Most tokens generated per answer."""
-    decide_on: Literal["esi", "context_reliance", "sentences"] = "esi"
-    """The signal the threshold applies to: the ESI score (untrusted above it), the
-    context reliance (untrusted below it), or each sentence's ESI score (untrusted when any
-    sentence is above it)."""
+    decide_on: Literal["esi", "sentences"] = "esi"
+    """The signal the threshold applies to: the ESI score (untrusted above it) or each
+    sentence's ESI score (untrusted when any sentence is above it)."""
     system_prompt: str | None = None
     """The system prompt a calibration run put before each question (None for a guard,
     which takes whatever prompt the chain hands it)."""
@@ -112,6 +111,15 @@ class ScoringConfig(BaseModel):
         optional = ("system_prompt", "prompt_template")
         unset = {name for name in optional if getattr(self, name) is None}
         return self.model_dump(exclude=unset)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kept_signal(cls, data: Any) -> Any:
+        """A file deciding on context reliance (retired in 0.2.0): its one-line error."""
+        if isinstance(data, dict) and data.get("decide_on") == "context_reliance":
+            error = _retired.retired("context_reliance", "scoring")
+            raise error
+        return data
 
 
 @dataclass
@@ -148,12 +156,6 @@ class ESIResult:
     """ESI's work beyond the answer itself: ``forced_variants`` (prompts teacher-forced)
     and ``forced_tokens`` (answer tokens forced after them); never part of the model's
     ``usage_metadata``."""
-    context_reliance: float | None = None
-    """How far the answer's distributions move when the prompt's context is emptied (the
-    same entropy-weighted distance, one row): low means the answer barely depends on the
-    passage. Only with ``ESIGuard.with_prompt(..., context_key=...)``; None otherwise, and
-    then left out of ``as_dict()``. On the embedded model it runs the other way from
-    what its name suggests (wrong answers rely on the passage *more*; docs/rag.md)."""
     variant_scores: list[float] = field(default_factory=list)
     """Each variant's own score (mean over tokens of alpha_t * D), in ``variants`` order;
     ``score`` is their mean."""
@@ -216,7 +218,7 @@ class ESIResult:
         return "".join(kept).rstrip()
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy; ``context_reliance`` and ``hidden`` only where asked for.
+        """A JSON-serialisable copy; ``hidden`` only where asked for.
 
         ``sentences`` as a list of dicts; with sentences removed (``redact``), ``redacted``:
         each removed sentence's ``text``, ``start``, ``end``, ``score`` (and ``p_wrong``)
@@ -233,7 +235,7 @@ class ESIResult:
         ]  # fmt: skip
         if removed:
             out["redacted"] = removed
-        for name in ("context_reliance", "decided_by", "probe_score", "sentence_threshold"):
+        for name in ("decided_by", "probe_score", "sentence_threshold"):
             if out[name] is None:
                 del out[name]
         del out["hidden"], out["prompt_tokens"]

@@ -185,7 +185,7 @@ def _record(
                 "reason": NO_VARIANT}  # fmt: skip
     states = encode_states({"layers": spec.layers, "positions": spec.positions, "values": values})
     return {**base, "hidden": states, "prediction": record["answer"], "score": scores["esi"],
-            "scored": True, "reason": None, "context_reliance": None,
+            "scored": True, "reason": None,
             "variant_scores": list(record["variants"]),
             "signals": {key: scores[key] for key in ("nll", "entropy", "max_nll")},
             "p_wrong": None, "variants_used": len(record["variants"])}  # fmt: skip

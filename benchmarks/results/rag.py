@@ -12,7 +12,9 @@ scored the ways a guard could score it, on the same greedy answer:
 * ``ESI(SOC) whole message``: the old path (a plain ``prompt | guard``): SOC over the whole
   human message, instructions and passage included;
 * ``context reliance``: the answer forced once after the prompt with the passage emptied;
-  a *low* reliance is the warning sign, so it is ranked as ``1 - reliance``;
+  a *low* reliance is the warning sign, so it is ranked as ``1 - reliance``. This
+  measurement retired the package's ``decide_on="context_reliance"`` in 0.2.0; the
+  benchmark renders the prompt without its passage itself (:func:`without_passage`);
 * the free signals (greedy NLL, mean token entropy) and, from 10 samples at T=1, LN-PE,
   lexical similarity, semantic entropy and SAR (as in ``run.py``). P(True) is left out:
   its prompt has no passage.
@@ -30,7 +32,6 @@ report reads every shard's cache.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,12 @@ from benchmarks.baselines import (
 from benchmarks.cache import Cache
 from benchmarks.common import Clock, token_logprobs
 from esi_guard import HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ForcingRequest, Sample
+from esi_guard.backends import ChatMessage, ForcingRequest, Sample
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
 from esi_guard.calibration.prompts import RAG_TEMPLATE
-from esi_guard.guard import GuardedPrompt, Item, Pipeline, TemplatedPrompt
+from esi_guard.guard import GuardedPrompt, Item, Pipeline, TemplatedPrompt, chat_messages
 from esi_guard.result import ESIResult, ScoringConfig
 
 L, K = 10, 100
@@ -75,10 +76,16 @@ def _pipeline(backend: HFBackend, max_new_tokens: int) -> Pipeline:
 
 
 def templated(example: Example, template: str = RAG_TEMPLATE) -> GuardedPrompt:
-    """The prompt as ``guard.with_prompt(PromptTemplate(template), context_key=...)`` renders it."""
-    prompt = TemplatedPrompt(prompt=PromptTemplate.from_template(template), context_key="context")
+    """The prompt as ``guard.with_prompt(PromptTemplate(template))`` renders it."""
+    prompt = TemplatedPrompt(prompt=PromptTemplate.from_template(template))
     value = prompt.render({"context": example.context, "question": example.question})
     return value.guarded  # type: ignore[no-any-return]
+
+
+def without_passage(example: Example, template: str = RAG_TEMPLATE) -> list[ChatMessage]:
+    """The prompt with its passage emptied: the one row context reliance is measured on."""
+    prompt = PromptTemplate.from_template(template)
+    return list(chat_messages(prompt.format_prompt(context="", question=example.question)))
 
 
 def _score_batch(
@@ -91,26 +98,21 @@ def _score_batch(
     with clock.stage("generate"):
         gens = pipeline.generate(items)
     pipeline.generated(items, gens)
-    # ESI, question only (no context row: it is timed on its own below).
-    bare = [Item(replace(p, template=replace(p.template, without_context=None)), index=i.index)
-            for p, i in zip(prompts, items, strict=True)]  # type: ignore[arg-type]  # fmt: skip
-    for item, plain in zip(items, bare, strict=True):
-        plain.answer, plain.answer_ids, plain.original = item.answer, item.answer_ids, item.original
-        plain.outcome = item.outcome
-    _esi(pipeline, clock, bare, "q")
+    # ESI, question only (the context row is timed on its own below).
+    _esi(pipeline, clock, items, "q")
     # ESI over the whole human message, as a plain `prompt | guard` does.
     whole = [Item(GuardedPrompt(b.prompt.messages, b.prompt.question_index), index=b.index)
-             for b in bare]  # fmt: skip
-    for w, b in zip(whole, bare, strict=True):
+             for b in items]  # fmt: skip
+    for w, b in zip(whole, items, strict=True):
         w.answer, w.answer_ids, w.original, w.outcome = b.answer, b.answer_ids, b.original, None
         if not b.answer_ids:
             w.outcome = b.outcome
     _esi(pipeline, clock, whole, "w")
     # Context reliance: one row per answer, the passage emptied.
-    scorable = [(b, p) for b, p in zip(bare, prompts, strict=True) if b.answer_ids]
-    requests = [ForcingRequest(prompt=p.messages, variants=[p.template.without_context],  # type: ignore[union-attr,list-item]
+    scorable = [(b, e) for b, (_, e) in zip(items, chunk, strict=True) if b.answer_ids]
+    requests = [ForcingRequest(prompt=list(b.prompt.messages), variants=[without_passage(e)],
                                answer_ids=list(b.answer_ids), answer=b.answer)
-                for b, p in scorable]  # fmt: skip
+                for b, e in scorable]  # fmt: skip
     with clock.stage("force context"):
         forced = backend.teacher_force(requests, top_k=K)
     reliance = {}
@@ -123,7 +125,7 @@ def _score_batch(
                                  max_new_tokens=pipeline.config.max_new_tokens)  # fmt: skip
     records = []
     n = len(chunk)
-    for (index, example), item, b, w, per in zip(chunk, items, bare, whole, samples, strict=True):
+    for (index, example), b, w, per in zip(chunk, items, whole, samples, strict=True):
         assert not isinstance(per, Exception)
         record: dict[str, Any] = {
             "index": index, "question": example.question, "answerable": example.answerable,
@@ -133,7 +135,7 @@ def _score_batch(
         q, wm = b.outcome, w.outcome
         if isinstance(q, ESIResult) and q.scored and isinstance(wm, ESIResult) and wm.scored:
             usable: list[Sample] = [s for s in per if s.token_logprobs] or per
-            gen = item.steps["generate"]
+            gen = b.steps["generate"]
             record["scores"] = {
                 ESI_Q: q.score, ESI_W: wm.score, RELIANCE: 1 - reliance[index],
                 "NLL (greedy)": neg_log_likelihood(token_logprobs(gen)),

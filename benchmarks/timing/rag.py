@@ -8,7 +8,6 @@ words with the question first) it times, question by question and interleaved:
 
 * ``plain``: a plain greedy transformers call on the rendered prompt, no guard;
 * ``with_prompt``: ``guard.with_prompt(prompt).invoke(...)``: question-only variants;
-* ``+ context reliance``: the same with ``context_key="context"`` (one more row);
 * ``whole message``: ``(prompt | guard).invoke(...)``: SOC over the whole human message.
 
 ``--api`` runs the same on a local llama.cpp server through the OpenAI-compatible backend
@@ -42,7 +41,7 @@ __all__ = ["add_arguments", "measure", "plain_call"]
 
 QUESTION_FIRST = RAG_TEMPLATE.replace("Passage: {context}\n\nQuestion: {question}",
                                       "Question: {question}\n\nPassage: {context}")  # fmt: skip
-MODES = ("plain", "with_prompt", "+ context reliance", "whole message")
+MODES = ("plain", "with_prompt", "whole message")
 
 
 def plain_call(backend: HFBackend, messages: list[ChatMessage], max_new_tokens: int) -> str:
@@ -71,8 +70,6 @@ def call(mode: str, guard: ESIGuard, prompt: ChatPromptTemplate, values: dict[st
             guard.backend.generate([messages], max_new_tokens=guard.max_new_tokens, top_k=1)
     elif mode == "with_prompt":
         guard.with_prompt(prompt).invoke(values)
-    elif mode == "+ context reliance":
-        guard.with_prompt(prompt, context_key="context").invoke(values)
     else:
         (prompt | guard).invoke(values)
 

@@ -1,7 +1,6 @@
 """The score step's assessment: each item's forced distributions in, its decided outcome out.
 
-ESI of the answer over its variants (and, for a prompt with a context, the context
-reliance from the row forced without it), made a result by the
+ESI of the answer over its variants, made a result by the
 :class:`~esi_guard._pipeline.decide.Rule`. Pure: no backend call, no LangChain.
 """
 
@@ -15,11 +14,11 @@ from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends._types import Forced, ForcingRequest
 from esi_guard.combined import free_signals, token_logprobs
 from esi_guard.exceptions import BackendError, ScoringError, reason
-from esi_guard.result import ESIResult, ScoringConfig
-from esi_guard.scoring import Distance, TopK, ValueKind, esi_score, truncated_entropy
+from esi_guard.result import ESIResult
+from esi_guard.scoring import Distance, ValueKind, esi_score, truncated_entropy
 from esi_guard.sentences import score_sentences
 
-__all__ = ["assess", "context_reliance", "scored"]
+__all__ = ["assess", "scored"]
 
 
 def assess(
@@ -30,26 +29,22 @@ def assess(
     kind: ValueKind,
 ) -> list[Outcome]:
     """Score each planned item from its forced distributions; every item's outcome."""
-    by_item: dict[int, list[Forced | BackendError]] = {}
-    for (item, _), out in zip(planned, forced, strict=True):
-        by_item.setdefault(id(item), []).append(out)
+    by_item = {id(item): out for (item, _), out in zip(planned, forced, strict=True)}
     for item in items:
         if id(item) not in by_item:
             continue
-        out, *context = by_item[id(item)]
+        out = by_item[id(item)]
         if isinstance(out, BackendError):
             item.outcome = rule.failure(item, out)
         else:
-            item.outcome = scored(item, out, context[0] if context else None, rule, kind)
+            item.outcome = scored(item, out, rule, kind)
     for item in items:
         item.steps["score"] = item.outcome
     return [cast(Outcome, item.outcome) for item in items]
 
 
-def scored(
-    item: Item, forced: Forced, context: Forced | BackendError | None, rule: Rule, kind: ValueKind
-) -> ESIResult:
-    """The item's result from its forced variants (and its context row, when it has one)."""
+def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult:
+    """The item's result from its forced variants."""
     # A forced original is on the variants' own numbers (a backend that forces on
     # other weights than it generates with returns one unasked): it wins.
     base = forced.original if forced.original is not None else item.original
@@ -81,10 +76,9 @@ def scored(
             observed=observed,
             support=rule.config.support,
         )
-        reliance = None if context is None else context_reliance(base, context, rule.config, kind)
     except ScoringError as exc:
         return rule.result(item, None, reason(exc))
-    rows = len(changed) + (forced.original is not None) + (context is not None)
+    rows = len(changed) + (forced.original is not None)
     # The free signals from the answer's own pass where it has one: what a guard that
     # decides without ESI reads (a forcing copy's numbers differ from the generator's).
     own = item.original if item.original is not None else base
@@ -99,23 +93,8 @@ def scored(
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )
     result = rule.result(
-        item, esi.score, None, [float(x) for x in esi.token_scores], rows, reliance, signals,
-        hidden, sentences,
+        item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
+        sentences,
     )  # fmt: skip
     result.variant_scores = [float(x) for x in esi.variant_scores]
     return result
-
-
-def context_reliance(
-    base: TopK, context: Forced | BackendError, config: ScoringConfig, kind: ValueKind
-) -> float:
-    """How far the answer's distributions move when the context is taken away."""
-    if isinstance(context, BackendError):
-        msg = f"context reliance: {context}"
-        raise ScoringError(msg, code=context.code)
-    if len(context.variants) != 1:
-        msg = f"context reliance: the backend returned {len(context.variants)} rows for 1"
-        raise ScoringError(msg)
-    distance = cast(Distance, config.distance)
-    return esi_score(base, context.variants, distance=distance, kind=kind,
-                     observed=context.observed, support=config.support).score  # fmt: skip

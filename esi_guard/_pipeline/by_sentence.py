@@ -214,7 +214,7 @@ def _complete(
         item, answer=text[:end], answer_ids=tuple(growing.ids[:n]), original=growing.original(n),
         token_ends=[min(e, end) for e in ends[:n]], outcome=None, steps={},
     )  # fmt: skip
-    result = scored(prefix, joined(growing.forced, n), None, pipeline.rule,
+    result = scored(prefix, joined(growing.forced, n), pipeline.rule,
                     pipeline.backend.values_kind)  # fmt: skip
     if not result.scored or len(result.sentences) < len(layout):
         growing.failed = True

@@ -17,13 +17,7 @@ from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
 from esi_guard.sentences import SentenceScore
 
-__all__ = ["NO_CONTEXT", "NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
-
-NO_CONTEXT = (
-    "scoring_error: decide_on='context_reliance' needs a prompt with a context "
-    "(ESIGuard.with_prompt(..., context_key=...))"
-)
-"""The reason of an answer that ``decide_on="context_reliance"`` cannot decide."""
+__all__ = ["NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
 
 NO_SENTENCES = (
     "no_sentences: the answer could not be split into scored sentences (the backend "
@@ -92,20 +86,16 @@ class Rule:
         self,
         score: float | None,
         p_wrong: float | None,
-        reliance: float | None,
         sentences: list[SentenceScore] | None = None,
     ) -> Decision:
         """``accept``, the action, or (unscored) what ``on_error`` makes of it.
 
-        ESI and ``p_wrong`` are untrusted above the threshold; context reliance below it
-        (the answer barely depends on the context).
+        ESI and ``p_wrong`` are untrusted above the threshold.
         """
         if score is None:
             return "flag" if self.on_error == "flag" else "abstain"
         if sentences is not None and self.by_sentence:
             return self.by_sentences(sentences)
-        if reliance is not None and self.config.decide_on == "context_reliance":
-            return "accept" if reliance >= self.threshold else self.action
         signal = p_wrong if p_wrong is not None else score
         return "accept" if signal <= self.threshold else self.action
 
@@ -122,7 +112,6 @@ class Rule:
         why: str | None,
         token_scores: list[float] | None = None,
         forced: int = 0,
-        context_reliance: float | None = None,
         signals: dict[str, float] | None = None,
         hidden: HiddenStates | None = None,
         sentences: list[SentenceScore] | None = None,
@@ -148,16 +137,10 @@ class Rule:
             p_wrong, term = self.combined.scored({"esi": score, **signals}, hidden)
             if term is not None:
                 signals[HIDDEN] = term
-        if (
-            score is not None
-            and self.config.decide_on == "context_reliance"
-            and context_reliance is None
-        ):
-            score, token_scores, why = None, None, NO_CONTEXT
         return ESIResult(
             score=score,
             threshold=self.threshold,
-            decision=self.decision(score, p_wrong, context_reliance, sentences),
+            decision=self.decision(score, p_wrong, sentences),
             scored=score is not None,
             reason=why,
             answer=item.answer,
@@ -168,7 +151,6 @@ class Rule:
             scoring=self.config.as_metadata(),
             finish_reason=item.finish_reason,
             work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
-            context_reliance=context_reliance,
             variants_used=len(item.variants),
             signals=signals if score is not None else {},
             p_wrong=p_wrong,

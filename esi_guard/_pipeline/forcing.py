@@ -1,15 +1,13 @@
 """The forcing requests of the score step: what to force for each item.
 
-:func:`plan` turns each scorable item into its :class:`~esi_guard.backends.ForcingRequest`
-(and a second one without the prompt's context, for ``context_reliance``); an item that
-cannot be scored is decided here (:func:`unscorable`). Pure: the backend call is the
-pipeline's.
+:func:`plan` turns each scorable item into its :class:`~esi_guard.backends.ForcingRequest`;
+an item that cannot be scored is decided here (:func:`unscorable`). Pure: the backend
+call is the pipeline's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from esi_guard._pipeline.decide import Rule
@@ -32,12 +30,7 @@ def plan(
     intervention: Intervention,
     include_original: bool,
 ) -> list[tuple[Item, ForcingRequest]]:
-    """The forcing requests of the items that can be scored; the others are decided.
-
-    An item whose template has a context gets a second request right after its own:
-    the answer forced once after the prompt without its context (``context_reliance``).
-    It is a request of its own so that the variants keep their shared prefix.
-    """
+    """The forcing requests of the items that can be scored; the others are decided."""
     planned = []
     for item in items:
         if item.outcome is not None:
@@ -56,10 +49,6 @@ def plan(
             hidden=hidden if include_original and item.hidden is None else None,
         )
         planned.append((item, request))
-        template = item.prompt.template
-        if template is not None and template.without_context is not None:
-            planned.append((item, replace(request, variants=[template.without_context],
-                                          include_original=False, hidden=None)))  # fmt: skip
     return planned
 
 

@@ -30,8 +30,6 @@ class Templated:
     """The question variable's value: the only text the intervention changes."""
     render: Callable[[str], list[ChatMessage]]
     """The prompt rendered again with the question variable replaced (all else as given)."""
-    without_context: list[ChatMessage] | None = None
-    """The prompt rendered with the context variable emptied, for ``context_reliance``."""
 
 
 @dataclass(frozen=True)

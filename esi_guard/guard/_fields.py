@@ -99,14 +99,12 @@ class GuardFields(BaseChatModel):
     """Seed of the intervention; variants depend only on it and the question."""
     on_error: OnError = "abstain"
     """What to do with an answer that cannot be scored: ``abstain``, ``flag`` or ``raise``."""
-    decide_on: Literal["esi", "context_reliance", "sentences"] = "esi"
+    decide_on: Literal["esi", "sentences"] = "esi"
     """The signal compared with ``threshold``: the ESI ``score`` (default; untrusted
-    above it), ``context_reliance`` (untrusted *below* it: the answer barely depends
-    on the retrieved context; needs ``with_prompt(..., context_key=...)``, else every
-    answer is unscored), or ``sentences``: each sentence's own score
-    (``ESIResult.sentences``), the answer untrusted when any sentence is past
-    ``sentence_threshold`` (a backend that cannot map tokens to text leaves every answer
-    unscored)."""
+    above it), or ``sentences``: each sentence's own score (``ESIResult.sentences``), the
+    answer untrusted when any sentence is past ``sentence_threshold`` (a backend that
+    cannot map tokens to text leaves every answer unscored). ``context_reliance`` was
+    retired in 0.2.0 (a :class:`ConfigurationError` says why)."""
     sentence_threshold: float | None = None
     """The threshold of each sentence's score (its ESI, or with a combined score its
     ``p_wrong``); None: ``threshold``. ``esi-guard calibrate --granularity sentence``
@@ -188,6 +186,9 @@ class GuardFields(BaseChatModel):
         """Validate the configuration; any invalid or unknown field is a ConfigurationError."""
         kwargs = _retired.check(kwargs, _RETIRED, "ESIGuard")
         kwargs, shipped = _config.given_settings(kwargs)
+        if kwargs.get("decide_on") == "context_reliance":
+            error = _retired.retired("context_reliance", "ESIGuard")
+            raise error
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:

@@ -76,7 +76,7 @@ def check_template(template: str | None) -> str | None:
         msg = (
             f"prompt_template renders a bare question, so {{question}} must be its one "
             f"variable; got {sorted(names)}: a template with a passage ({{context}}) goes "
-            "through guard.with_prompt(prompt, context_key='context')"
+            "through guard.with_prompt(prompt, question_key='question')"
         )
         raise ConfigurationError(msg)
     return template
@@ -126,12 +126,7 @@ def asked(prompt: GuardedPrompt, system: str | None, template: str | None) -> Gu
     first = ChatMessage(role="system", content=system)
     templated = prompt.template
     if templated is not None:
-        without = templated.without_context
-        templated = replace(
-            templated,
-            render=_Behind(system, templated.render),
-            without_context=None if without is None else [first, *without],
-        )
+        templated = replace(templated, render=_Behind(system, templated.render))
     return GuardedPrompt((first, *prompt.messages), prompt.question_index + 1, templated)
 
 

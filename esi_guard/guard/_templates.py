@@ -2,8 +2,7 @@
 
 The template is rendered once as given, and once per variant with only the question
 variable replaced, so instructions, retrieved context and chat history are the same
-bytes in every row the guard scores (the paper intervenes on the question only). With a
-``context_key`` it is also rendered with that variable emptied, for ``context_reliance``.
+bytes in every row the guard scores (the paper intervenes on the question only).
 
 :class:`TemplatedPrompt` is the chain step that renders; its output is a
 :class:`~esi_guard.guard._inputs.TemplatedPromptValue` (an ordinary ``ChatPromptValue`` for
@@ -22,6 +21,7 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict
 
+from esi_guard import _retired
 from esi_guard._pipeline.items import GuardedPrompt, Templated
 from esi_guard.backends._types import ChatMessage
 from esi_guard.exceptions import ConfigurationError, InputError, WholeMessageWarning
@@ -66,24 +66,27 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
     """The template (``ChatPromptTemplate``, ``PromptTemplate``: any ``BasePromptTemplate``)."""
     question_key: str = "question"
     """The variable holding the question: the only text the intervention changes."""
-    context_key: str | None = None
-    """The variable holding the retrieved context, emptied once for ``context_reliance``."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        """Check that the keys are the prompt's variables (a ConfigurationError if not)."""
+        """Check that the key is a variable of the prompt (a ConfigurationError if not).
+
+        ``context_key`` (context reliance) was retired in 0.2.0: given, it is refused.
+        """
+        if kwargs.get("context_key") is not None:
+            error = _retired.retired("context_key", "TemplatedPrompt")
+            raise error
         super().__init__(**kwargs)
         if not isinstance(self.prompt, BasePromptTemplate):
             msg = f"with_prompt needs a LangChain prompt template; got {type(self.prompt).__name__}"
             raise ConfigurationError(msg)
         variables = sorted(self.prompt.input_variables)
-        for what, key in (("question_key", self.question_key), ("context_key", self.context_key)):
-            if key is not None and key not in variables:
-                msg = f"{what}={key!r} is not a variable of the prompt; its variables: {variables}"
-                raise ConfigurationError(msg)
-        if self.context_key == self.question_key:
-            msg = f"question_key and context_key are both {self.question_key!r}"
+        if self.question_key not in variables:
+            msg = (
+                f"question_key={self.question_key!r} is not a variable of the prompt; "
+                f"its variables: {variables}"
+            )
             raise ConfigurationError(msg)
 
     def invoke(
@@ -102,9 +105,9 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
         """Render ``values``; the question variable must be there and not empty.
 
         Raises:
-            InputError: The input is not a dict, or lacks the question (or context)
-                variable, or the question is not non-empty text. Other problems (a
-                missing variable the prompt needs) are the prompt's own errors.
+            InputError: The input is not a dict, or lacks the question variable, or the
+                question is not non-empty text. Other problems (a missing variable the
+                prompt needs) are the prompt's own errors.
         """
         if not isinstance(values, dict):
             msg = (
@@ -117,17 +120,10 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
             got = "missing" if question is None else f"{question!r}"
             msg = f"the question variable {self.question_key!r} must be non-empty text; got {got}"
             raise InputError(msg)
-        if self.context_key is not None and self.context_key not in values:
-            msg = f"the context variable {self.context_key!r} is missing from the input"
-            raise InputError(msg)
         value = self.prompt.format_prompt(**values)
-        without = None
-        if self.context_key is not None:
-            without = self._messages({**values, self.context_key: ""})
         template = Templated(
             question=question,
             render=lambda text: self._messages({**values, self.question_key: text}),
-            without_context=without,
         )
         guarded = replace(parse_input(value), template=template)
         return TemplatedPromptValue(messages=value.to_messages(), guarded=guarded)

@@ -58,8 +58,7 @@ def score_range(guard: Settings) -> tuple[float, float, str]:
     if guard.combined is not None:
         return 0.0, 1.0, "a combined score's p_wrong"
     bound = DISTANCE_BOUNDS.get(guard.distance, math.inf)
-    name = "context reliance" if guard.decide_on == "context_reliance" else "ESI scores"
-    what = f"{name} with {guard.distance}, k={guard.top_k}"
+    what = f"ESI scores with {guard.distance}, k={guard.top_k}"
     return 0.0, bound * math.log(max(guard.top_k, 2)), what
 
 
@@ -101,7 +100,6 @@ def check_sentences(guard: Settings) -> None:
             getattr(combined, "hidden", None),
         "a combined score without ESI (sentences are scored on their ESI)":
             combined is not None and not getattr(combined, "uses_esi", True),
-        "decide_on='context_reliance'": guard.decide_on == "context_reliance" or None,
         "support='all' (a token's score would depend on the tokens after it)":
             streams and guard.support == "all",
     }  # fmt: skip

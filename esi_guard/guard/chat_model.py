@@ -22,12 +22,12 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
+from esi_guard import _retired
 from esi_guard._keywords import check_keywords
 from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
-from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import _assess, _batching, _config, _live, _sentences, _tracing
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
@@ -124,24 +124,22 @@ class ESIGuard(GuardFields):
         The returned Runnable takes the prompt's variables (a dict) and returns the
         guard's ``AIMessage``. The prompt is rendered once as given and once per variant
         with only the question replaced, so instructions, retrieved context and history
-        are the same bytes in every row. With ``context_key`` the answer is also forced
-        once after the prompt with that variable emptied, and ``response_metadata["esi"]``
-        reports ``context_reliance``. A RAG chain::
+        are the same bytes in every row. A RAG chain::
 
             {"context": retriever | format_docs, "question": RunnablePassthrough()}
-            | guard.with_prompt(prompt, context_key="context") | StrOutputParser()
+            | guard.with_prompt(prompt) | StrOutputParser()
+
+        ``context_key`` served context reliance, retired in 0.2.0: it stays in the
+        signature only to say so, with a one-line error.
 
         Raises:
-            ConfigurationError: ``question_key`` or ``context_key`` is not one of the
-                prompt's input variables, or ``decide_on="context_reliance"`` without
-                ``context_key``.
+            ConfigurationError: ``question_key`` is not one of the prompt's input
+                variables, or ``context_key`` is given.
         """
-        if self.decide_on == "context_reliance" and context_key is None:
-            msg = "decide_on='context_reliance' needs with_prompt(..., context_key=...)"
-            raise ConfigurationError(msg)
-        templated = TemplatedPrompt(prompt=prompt, question_key=question_key,
-                                    context_key=context_key)  # fmt: skip
-        return templated | self
+        if context_key is not None:
+            error = _retired.retired("context_key", "with_prompt")
+            raise error
+        return TemplatedPrompt(prompt=prompt, question_key=question_key) | self
 
     def invoke(
         self,

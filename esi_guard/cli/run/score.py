@@ -28,7 +28,7 @@ from esi_guard.calibration.data import Example
 from esi_guard.cli.output import stderr
 from esi_guard.cli.run.cache import Records, RunHeader, open_cache
 from esi_guard.combined import CombinedScore
-from esi_guard.exceptions import ConfigurationError, ESIGuardError
+from esi_guard.exceptions import ESIGuardError
 from esi_guard.guard import ESIGuard
 from esi_guard.guard._templates import TemplatedPrompt
 from esi_guard.result import ESIResult
@@ -76,7 +76,7 @@ def _assess(
     if template is None:
         prompts: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
         return list(guard.assess(prompts))
-    renderer = renderer_for(guard, system_prompt, template)
+    renderer = renderer_for(system_prompt, template)
     out: list[Any] = []
     for i in chunk:
         try:
@@ -89,21 +89,14 @@ def _assess(
 
 
 def renderer_for(
-    guard: ESIGuard, system_prompt: str | None, template: str, question_key: str = "question"
+    system_prompt: str | None, template: str, question_key: str = "question"
 ) -> TemplatedPrompt:
-    """``template`` (after ``system_prompt``) as a prompt intervened on ``question_key`` only.
-
-    Its ``{context}`` variable, where it has one, is the context (``context_reliance``).
-    """
+    """``template`` (after ``system_prompt``) as a prompt intervened on ``question_key`` only."""
     from langchain_core.prompts import ChatPromptTemplate
 
     messages = [("system", system_prompt)] if system_prompt else []
     prompt = ChatPromptTemplate.from_messages([*messages, ("human", template)])
-    context = "context" if "context" in prompt.input_variables else None
-    if guard.decide_on == "context_reliance" and context is None:
-        msg = "decide_on='context_reliance' needs with_prompt(..., context_key=...)"
-        raise ConfigurationError(msg)
-    return TemplatedPrompt(prompt=prompt, question_key=question_key, context_key=context)
+    return TemplatedPrompt(prompt=prompt, question_key=question_key)
 
 
 def _prompt(question: str, system_prompt: str | None) -> list[tuple[str, str]]:
@@ -272,6 +265,5 @@ def _record(index: int, example: Example, result: ESIResult | BaseException) -> 
         base |= {"decided_by": result.decided_by, "probe_score": result.probe_score}
     return {**base, "prediction": result.answer, "score": result.score,
             "scored": result.scored, "reason": result.reason,
-            "context_reliance": result.context_reliance,
             "variant_scores": list(result.variant_scores), "signals": dict(result.signals),
             "p_wrong": result.p_wrong, "variants_used": result.variants_used}  # fmt: skip

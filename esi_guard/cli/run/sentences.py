@@ -137,7 +137,7 @@ def score_sentence_run(
     header = replace(header, scoring=header.scoring.model_copy(update={"decide_on": "sentences"}))
     done = open_cache(cache, header)
     todo = [i for i in range(len(prompts)) if i not in done]
-    renderer = renderer_for(the_guard, system, template, "questions") if template else None
+    renderer = renderer_for(system, template, "questions") if template else None
     with cache.open("a", encoding="utf-8") as handle:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]

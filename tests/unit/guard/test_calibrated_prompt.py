@@ -122,8 +122,7 @@ def test_a_passage_template_is_left_to_with_prompt_and_a_bare_question_warns(
     path = file_under(tmp_path, threshold_file, prompt_template=template)
     guard = ESIGuard.from_calibration(path, backend=Recording())
     assert guard.prompt_template is None
-    rag = guard.with_prompt(ChatPromptTemplate.from_messages([("human", template)]),
-                            context_key="context")  # fmt: skip
+    rag = guard.with_prompt(ChatPromptTemplate.from_messages([("human", template)]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the file's template, any passage
         rag.invoke({"question": QUESTION, "context": "Ottawa is Canada's capital."})

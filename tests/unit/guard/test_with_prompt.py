@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,8 @@ from esi_guard import (
     WholeMessageWarning,
 )
 from esi_guard.backends import ForcingRequest
+from esi_guard.calibration.file import ThresholdFile
+from esi_guard.guard import TemplatedPrompt
 
 RAG = (
     "You are an assistant for question-answering tasks. Use the following pieces of retrieved "
@@ -88,44 +93,11 @@ def test_context_in_the_system_message_gives_todays_variants() -> None:
     assert templated.backend.requests == plain.backend.requests  # type: ignore[attr-defined]
 
 
-def test_context_reliance_is_one_row_without_the_context() -> None:
-    the_guard = guard()
-    prompt = ChatPromptTemplate.from_messages([("human", RAG)])
-    esi = the_guard.with_prompt(prompt, context_key="context").invoke(VALUES)
-    metadata = esi.response_metadata["esi"]
-    assert metadata["context_reliance"] is not None and metadata["context_reliance"] > 0
-    variants, context = the_guard.backend.requests  # type: ignore[attr-defined]
-    assert len(context.variants) == 1
-    assert context.variants[0][-1]["content"] == RAG.format(context="", question=QUESTION)
-    assert metadata["work"]["forced_variants"] == len(variants.variants) + 1
-
-
-def test_decide_on_context_reliance() -> None:
-    prompt = ChatPromptTemplate.from_messages([("human", RAG)])
-    measured = guard().with_prompt(prompt, context_key="context").invoke(VALUES)
-    reliance = measured.response_metadata["esi"]["context_reliance"]
-    assert reliance > 0
-    # Untrusted *below* the threshold: the answer barely depends on the passage.
-    lenient = guard(decide_on="context_reliance", threshold=reliance - 0.01, action="abstain")
-    message = lenient.with_prompt(prompt, context_key="context").invoke(VALUES)
-    esi = message.response_metadata["esi"]
-    assert esi["decision"] == "accept" and esi["scoring"]["decide_on"] == "context_reliance"
-    assert esi["score"] == measured.response_metadata["esi"]["score"]  # still the ESI score
-    high = guard(decide_on="context_reliance", threshold=reliance + 0.01, action="abstain")
-    message = high.with_prompt(prompt, context_key="context").invoke(VALUES)
-    assert message.response_metadata["esi"]["decision"] == "abstain"
-    with pytest.raises(ConfigurationError, match="context_key"):
-        high.with_prompt(prompt)
-    # A plain prompt has no context to measure: the answer is not passed as trusted.
-    unscored = high.invoke(QUESTION).response_metadata["esi"]
-    assert not unscored["scored"] and "context" in unscored["reason"]
-
-
 @pytest.mark.parametrize("mode", ["batch", "abatch", "ainvoke", "stream", "astream"])
 def test_every_entry_point_scores_the_same(mode: str) -> None:
     prompt = ChatPromptTemplate.from_messages([("human", RAG)])
-    expected = guard().with_prompt(prompt, context_key="context").invoke(VALUES)
-    chain = guard().with_prompt(prompt, context_key="context")
+    expected = guard().with_prompt(prompt).invoke(VALUES)
+    chain = guard().with_prompt(prompt)
     if mode == "batch":
         message = chain.batch([VALUES, VALUES])[1]
     elif mode == "abatch":
@@ -142,15 +114,12 @@ def test_every_entry_point_scores_the_same(mode: str) -> None:
         message = asyncio.run(last())
     got, want = message.response_metadata["esi"], expected.response_metadata["esi"]
     assert got["variants"] == want["variants"] and got["score"] == want["score"]
-    assert got.get("context_reliance") == want.get("context_reliance")
 
 
 def test_bad_keys_and_inputs() -> None:
     prompt = ChatPromptTemplate.from_messages([("human", RAG)])
     with pytest.raises(ConfigurationError, match=r"'query'.*\['context', 'question'\]"):
         guard().with_prompt(prompt, question_key="query")
-    with pytest.raises(ConfigurationError, match="context_key='passage'"):
-        guard().with_prompt(prompt, context_key="passage")
     chain = guard().with_prompt(prompt)
     with pytest.raises(InputError, match="'question'"):
         chain.invoke({"context": CONTEXT})
@@ -178,3 +147,54 @@ def test_a_long_whole_message_warns_once_per_guard() -> None:
         warnings.simplefilter("always")
         guard().invoke(message)  # another guard warns again
     assert [w.category for w in again] == [WholeMessageWarning]
+
+
+# -- context reliance, retired in 0.2.0 ---------------------------------------------------
+
+
+@pytest.mark.parametrize("by", ["with_prompt", "calibrate"])
+def test_a_rag_prompt_forces_no_row_beyond_its_variants(by: str) -> None:
+    the_guard = guard()
+    if by == "with_prompt":
+        prompt = ChatPromptTemplate.from_messages([("human", RAG)])
+        message = the_guard.with_prompt(prompt, question_key="question").invoke(VALUES)
+        esi = message.response_metadata["esi"]
+    else:  # how `esi-guard calibrate` asks a question with its passage
+        from esi_guard.cli.run.score import renderer_for
+
+        (result,) = the_guard.assess([renderer_for(None, RAG).render(VALUES)])
+        esi = result.as_dict()
+    (request,) = the_guard.backend.requests  # type: ignore[attr-defined]
+    changed = len(set(esi["variants"]) - {QUESTION})
+    assert len(request.variants) == changed
+    assert esi["work"]["forced_variants"] == changed + int(request.include_original)
+
+
+def test_deciding_on_context_reliance_is_refused_with_its_release() -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"^ESIGuard: decide_on='context_reliance'.*0\.2\.0"
+    ):
+        guard(decide_on="context_reliance")
+
+
+def test_context_key_is_refused_with_its_release() -> None:
+    prompt = ChatPromptTemplate.from_messages([("human", RAG)])
+    with pytest.raises(ConfigurationError, match=r"^with_prompt: .*context_key.*0\.2\.0"):
+        guard().with_prompt(prompt, context_key="context")
+    with pytest.raises(ConfigurationError, match=r"^TemplatedPrompt: .*0\.2\.0"):
+        TemplatedPrompt(prompt=prompt, context_key="context")
+
+
+def test_a_file_deciding_on_context_reliance_is_refused_in_one_line(
+    tmp_path: Path, threshold_file: Callable[..., ThresholdFile]
+) -> None:
+    path = tmp_path / "threshold.json"
+    threshold_file().write(path)
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["scoring"]["decide_on"] = "context_reliance"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(ConfigurationError) as caught:
+        ESIGuard.from_calibration(path, backend=Recording())
+    message = str(caught.value)
+    assert message.startswith(f"threshold file {path}: scoring: decide_on='context_reliance'")
+    assert "0.2.0" in message and "\n" not in message
