@@ -7,7 +7,7 @@ the guard's pipeline and the agent middleware both use it. Pure: no backend, no 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends.hidden import HiddenStates
@@ -137,30 +137,37 @@ class Rule:
             p_wrong, term = self.combined.scored({"esi": score, **signals}, hidden)
             if term is not None:
                 signals[HIDDEN] = term
-        return ESIResult(
+        return self._built(
+            item, hidden,
             score=score,
-            threshold=self.threshold,
             decision=self.decision(score, p_wrong, sentences),
             scored=score is not None,
             reason=why,
-            answer=item.answer,
             variants=list(item.variants),
-            answer_token_ids=[int(i) for i in item.answer_ids],
             token_scores=token_scores or [],
-            model=self.model,
-            scoring=self.config.as_metadata(),
-            finish_reason=item.finish_reason,
             work={"forced_variants": forced, "forced_tokens": forced * len(item.answer_ids)},
             variants_used=len(item.variants),
             signals=signals if score is not None else {},
             p_wrong=p_wrong,
-            hidden=hidden if self.keep_hidden else None,
-            threshold_source=self.threshold_source,
             decided_by=None if self.cascade is None else "esi",
-            probe_score=item.probe_score,
-            prompt_tokens=item.prompt_tokens,
             sentences=sentences if score is not None else [],
             sentence_threshold=self.sentence_threshold,
+        )  # fmt: skip
+
+    def _built(self, item: Item, hidden: HiddenStates | None, **fields: Any) -> ESIResult:
+        """The one constructor of results: what every result of ``item`` carries; ``fields``."""
+        return ESIResult(
+            threshold=self.threshold,
+            answer=item.answer,
+            answer_token_ids=[int(i) for i in item.answer_ids],
+            model=self.model,
+            scoring=self.config.as_metadata(),
+            finish_reason=item.finish_reason,
+            hidden=hidden if self.keep_hidden else None,
+            threshold_source=self.threshold_source,
+            probe_score=item.probe_score,
+            prompt_tokens=item.prompt_tokens,
+            **fields,
         )
 
     @property
@@ -234,29 +241,20 @@ class Rule:
         decided_by: Literal["probe", "free"], untrusted: bool,
     ) -> ESIResult:  # fmt: skip
         """A result decided without ESI: no variant forced."""
-        return ESIResult(
+        return self._built(
+            item, hidden,
             score=score,
-            threshold=self.threshold,
             decision=self.action if untrusted else "accept",
             scored=True,
             reason=None,
-            answer=item.answer,
             variants=[],
-            answer_token_ids=[int(i) for i in item.answer_ids],
             token_scores=[],
-            model=self.model,
-            scoring=self.config.as_metadata(),
-            finish_reason=item.finish_reason,
             work={"forced_variants": 0, "forced_tokens": 0},
             variants_used=0,
             signals=signals,
             p_wrong=p_wrong,
-            hidden=hidden if self.keep_hidden else None,
-            threshold_source=self.threshold_source,
             decided_by=decided_by,
-            probe_score=item.probe_score,
-            prompt_tokens=item.prompt_tokens,
-        )
+        )  # fmt: skip
 
 
 def untrusted(result: ESIResult) -> bool:
