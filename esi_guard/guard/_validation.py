@@ -126,6 +126,3 @@ def check_settings(guard: Settings) -> None:
     if guard.temperature not in (None, 0):
         msg = f"ESI scores the greedy answer: temperature must be 0, got {guard.temperature}"
         raise ConfigurationError(msg)
-    if guard.combined is not None and guard.decide_on not in ("esi", "sentences"):
-        msg = "a combined score decides on p_wrong: decide_on must be 'esi' or 'sentences'"
-        raise ConfigurationError(msg)
