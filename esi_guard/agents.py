@@ -276,9 +276,8 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         return _with(response, message, applied.esi, content=content)
 
     def _routed(self, routed: ModelResponse[Any], result: ESIResult) -> ModelResponse[Any]:
-        answer = _answer(routed)
-        applied = apply(acted(result, "route"), answer or "", abstain_message="")
-        return _with(routed, answer, applied.esi)
+        result = acted(result, "route")
+        return _with(routed, _answer(routed), _meta(result, fallback_used=True))
 
     def _handed_over(self, request: ModelRequest[Any]) -> ESIResult | None:
         """The result raised on, when ``request`` re-runs that request on another model.
