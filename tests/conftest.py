@@ -174,6 +174,17 @@ def big_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def made_once() -> dict[tuple[str, str], Any]:
+    """What a module's costly fixture made, by (module, engine), kept for the session.
+
+    pytest tears a module's fixtures down whenever the next test is another module's, and
+    side by side (``--dist loadgroup``) a worker may run one engine's tests of several
+    modules in turn: a calibration keyed here is made once per engine however its tests are
+    ordered (it lived in a ``tmp_path_factory`` folder, which lasts the session)."""
+    return {}
+
+
+@pytest.fixture(scope="session")
 def hf_backend() -> HFBackend:
     """The embedded default model, SmolLM2-135M-Instruct, loaded once per session on CPU."""
     return embedded_backend()

@@ -33,6 +33,17 @@ SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 
 @pytest.fixture(scope="module")
 def calibrated(
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, white_box: Backend,
+    made_once: dict[tuple[str, str], Any],
+) -> tuple[Path, Path]:  # fmt: skip
+    key = ("hidden_probe", white_box.engine or "")
+    if key not in made_once:
+        made_once[key] = _calibrate(tmp_path_factory, shared_data, white_box)
+    made: tuple[Path, Path] = made_once[key]
+    return made
+
+
+def _calibrate(
     tmp_path_factory: pytest.TempPathFactory, shared_data: Path, white_box: Backend
 ) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("probe")
