@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends.hidden import HiddenStates
-from esi_guard.cascade import Cascade
 from esi_guard.combined import HIDDEN, CombinedScore, repetition
 from esi_guard.exceptions import BackendError, ScoringError, reason
+from esi_guard.policy import Policy
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
 from esi_guard.sentences import SentenceScore
 
@@ -36,12 +36,10 @@ class Rule:
     config: ScoringConfig
     model: str
     """The backend's ``model_id``, as results report it."""
-    combined: CombinedScore | None = None
-    """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
+    policy: Policy
+    """The stages that decide an answer (:class:`~esi_guard.policy.Policy`)."""
     keep_hidden: bool = False
     """Put the answer's hidden states in its result."""
-    cascade: Cascade | None = None
-    """When set, an answer whose cheap score is outside its band is decided on it."""
     return_failures: bool = False
     """A failed step's error is the outcome whatever ``on_error`` (its caller answers it:
     the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
@@ -49,6 +47,11 @@ class Rule:
     """Sentences whose score is above it are past the threshold (None: ``threshold``)."""
     threshold_source: str = "given"
     """Where the threshold came from, as results report it."""
+
+    @property
+    def combined(self) -> CombinedScore | None:
+        """The combined score ESI's stage decides on (its ``p_wrong``); None: on ESI."""
+        return self.policy.combined
 
     @property
     def by_sentence(self) -> bool:
@@ -149,7 +152,7 @@ class Rule:
             variants_used=len(item.variants),
             signals=signals if score is not None else {},
             p_wrong=p_wrong,
-            decided_by=None if self.cascade is None else "esi",
+            decided_by=self.policy.decided_by_esi,
             sentences=sentences if score is not None else [],
             sentence_threshold=self.sentence_threshold,
         )  # fmt: skip
@@ -172,88 +175,62 @@ class Rule:
 
     @property
     def uses_esi(self) -> bool:
-        """False for a combined score without ESI (no cascade): no variant is ever forced."""
-        return self.cascade is not None or self.combined is None or self.combined.uses_esi
+        """False for a policy without an ESI stage: no variant is ever forced."""
+        return self.policy.uses_esi
 
     @property
     def decides_early(self) -> bool:
-        """Whether answers may be decided right after generation (a cascade, or no ESI)."""
-        return self.cascade is not None or not self.uses_esi
+        """Whether answers may be decided right after generation (a stage before ESI)."""
+        return self.policy.decides_early
 
     def early(
         self, item: Item, signals: dict[str, float] | None, hidden: HiddenStates | None
     ) -> ESIResult | None:
-        """The result decided right after generation, or None: ESI must decide.
+        """The result an early stage decides right after generation, or None: ESI must.
 
-        A guard without ESI decides every answer here, on its combined score's ``p_wrong``
-        (``decided_by="free"``); one it cannot score (no tokens, no distributions, no
-        states for its probe) is unscored, never passed. A cascade decides the answers
-        whose cheap score is outside its band; the others (and any it cannot read) go
-        on to ESI.
+        The stages before ESI read the answer in turn (:meth:`Policy.early`); the first
+        whose score falls outside its band decides (``decided_by`` its name). Where the
+        last stage is one of them (a guard without ESI), an answer it cannot score (no
+        tokens, no distributions, no states for its probe) is unscored, never passed;
+        before ESI, such an answer (or one inside every band) goes on to ESI.
         """
-        if self.cascade is not None:
-            return None if signals is None else self.by_probe(item, signals, hidden)
-        combined = self.combined
-        assert combined is not None  # decides_early
-        if not item.answer_ids:
-            return self.result(item, None, "empty_answer: the answer has no tokens to score")
-        if signals is None:
-            return self.result(item, None, "no_distributions: the backend gave no top-k "
-                               "distributions with the answer")  # fmt: skip
-        if combined.hidden is not None and hidden is None:
-            return self.result(item, None, "hidden_states_missing: the backend gave no "
-                               "hidden states for the probe")  # fmt: skip
-        p_wrong, term = combined.scored(signals, hidden)
-        signals = dict(signals) if term is None else {**signals, HIDDEN: term}
-        return self._early_result(item, score=None, p_wrong=p_wrong, signals=signals,
-                                  hidden=hidden, decided_by="free",
-                                  untrusted=p_wrong > self.threshold)  # fmt: skip
-
-    def by_probe(
-        self, item: Item, signals: dict[str, float], hidden: HiddenStates | None
-    ) -> ESIResult | None:
-        """The cascade's result when its cheap score decides the answer; None: ESI must.
-
-        Records the probe's estimate on ``item`` either way. Without the states the
-        cheap score reads, ESI decides (never the probe on a guess).
-        """
-        cascade = self.cascade
-        if cascade is None or not item.answer_ids:
+        if not self.uses_esi:
+            why = None
+            if not item.answer_ids:
+                why = "empty_answer: the answer has no tokens to score"
+            elif signals is None:
+                why = "no_distributions: the backend gave no top-k distributions with the answer"
+            elif self.policy.needs_hidden is not None and hidden is None:
+                why = "hidden_states_missing: the backend gave no hidden states for the probe"
+            if why is not None:
+                return self.result(item, None, why)
+        if signals is None or not item.answer_ids:
             return None
-        needs = cascade.needs_hidden
-        if needs is not None and (hidden is None or not set(needs.layers) <= set(hidden.layers)):
+        read = self.policy.early(signals, hidden)
+        for early in read:
+            if early.stage.name == "probe":
+                item.probe_score = early.value
+        if not read or read[-1].route is None:
             return None
-        estimate, cheap = cascade.cheap(signals, hidden)
-        item.probe_score = estimate
-        route = cascade.route(cheap)
-        if route is None:
-            return None
-        free = cascade.free is not None
-        return self._early_result(
-            item, score=estimate, p_wrong=cheap if free else None,
-            signals=dict(signals), hidden=hidden, decided_by="free" if free else "probe",
-            untrusted=route == "untrusted",
-        )  # fmt: skip
-
-    def _early_result(
-        self, item: Item, *, score: float | None, p_wrong: float | None,
-        signals: dict[str, float], hidden: HiddenStates | None,
-        decided_by: Literal["probe", "free"], untrusted: bool,
-    ) -> ESIResult:  # fmt: skip
-        """A result decided without ESI: no variant forced."""
+        decided = read[-1]
+        if decided.stage.name == "probe":
+            score, p_wrong, kept = decided.value, None, dict(signals)
+        else:
+            score, p_wrong = None, decided.value
+            kept = dict(signals) if decided.term is None else {**signals, HIDDEN: decided.term}
         return self._built(
             item, hidden,
             score=score,
-            decision=self.action if untrusted else "accept",
+            decision=self.action if decided.route == "untrusted" else "accept",
             scored=True,
             reason=None,
             variants=[],
             token_scores=[],
             work={"forced_variants": 0, "forced_tokens": 0},
             variants_used=0,
-            signals=signals,
+            signals=kept,
             p_wrong=p_wrong,
-            decided_by=decided_by,
+            decided_by=decided.stage.name,
         )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ from esi_guard.exceptions import (
     InputError,
     InterventionError,
 )
+from esi_guard.policy import Policy, granularity
 from esi_guard.result import Action, OnError, ScoringConfig
 from esi_guard.scoring import TopK
 
@@ -118,18 +119,21 @@ class Pipeline:
     """Where the threshold came from (:attr:`ESIGuard.threshold_source`)."""
 
     @cached_property
+    def policy(self) -> Policy:
+        """The stages that decide each answer (:class:`~esi_guard.policy.Policy`)."""
+        return Policy.of(self.threshold, combined=self.combined, cascade=self.cascade,
+                         granularity=granularity(self.action, self.config.decide_on))  # fmt: skip
+
+    @cached_property
     def hidden(self) -> HiddenSpec | None:
-        """The hidden states to read with each answer: the probes' and those to keep."""
-        probe = None if self.combined is None else self.combined.needs_hidden
-        cheap = None if self.cascade is None else self.cascade.needs_hidden
-        return merged(probe, cheap, self.keep_hidden)
+        """The hidden states to read with each answer: the stages' and those to keep."""
+        return merged(self.policy.needs_hidden, self.keep_hidden)
 
     @cached_property
     def rule(self) -> Rule:
         """How results are decided."""
         return Rule(self.threshold, self.action, self.on_error, self.config,
-                    self.backend.model_id, self.combined,
-                    self.keep_hidden is not None, self.cascade,
+                    self.backend.model_id, self.policy, self.keep_hidden is not None,
                     self.return_failures, self.sentence_threshold,
                     self.threshold_source)  # fmt: skip
 

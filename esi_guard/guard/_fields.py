@@ -31,6 +31,7 @@ from esi_guard.guard._probes import check_hidden, guard_cascade
 from esi_guard.guard._prompt import CalibratedPrompt, check_template
 from esi_guard.guard._validation import check_settings
 from esi_guard.interventions import Intervention, SkipOneChar
+from esi_guard.policy import Policy, granularity
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, OnError, ScoringConfig
 from esi_guard.scoring import Distance, Support
 
@@ -180,6 +181,7 @@ class GuardFields(BaseChatModel):
     _calibrated_prompt: CalibratedPrompt | None = PrivateAttr(default=None)
     _prompt_warned: bool = PrivateAttr(default=False)
     _cascade: Cascade | None = PrivateAttr(default=None)
+    _policy: Policy = PrivateAttr()
     _threshold_source: str = PrivateAttr(default="given")
 
     def __init__(self, **kwargs: Any) -> None:
@@ -231,7 +233,15 @@ class GuardFields(BaseChatModel):
         check_settings(self)
         check_hidden(self.backend, self.combined, self.hidden_states)
         self._cascade = guard_cascade(self)
+        sentences = granularity(self.action, self.decide_on, self.stream_mode)
+        self._policy = Policy.of(self.threshold, combined=self.combined, cascade=self._cascade,
+                                 granularity=sentences)  # fmt: skip
         return self
+
+    @property
+    def policy(self) -> Policy:
+        """The stages that decide each answer, in order (``policy.describe()`` shows them)."""
+        return self._policy
 
     @property
     def scoring_config(self) -> ScoringConfig:

@@ -74,39 +74,21 @@ def _check_range(name: str, value: float, guard: Settings) -> None:
 
 
 def check_sentences(guard: Settings) -> None:
-    """Refuse what cannot decide on (or stream) sentences.
+    """Refuse what cannot stream sentences, and a sentence threshold out of range.
 
-    That is ``action="redact"``, ``decide_on="sentences"`` and ``stream_mode="sentences"``.
-    Sentences are scored on their own tokens' ESI: every answer must run ESI in full, so
-    no cascade or combined score without ESI; and a hidden-state probe
-    reads the whole answer, so no combined score with one. A stream scores each sentence
-    before the answer's end, so a token's score may not depend on later tokens: no
-    ``support="all"``.
+    A stream scores each sentence before the answer's end, so a token's score may not
+    depend on later tokens: no ``support="all"``. What a guard deciding on sentences may
+    decide with (ESI alone: no cascade, no combined score without ESI or with a
+    hidden-state probe) is its policy's one rule (:class:`~esi_guard.policy.Policy`).
     """
     if guard.sentence_threshold is not None:
         _check_range("sentence_threshold", guard.sentence_threshold, guard)
-    streams = guard.stream_mode == "sentences"
-    if guard.action != "redact" and guard.decide_on != "sentences" and not streams:
-        return
-    what = (
-        "stream_mode='sentences'" if streams
-        else "action='redact'" if guard.action == "redact" else "decide_on='sentences'"
-    )  # fmt: skip
-    combined = guard.combined
-    reasons = {
-        "an esi_probe cascade (it decides whole answers)": guard.esi_probe,
-        "a value-of-information cascade (free_score)": guard.free_score,
-        "a combined score with a hidden-state probe (it reads the whole answer)":
-            getattr(combined, "hidden", None),
-        "a combined score without ESI (sentences are scored on their ESI)":
-            combined is not None and not getattr(combined, "uses_esi", True),
-        "support='all' (a token's score would depend on the tokens after it)":
-            streams and guard.support == "all",
-    }  # fmt: skip
-    for reason, setting in reasons.items():
-        if setting is not None and setting is not False:
-            msg = f"{what} decides on each sentence's ESI, which rules out {reason}"
-            raise ConfigurationError(msg)
+    if guard.stream_mode == "sentences" and guard.support == "all":
+        msg = (
+            "stream_mode='sentences' decides on each sentence's ESI, which rules out "
+            "support='all' (a token's score would depend on the tokens after it)"
+        )
+        raise ConfigurationError(msg)
 
 
 def check_settings(guard: Settings) -> None:
