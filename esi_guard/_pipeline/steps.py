@@ -30,8 +30,7 @@ from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import HiddenSpec, HiddenStates
-from esi_guard.cascade import Cascade
-from esi_guard.combined import CombinedScore, free_signals
+from esi_guard.combined import free_signals
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -105,12 +104,10 @@ class Pipeline:
     on_error: OnError
     stop: tuple[str, ...] = ()
     """Stop sequences for generation."""
-    combined: CombinedScore | None = None
-    """When set, decisions are on its ``p_wrong`` (the threshold is a probability)."""
     keep_hidden: HiddenSpec | None = None
-    """Hidden states to read and keep in each result (beside what ``combined`` reads)."""
-    cascade: Cascade | None = None
-    """When set, answers whose cheap score is outside its band skip ESI (decided on it)."""
+    """Hidden states to read and keep in each result (beside what the policy's stages read)."""
+    decision_policy: Policy | None = None
+    """The stages that decide each answer (None: ESI alone at ``threshold``)."""
     return_failures: bool = False
     """A failed step's error is the item's outcome whatever ``on_error`` (:class:`Rule`)."""
     sentence_threshold: float | None = None
@@ -121,8 +118,11 @@ class Pipeline:
     @cached_property
     def policy(self) -> Policy:
         """The stages that decide each answer (:class:`~esi_guard.policy.Policy`)."""
-        return Policy.of(self.threshold, combined=self.combined, cascade=self.cascade,
-                         granularity=granularity(self.action, self.config.decide_on))  # fmt: skip
+        if self.decision_policy is not None:
+            return self.decision_policy
+        return Policy.of(
+            self.threshold, granularity=granularity(self.action, self.config.decide_on)
+        )
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
