@@ -15,7 +15,14 @@ from esi_guard.backends._types import Forced, ForcingRequest
 from esi_guard.combined import free_signals, token_logprobs
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import ESIResult
-from esi_guard.scoring import Distance, ValueKind, esi_score, truncated_entropy
+from esi_guard.scoring import (
+    Distance,
+    ESIScore,
+    TopK,
+    ValueKind,
+    esi_score,
+    truncated_entropy,
+)
 from esi_guard.sentences import score_sentences
 
 __all__ = ["assess", "scored"]
@@ -44,41 +51,14 @@ def assess(
 
 
 def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult:
-    """The item's result from its forced variants."""
+    """The item's result from its forced variants (one result, made at the end)."""
     # A forced original is on the variants' own numbers (a backend that forces on
     # other weights than it generates with returns one unasked): it wins.
     base = forced.original if forced.original is not None else item.original
-    changed = item.changed
-    question = item.prompt.question
-    try:
-        if base is None:
-            msg = "the backend returned no original distributions"
-            raise ScoringError(msg)
-        if len(forced.variants) != len(changed):
-            msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
-            raise ScoringError(msg)
-        # Back to all L variants, in order: repeats share a result, unchanged ones are
-        # the original (exact at every position).
-        by_text = dict(zip(changed, forced.variants, strict=True))
-        full = [len(item.answer_ids)] * len(changed)
-        exact = dict(zip(changed, forced.observed or full, strict=True))
-        everyone = [base if text == question else by_text[text] for text in item.variants]
-        observed = None
-        if forced.observed is not None:
-            observed = [
-                len(item.answer_ids) if text == question else exact[text] for text in item.variants
-            ]
-        esi = esi_score(
-            base,
-            everyone,
-            distance=cast(Distance, rule.config.distance),
-            kind=kind,
-            observed=observed,
-            support=rule.config.support,
-        )
-    except ScoringError as exc:
-        return rule.result(item, None, reason(exc))
-    rows = len(changed) + (forced.original is not None)
+    esi = _esi(item, forced, base, rule, kind)
+    if isinstance(esi, ScoringError):
+        return rule.result(item, None, reason(esi))
+    assert base is not None  # _esi's
     # The free signals from the answer's own pass where it has one: what a guard that
     # decides without ESI reads (a forcing copy's numbers differ from the generator's).
     own = item.original if item.original is not None else base
@@ -92,9 +72,40 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
         sentences = score_sentences(
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )
+    rows = len(item.changed) + (forced.original is not None)
     result = rule.result(
         item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
         sentences,
     )  # fmt: skip
     result.variant_scores = [float(x) for x in esi.variant_scores]
     return result
+
+
+def _esi(
+    item: Item, forced: Forced, base: TopK | None, rule: Rule, kind: ValueKind
+) -> ESIScore | ScoringError:
+    """ESI of the answer over all L variants, or why it cannot be computed."""
+    changed = item.changed
+    question = item.prompt.question
+    if base is None:
+        return ScoringError("the backend returned no original distributions")
+    if len(forced.variants) != len(changed):
+        return ScoringError(
+            f"the backend returned {len(forced.variants)} variants for {len(changed)}"
+        )
+    # Back to all L variants, in order: repeats share a result, unchanged ones are
+    # the original (exact at every position).
+    by_text = dict(zip(changed, forced.variants, strict=True))
+    full = [len(item.answer_ids)] * len(changed)
+    exact = dict(zip(changed, forced.observed or full, strict=True))
+    everyone = [base if text == question else by_text[text] for text in item.variants]
+    observed = None
+    if forced.observed is not None:
+        observed = [
+            len(item.answer_ids) if text == question else exact[text] for text in item.variants
+        ]
+    try:
+        return esi_score(base, everyone, distance=cast(Distance, rule.config.distance),
+                         kind=kind, observed=observed, support=rule.config.support)  # fmt: skip
+    except ScoringError as exc:
+        return exc
