@@ -66,9 +66,7 @@ class Stage:
 
     def __post_init__(self) -> None:
         reads_esi = isinstance(self.score, CombinedScore) and self.score.uses_esi
-        if (self.name == "free" and not isinstance(self.score, CombinedScore)) or (
-            self.name == "free" and reads_esi
-        ):
+        if self.name == "free" and (not isinstance(self.score, CombinedScore) or reads_esi):
             msg = "a free stage decides on a combined score without ESI"
             raise ConfigurationError(msg)
         if self.name == "probe" and not isinstance(self.score, ESIProbe):
