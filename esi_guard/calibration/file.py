@@ -18,8 +18,9 @@ from esi_guard import _retired
 from esi_guard._files import read_model
 from esi_guard.calibration.metrics import Estimate
 from esi_guard.calibration.thresholds import Choice
-from esi_guard.cascade import Band, ESIProbe
+from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
+from esi_guard.policy import Policy
 from esi_guard.result import ScoringConfig
 
 __all__ = ["FORMAT", "DatasetInfo", "ScoredRun", "ThresholdFile"]
@@ -117,6 +118,21 @@ class ThresholdFile(BaseModel):
             error = _retired.retired("esi_probe_on_combined")
             raise error
         return _retired.check(data, ("sequential",))
+
+    @property
+    def policy(self) -> Policy:
+        """The stages a guard made from this file decides with (``from_calibration``).
+
+        A file with an ESI probe and no band (one a user wrote) shows ESI alone here: the
+        guard fits the probe's label-free band when it is built.
+        """
+        cascade = None
+        if self.probe_band is not None and self.free_score is not None:
+            cascade = Cascade(free=self.free_score, band=self.probe_band, combined=self.combined)
+        elif self.probe_band is not None and self.esi_probe is not None:
+            cascade = Cascade(probe=self.esi_probe, band=self.probe_band)
+        return Policy.of(self.threshold, combined=self.combined, cascade=cascade,
+                         granularity=self.granularity)  # fmt: skip
 
     @classmethod
     def from_run(

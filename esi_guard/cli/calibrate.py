@@ -266,6 +266,7 @@ def calibrate(
     )
     if choice.guarantee:
         console.print(f"guarantee: {choice.guarantee['statement']}")
+    console.print(f"decision policy: {result.policy.describe()}")
     console.print(f"wrote {out}")
     if plot is not None:
         _plot(plot, scores, wrong, choice.threshold, title)

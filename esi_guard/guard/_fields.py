@@ -181,7 +181,6 @@ class GuardFields(BaseChatModel):
     _calibrated_prompt: CalibratedPrompt | None = PrivateAttr(default=None)
     _prompt_warned: bool = PrivateAttr(default=False)
     _cascade: Cascade | None = PrivateAttr(default=None)
-    _policy: Policy = PrivateAttr()
     _threshold_source: str = PrivateAttr(default="given")
 
     def __init__(self, **kwargs: Any) -> None:
@@ -233,15 +232,18 @@ class GuardFields(BaseChatModel):
         check_settings(self)
         check_hidden(self.backend, self.combined, self.hidden_states)
         self._cascade = guard_cascade(self)
-        sentences = granularity(self.action, self.decide_on, self.stream_mode)
-        self._policy = Policy.of(self.threshold, combined=self.combined, cascade=self._cascade,
-                                 granularity=sentences)  # fmt: skip
+        self.policy  # noqa: B018  (built once here: a policy that cannot decide is refused)
         return self
 
     @property
     def policy(self) -> Policy:
-        """The stages that decide each answer, in order (``policy.describe()`` shows them)."""
-        return self._policy
+        """The stages that decide each answer, in order (``policy.describe()`` shows them).
+
+        Built from the current settings at each call (a copy with other settings has its own).
+        """
+        sentences = granularity(self.action, self.decide_on, self.stream_mode)
+        return Policy.of(self.threshold, combined=self.combined, cascade=self._cascade,
+                         granularity=sentences)  # fmt: skip
 
     @property
     def scoring_config(self) -> ScoringConfig:

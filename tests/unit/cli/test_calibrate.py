@@ -408,3 +408,5 @@ def test_results_alone_go_to_stdout(tmp_path: Path, loads: list[FakeBackend]) ->
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert lines[0].strip().startswith("per-example results:")
     assert lines[-1] == f"wrote {out}"
+    threshold = ThresholdFile.read(out).threshold
+    assert lines[-2] == f"decision policy: esi (threshold {threshold:g})"
