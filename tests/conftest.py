@@ -174,14 +174,23 @@ def big_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def made_once() -> dict[tuple[str, str], Any]:
-    """What a module's costly fixture made, by (module, engine), kept for the session.
+def made_once() -> Callable[[tuple[str, str], Callable[[], Any]], Any]:
+    """``made_once(key, make)``: what ``make()`` made for ``key`` (module, engine), kept
+    for the session.
 
     pytest tears a module's fixtures down whenever the next test is another module's, and
     side by side (``--dist loadgroup``) a worker may run one engine's tests of several
-    modules in turn: a calibration keyed here is made once per engine however its tests are
-    ordered (it lived in a ``tmp_path_factory`` folder, which lasts the session)."""
-    return {}
+    modules in turn: a calibration made through this is made once per engine however its
+    tests are ordered (it lives in a ``tmp_path_factory`` folder, which lasts the session).
+    """
+    made: dict[tuple[str, str], Any] = {}
+
+    def once(key: tuple[str, str], make: Callable[[], Any]) -> Any:
+        if key not in made:
+            made[key] = make()
+        return made[key]
+
+    return once
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ one inside it runs ESI. Another model's probe and an API backend are refused.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,12 @@ SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 @pytest.fixture(scope="module")
 def files(
     tmp_path_factory: pytest.TempPathFactory, shared_data: Path, white_box: Backend,
-    made_once: dict[tuple[str, str], Any],
+    made_once: Callable[[tuple[str, str], Callable[[], Any]], Any],
 ) -> tuple[Path, Path]:  # fmt: skip
-    key = ("cascade", white_box.engine or "")
-    if key not in made_once:
-        made_once[key] = _made(tmp_path_factory, shared_data, white_box)
-    made: tuple[Path, Path] = made_once[key]
+    made: tuple[Path, Path] = made_once(
+        ("cascade", white_box.engine or ""),
+        lambda: _made(tmp_path_factory, shared_data, white_box),
+    )
     return made
 
 

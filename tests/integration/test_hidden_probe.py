@@ -10,6 +10,7 @@ model, another engine and an API backend.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,12 @@ SCORING = ["--n-variants", "4", "--max-new-tokens", "16", "--top-k", "20"]
 @pytest.fixture(scope="module")
 def calibrated(
     tmp_path_factory: pytest.TempPathFactory, shared_data: Path, white_box: Backend,
-    made_once: dict[tuple[str, str], Any],
+    made_once: Callable[[tuple[str, str], Callable[[], Any]], Any],
 ) -> tuple[Path, Path]:  # fmt: skip
-    key = ("hidden_probe", white_box.engine or "")
-    if key not in made_once:
-        made_once[key] = _calibrate(tmp_path_factory, shared_data, white_box)
-    made: tuple[Path, Path] = made_once[key]
+    made: tuple[Path, Path] = made_once(
+        ("hidden_probe", white_box.engine or ""),
+        lambda: _calibrate(tmp_path_factory, shared_data, white_box),
+    )
     return made
 
 
