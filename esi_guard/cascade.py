@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from esi_guard._files import read_model
 from esi_guard._retired import retired
-from esi_guard.backends.hidden import HiddenSpec, HiddenStates
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates, merged
 from esi_guard.combined import CombinedScore, HiddenProbe
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.result import ScoringConfig
@@ -189,12 +189,7 @@ class Cascade(BaseModel):
     def needs_hidden(self) -> HiddenSpec | None:
         """The states the cheap score reads (the probe's, and the combined scores')."""
         scores = (self.probe, self.combined, self.free)
-        specs = [s.needs_hidden for s in scores if s is not None and s.needs_hidden is not None]
-        if not specs:
-            return None
-        layers = tuple(dict.fromkeys(layer for s in specs for layer in s.layers))
-        positions = tuple(dict.fromkeys(p for s in specs for p in s.positions))
-        return HiddenSpec(layers, positions)
+        return merged(*(score.needs_hidden for score in scores if score is not None))
 
     def cheap(
         self, signals: Mapping[str, float], hidden: HiddenStates | None

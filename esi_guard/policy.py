@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from esi_guard.backends.hidden import HiddenSpec, HiddenStates
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates, merged
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.exceptions import ConfigurationError
@@ -80,11 +80,6 @@ class Stage:
     def needs_hidden(self) -> HiddenSpec | None:
         """The hidden states its score reads (None: none)."""
         return None if self.score is None else self.score.needs_hidden
-
-    @property
-    def cost(self) -> str:
-        """What it costs beyond the answer, in words."""
-        return "L forced variants" if self.name == "esi" else "nothing: the answer's own pass"
 
     def value(
         self, signals: Mapping[str, float], hidden: HiddenStates | None
@@ -146,8 +141,9 @@ class Policy:
             msg = "ESI is the last stage: no stage after it is cheaper"
             raise ConfigurationError(msg)
         for stage in early:
-            if stage.band is not None and not stage.band.low <= self.threshold <= stage.band.high:
-                band = stage.band
+            band = stage.band
+            assert band is not None  # checked above
+            if not band.low <= self.threshold <= band.high:
                 msg = (
                     f"the {stage.name} stage's band [{band.low:g}, {band.high:g}] must hold "
                     f"the threshold {self.threshold:g}"
@@ -214,12 +210,7 @@ class Policy:
     @property
     def needs_hidden(self) -> HiddenSpec | None:
         """Every hidden state a stage reads, merged (None: none)."""
-        specs = [stage.needs_hidden for stage in self.stages if stage.needs_hidden is not None]
-        if not specs:
-            return None
-        layers = tuple(dict.fromkeys(layer for spec in specs for layer in spec.layers))
-        positions = tuple(dict.fromkeys(p for spec in specs for p in spec.positions))
-        return HiddenSpec(layers, positions)
+        return merged(*(stage.needs_hidden for stage in self.stages))
 
     def early(self, signals: Mapping[str, float], hidden: HiddenStates | None) -> list[Early]:
         """The stages before ESI that read the answer, in order, up to the one that decides.

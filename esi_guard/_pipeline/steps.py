@@ -29,7 +29,7 @@ from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
 from esi_guard.backends.base import Backend
-from esi_guard.backends.hidden import HiddenSpec, HiddenStates
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates, merged
 from esi_guard.combined import free_signals
 from esi_guard.exceptions import (
     BackendError,
@@ -80,16 +80,6 @@ class _NoHook:
 
 
 _NO_HOOK = _NoHook()
-
-
-def merged(*specs: HiddenSpec | None) -> HiddenSpec | None:
-    """One spec reading every layer and position of ``specs`` (None: none asked)."""
-    given = [spec for spec in specs if spec is not None]
-    if not given:
-        return None
-    layers = tuple(dict.fromkeys(layer for spec in given for layer in spec.layers))
-    positions = tuple(dict.fromkeys(p for spec in given for p in spec.positions))
-    return HiddenSpec(layers, positions)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,15 @@ import numpy as np
 
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["FINAL", "POSITIONS", "HiddenSpec", "HiddenStates", "Position", "reduce_hidden"]
+__all__ = [
+    "FINAL",
+    "POSITIONS",
+    "HiddenSpec",
+    "HiddenStates",
+    "Position",
+    "merged",
+    "reduce_hidden",
+]
 
 Position = Literal["prompt_last", "answer_mean", "answer_last"]
 POSITIONS: tuple[Position, ...] = ("prompt_last", "answer_mean", "answer_last")
@@ -48,6 +56,16 @@ class HiddenSpec:
         if unknown:
             msg = f"unknown hidden-state positions {unknown}; known: {list(POSITIONS)}"
             raise ConfigurationError(msg)
+
+
+def merged(*specs: HiddenSpec | None) -> HiddenSpec | None:
+    """One spec reading every layer and position of ``specs`` (None: none asked)."""
+    given = [spec for spec in specs if spec is not None]
+    if not given:
+        return None
+    layers = tuple(dict.fromkeys(layer for spec in given for layer in spec.layers))
+    positions = tuple(dict.fromkeys(p for spec in given for p in spec.positions))
+    return HiddenSpec(layers, positions)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from esi_guard._pipeline.steps import merged
 from esi_guard._retired import retired
 from esi_guard.backends.base import states_engine
+from esi_guard.backends.hidden import merged
 from esi_guard.calibration.cascade_fit import label_free_band
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.exceptions import ConfigurationError
