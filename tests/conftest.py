@@ -54,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     llama.cpp, or weights through transformers, from anywhere but a temporary folder (where
     a test saves the tiny model it builds)."""
     if side_by_side(config):
+        _check_groups(config)
         for name, value in ONE_THREAD.items():
             os.environ.setdefault(name, value)
     if not os.environ.get(NO_MODEL):
@@ -129,6 +130,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return max((SECONDS.get(g, 0) for g in groups), default=SECONDS.get(item.path.name, 0))
 
     items.sort(key=lambda item: -seconds(item))
+
+
+LOST_GROUPS = "pytest-dev/pytest-xdist#1386"
+"""pytest 9.2 builds a test's id from a field pytest-xdist 3.8 does not write: under
+``--dist loadgroup`` each test's ``@group`` suffix is lost and every test is a work unit of
+its own, so tests sharing a server or a calibration run on both workers (slower, silently)."""
+
+
+def _check_groups(config: pytest.Config) -> None:
+    """Before the workers start, refuse a ``--dist loadgroup`` run whose groups would not
+    hold (:data:`LOST_GROUPS`); the test extras pin a pytest they hold under."""
+    if hasattr(config, "workerinput") or config.getoption("dist", None) != "loadgroup":
+        return
+    import xdist
+
+    xdist_version = tuple(int(part) for part in xdist.__version__.split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
+        msg = (f"--dist loadgroup would group nothing: pytest {pytest.__version__} with "
+               f"pytest-xdist {xdist.__version__} drops each test's group ({LOST_GROUPS}); "
+               "install the test extras (pytest below 9.2): make install-test")  # fmt: skip
+        raise pytest.UsageError(msg)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In a worker, grouped tests collected without their group stop the run (the
+    versions :func:`_check_groups` knows aside, a later pytest losing them too)."""
+    config = session.config
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+        return
+    lost = [item.nodeid for item in session.items
+            if any(item.iter_markers("xdist_group")) and "@" not in item.nodeid]  # fmt: skip
+    if lost:
+        msg = f"--dist loadgroup: {len(lost)} grouped tests lost their group ({LOST_GROUPS})"
+        raise pytest.UsageError(msg)
 
 
 @pytest.hookimpl(tryfirst=True)
