@@ -237,8 +237,3 @@ class Policy:
     def describe(self) -> str:
         """The stages in order: ``probe (band [0.2, 0.4]) -> esi (threshold 0.3)``."""
         return " -> ".join(stage.describe(self.threshold) for stage in self.stages)
-
-
-def _holds(hidden: HiddenStates | None, needs: HiddenSpec) -> bool:
-    """Whether ``hidden`` has every layer ``needs`` reads."""
-    return hidden is not None and set(needs.layers) <= set(hidden.layers)
