@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from esi_guard.backends.hidden import FINAL, POSITIONS, HiddenSpec, HiddenStates, Position
 from esi_guard.exceptions import ConfigurationError, ScoringError
-from esi_guard.scoring import TopK, ValueKind, fill_value, truncated_entropy
+from esi_guard.scoring import TopK, ValueKind, token_logprobs, truncated_entropy
 
 __all__ = [
     "FEATURES",
@@ -117,23 +117,6 @@ def free_signals(
     if text is not None:
         signals["repetition"] = repetition(text)
     return signals
-
-
-def token_logprobs(original: TopK, answer_ids: Sequence[int], kind: ValueKind) -> np.ndarray:
-    """Each answer token's log-probability over its position's top-k, shape ``(N,)``.
-
-    A token missing from its top-k (a forced, non-greedy answer) gets the fill value ESI
-    gives a missing token, and joins its row's mass at that value.
-    """
-    valid = original.ids >= 0
-    values = np.where(valid, original.values, -np.inf)
-    fill = fill_value(original.values, valid, kind)
-    ids = np.asarray(answer_ids)[:, None]
-    found = (original.ids == ids) & valid
-    value = np.where(found.any(axis=1), np.where(found, values, -np.inf).max(axis=1), fill)
-    norm = np.logaddexp.reduce(values, axis=1)
-    norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
-    return np.asarray(value - norm, dtype=np.float64)
 
 
 def probe_window(hidden_layers: Sequence[int]) -> HiddenSpec:

@@ -45,6 +45,7 @@ __all__ = [
     "ValueKind",
     "esi_score",
     "fill_value",
+    "token_logprobs",
     "truncated_entropy",
     "union_distributions",
 ]
@@ -176,6 +177,23 @@ def truncated_entropy(topk: TopK) -> FloatArray:
     logp = _log_softmax(np.where(valid, topk.values, -np.inf))
     safe = np.where(np.isfinite(logp), logp, 0.0)
     return _f64(-(np.exp(safe) * safe * np.isfinite(logp)).sum(axis=-1))
+
+
+def token_logprobs(original: TopK, answer_ids: Sequence[int], kind: ValueKind) -> np.ndarray:
+    """Each answer token's log-probability over its position's top-k, shape ``(N,)``.
+
+    A token missing from its top-k (a forced, non-greedy answer) gets the fill value ESI
+    gives a missing token, and joins its row's mass at that value.
+    """
+    valid = original.ids >= 0
+    values = np.where(valid, original.values, -np.inf)
+    fill = fill_value(original.values, valid, kind)
+    ids = np.asarray(answer_ids)[:, None]
+    found = (original.ids == ids) & valid
+    value = np.where(found.any(axis=1), np.where(found, values, -np.inf).max(axis=1), fill)
+    norm = np.logaddexp.reduce(values, axis=1)
+    norm = np.where(found.any(axis=1), norm, np.logaddexp(norm, fill))
+    return np.asarray(value - norm, dtype=np.float64)
 
 
 def union_distributions(

@@ -1,8 +1,8 @@
 """The scoring pipeline: prompts in, decided results out, with no LangChain in the folder.
 
 ``steps`` holds :class:`Pipeline` (the order of the steps, once, and the steps); the
-score step's parts are ``forcing`` (what to force for each item) and ``assess`` (forced
-distributions to results);
+score step's pure part is ``assess`` (what to force for each item, and the forced
+distributions made results);
 ``decide`` holds the decision rule, ``items`` what travels through it, ``shield``
 per-item failures. The guard
 (:mod:`esi_guard.guard`) drives it; nothing here imports the guard.

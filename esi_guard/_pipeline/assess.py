@@ -1,18 +1,22 @@
-"""The score step's assessment: each item's forced distributions in, its decided outcome out.
+"""The score step, pure: what to force for each item, and what the forced rows decide.
 
-ESI of the answer over its variants, made a result by the
-:class:`~esi_guard._pipeline.decide.Rule`. Pure: no backend call, no LangChain.
+:func:`plan` turns each scorable item into its :class:`~esi_guard.backends.ForcingRequest`
+(an item that cannot be scored is decided there: :func:`unscorable`); the pipeline makes
+the one backend call; :func:`assess` scores ESI of each answer over its variants from the
+forced distributions, and the :class:`~esi_guard._pipeline.decide.Rule` makes it a result.
+No backend call, no LangChain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends._types import Forced, ForcingRequest
-from esi_guard.combined import free_signals, token_logprobs
+from esi_guard.backends.hidden import HiddenSpec
+from esi_guard.combined import free_signals
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import ESIResult
 from esi_guard.scoring import (
@@ -21,11 +25,55 @@ from esi_guard.scoring import (
     TopK,
     ValueKind,
     esi_score,
+    token_logprobs,
     truncated_entropy,
 )
 from esi_guard.sentences import score_sentences
 
-__all__ = ["assess", "scored"]
+if TYPE_CHECKING:
+    from esi_guard.interventions import Intervention
+
+__all__ = ["assess", "plan", "scored", "unscorable"]
+
+
+def plan(
+    items: Sequence[Item],
+    *,
+    rule: Rule,
+    hidden: HiddenSpec | None,
+    intervention: Intervention,
+    include_original: bool,
+) -> list[tuple[Item, ForcingRequest]]:
+    """The forcing requests of the items that can be scored; the others are decided."""
+    planned = []
+    for item in items:
+        if item.outcome is not None:
+            continue
+        problem = unscorable(item, intervention)
+        if problem is not None:
+            item.outcome = rule.result(item, None, reason(problem))
+            continue
+        texts = list(item.changed)
+        request = ForcingRequest(
+            prompt=item.prompt.messages,
+            variants=[item.prompt.with_question(text) for text in texts],
+            answer_ids=list(item.answer_ids),
+            answer=item.answer,
+            include_original=include_original,
+            hidden=hidden if include_original and item.hidden is None else None,
+        )
+        planned.append((item, request))
+    return planned
+
+
+def unscorable(item: Item, intervention: Intervention) -> ScoringError | None:
+    """Why ``item`` cannot be scored (no answer tokens, no variant that differs); else None."""
+    if not item.answer_ids:
+        return ScoringError("the answer has no tokens to score", code="empty_answer")
+    if not item.changed:
+        msg = f"no variant differs from the question ({intervention.name} found nothing to change)"
+        return ScoringError(msg, code="no_effective_variant")
+    return None
 
 
 def assess(

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
-from esi_guard._pipeline.assess import assess
+from esi_guard._pipeline.assess import assess, plan
 from esi_guard._pipeline.decide import Rule
-from esi_guard._pipeline.forcing import plan
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
