@@ -22,7 +22,9 @@ of the selected score against ESI alone, the best free signal (chosen on the
 calibration questions by their AUROC), and the full combined + hidden score fitted on the
 same ``n`` without selection; paired differences with 95% bootstrap intervals per repeat,
 and their mean over repeats. ``--sizes all``: 5-fold outer cross-fitting on every
-question instead (each fold's selection on the other four).
+question instead (each fold's selection on the other four). ``--label unanswerable`` (a SQuAD 2.0
+run): the same for telling unanswerable questions from answerable ones. ``--plot``: the
+learning curve (held-out AUROC against the calibration labels, a panel per set) as a PNG.
 
 ``coverage``: whether a threshold chosen for 80% coverage holds it on questions it never
 saw (:func:`coverage`): ESI's, and the combined score's with the fold models averaged
@@ -99,11 +101,17 @@ def _fit(signals: list[dict[str, float]], y: np.ndarray, states: list[Any],
                         hidden=[states[i] for i in rows] if candidate.hidden else None)  # fmt: skip
 
 
-def calibration(run: Run, size: int | str, repeats: int, seed: int) -> dict[str, Any]:
-    """The selected score at ``size`` calibration questions against its rivals, held out."""
+def calibration(
+    run: Run, size: int | str, repeats: int, seed: int, label: str = "wrong"
+) -> dict[str, Any]:
+    """The selected score at ``size`` calibration questions against its rivals, held out.
+
+    ``label``: what is detected, ``wrong`` answers or (a SQuAD 2.0 run) ``unanswerable``
+    questions.
+    """
     from sklearn.model_selection import StratifiedKFold, train_test_split
 
-    y = run.labels["wrong"].astype(np.float64)
+    y = run.labels[label].astype(np.float64)
     states, signals = _states(run), run.signals
     if size == "all":
         splits = list(StratifiedKFold(5, shuffle=True, random_state=seed).split(y, y))
@@ -142,7 +150,7 @@ def calibration(run: Run, size: int | str, repeats: int, seed: int) -> dict[str,
               f"{rounds[-1]['seconds']:.0f} s", flush=True)  # fmt: skip
     mean = {key: float(np.mean([r["difference"][key]["value"] for r in rounds]))
             for key in rounds[0]["difference"]}  # fmt: skip
-    return {"dataset": run.name, "size": size, "n": len(y), "rounds": rounds,
+    return {"dataset": run.name, "label": label, "size": size, "n": len(y), "rounds": rounds,
             "mean_difference": mean,
             "never_below_best_single": all(
                 r["difference"][f"selected - {k}"]["high"] >= 0
@@ -304,6 +312,55 @@ def cost(
     }  # fmt: skip
 
 
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    """The learning curve: held-out AUROC against calibration labels, one panel per set.
+
+    Each calibration record's rounds (``--repeats`` random draws at each size): the
+    selected score, ESI alone and the best free signal, each round's point with its 95%
+    bootstrap interval (sizes offset a little so the bars do not hide each other), and
+    the mean over rounds as a line.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = [r for r in records if "rounds" in r and "mean_difference" in r]
+    panels = list(dict.fromkeys((r["dataset"], r.get("label", "wrong")) for r in curves))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    series = (
+        ("selected", "calibrate --score combined", "C0", 0),
+        ("best_free", "best free signal", "C1", 1),
+        ("esi", "ESI alone", "C2", 2),
+    )
+    for ax, (name, label) in zip(axes[0], panels, strict=True):
+        ours = sorted((r for r in curves if (r["dataset"], r.get("label", "wrong")) ==
+                       (name, label)), key=lambda r: r["rounds"][0]["n_cal"])  # fmt: skip
+        sizes = [r["rounds"][0]["n_cal"] for r in ours]
+        step = 0.012 * (max(sizes) - min(sizes) or max(sizes))
+        for key, legend, colour, shift in series:
+            means = []
+            for r in ours:
+                points = [one["auroc"][key] for one in r["rounds"]]
+                means.append(np.mean([p["value"] for p in points]))
+                for j, p in enumerate(points):
+                    x = r["rounds"][0]["n_cal"] + step * (3 * j + shift - 1)
+                    ax.errorbar(x, p["value"], yerr=[[p["value"] - p["low"]],
+                                [p["high"] - p["value"]]], fmt="o", ms=3, color=colour,
+                                alpha=0.6, lw=1)  # fmt: skip
+            ax.plot(sizes, means, "-", color=colour, label=legend)
+        versus = "right" if label == "wrong" else "answerable"
+        ax.set_title(f"{name}\n({label} vs {versus})", fontsize=9)
+        ax.set_xlabel("calibration questions (labels)")
+        ax.set_xticks(sizes)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("AUROC on the other questions")
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def _ci(e: dict[str, float], signed: bool = False) -> str:
     if signed:
         verdict = "tie" if e["low"] <= 0 <= e["high"] else ("gain" if e["low"] > 0 else "loss")
@@ -364,8 +421,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--model", default="default",
                         help="cost: the run's model: 'default', a known name, a .gguf")  # fmt: skip
+    parser.add_argument(
+        "--label",
+        choices=("wrong", "unanswerable"),
+        default="wrong",
+        help="calibration: what is detected (unanswerable: a SQuAD 2.0 run)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the table rows here")
+    parser.add_argument("--plot", type=Path, help="calibration: draw the learning curve here")
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
     for name in args.name or ["triviaqa-smollm2"]:
@@ -373,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.what == "calibration":
             for size in args.sizes:
                 records.append(calibration(run, size if size == "all" else int(size),
-                                           args.repeats, args.seed))  # fmt: skip
+                                           args.repeats, args.seed, args.label))  # fmt: skip
         elif args.what == "coverage":
             for size in args.sizes:
                 records.append(coverage(run, int(size), args.repeats, args.seed))
@@ -389,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.json.write_text(json.dumps(records, indent=1, default=str))
         if args.markdown:
             args.markdown.write_text(markdown(records) + "\n")
+    if args.plot:
+        plot(records, args.plot)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,22 @@ def test_coverage_on_unseen_questions_before_and_after(
     assert 0.6 <= record["mean_coverage"]["after"] <= 1.0
     (line,) = decisions.markdown([record]).splitlines()
     assert line.startswith("| sciq-fake | 100 / 60 | 2 | 0.80 |")
+
+
+def test_the_learning_curve_on_unanswerable_questions_is_drawn(
+    tmp_path: Path, write_run: Callable[..., None]
+) -> None:
+    write_run(tmp_path, "squad2-fake", np.random.default_rng(2), rag=True, n=120)
+    run = usable(tmp_path, "squad2-fake")
+    records = [decisions.calibration(run, n, repeats=2, seed=0, label="unanswerable")
+               for n in (40, 60)]  # fmt: skip
+    assert [r["label"] for r in records] == ["unanswerable", "unanswerable"]
+    assert [one["n_cal"] for r in records for one in r["rounds"]] == [40, 40, 60, 60]
+    # the positives are the unanswerable questions: a stratified draw holds their share
+    share = run.labels["unanswerable"].mean()
+    assert all(abs(one["wrong_cal"] - 60 * share) <= 1 for one in records[1]["rounds"])
+    wrong = decisions.calibration(run, 60, repeats=1, seed=0)
+    assert wrong["label"] == "wrong"
+    path = tmp_path / "curve.png"
+    decisions.plot([*records, wrong], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
