@@ -50,6 +50,20 @@ _RETIRED = ("min_variants", "stop_constant")
 """Fields of modes retired in 0.2.0 (:mod:`esi_guard._retired`) that older files hold."""
 
 
+def _decision_moved(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` without the ``decide_on`` a file written before 0.2.0 holds.
+
+    What a threshold applies to is the file's ``granularity``, not the score's;
+    ``decide_on="context_reliance"`` (retired in 0.2.0) gets its one-line error.
+    """
+    if "decide_on" not in data:
+        return data
+    if data["decide_on"] == "context_reliance":
+        error = _retired.retired("context_reliance", where)
+        raise error
+    return {key: value for key, value in data.items() if key != "decide_on"}
+
+
 class ScoringConfig(BaseModel):
     """How scores are computed; a guard must score the same way to use a threshold."""
 
@@ -57,7 +71,7 @@ class ScoringConfig(BaseModel):
 
     def __init__(self, **data: Any) -> None:
         """Validate; an unknown field is a :class:`ConfigurationError` naming the nearest."""
-        data = _retired.check(data, _RETIRED, "ScoringConfig")
+        data = _decision_moved(_retired.check(data, _RETIRED, "ScoringConfig"), "scoring")
         check_keywords("ScoringConfig", data, type(self).model_fields)
         super().__init__(**data)
 
@@ -65,7 +79,9 @@ class ScoringConfig(BaseModel):
     @classmethod
     def _not_retired(cls, data: Any) -> Any:
         """A file's fields of retired modes: dropped when unset, an error when set."""
-        return _retired.check(data, _RETIRED, "scoring") if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        return _decision_moved(_retired.check(data, _RETIRED, "scoring"), "scoring")
 
     intervention: dict[str, Any]
     """The intervention's ``describe()``: its name and parameters."""
@@ -86,9 +102,6 @@ class ScoringConfig(BaseModel):
     """Seed of the intervention."""
     max_new_tokens: int = Field(ge=1)
     """Most tokens generated per answer."""
-    decide_on: Literal["esi", "sentences"] = "esi"
-    """The signal the threshold applies to: the ESI score (untrusted above it) or each
-    sentence's ESI score (untrusted when any sentence is above it)."""
     system_prompt: str | None = None
     """The system prompt a calibration run put before each question (None for a guard,
     which takes whatever prompt the chain hands it)."""
@@ -111,16 +124,6 @@ class ScoringConfig(BaseModel):
         optional = ("system_prompt", "prompt_template")
         unset = {name for name in optional if getattr(self, name) is None}
         return self.model_dump(exclude=unset)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _kept_signal(cls, data: Any) -> Any:
-        """A file deciding on context reliance (retired in 0.2.0): its one-line error."""
-        if isinstance(data, dict) and data.get("decide_on") == "context_reliance":
-            error = _retired.retired("context_reliance", "scoring")
-            raise error
-        return data
-
 
 @dataclass
 class ESIResult:

@@ -135,7 +135,7 @@ def _evaluated(threshold: Path, guard: ESIGuard, system: str) -> dict[str, Any]:
     calibrated = ThresholdFile.read(threshold)
     settings = calibrated.scoring
     ours = guard.scoring_config.model_copy(update={"system_prompt": system})
-    differ = settings.differences(ours, ignore=("prompt_template", "decide_on"))
+    differ = settings.differences(ours, ignore=("prompt_template",))
     if differ or calibrated.model_sha256 != guard.backend.model_sha256:
         _stop(f"{threshold} scores otherwise than the runs: {differ or 'its model'}")
     return calibrated.model_dump(mode="json", include={"scoring", "combined",

@@ -47,6 +47,8 @@ class Rule:
     """Sentences whose score is above it are past the threshold (None: ``threshold``)."""
     threshold_source: str = "given"
     """Where the threshold came from, as results report it."""
+    decide_on: Literal["esi", "sentences"] = "esi"
+    """What the threshold applies to: the answer's score, or each sentence's."""
 
     @property
     def combined(self) -> CombinedScore | None:
@@ -56,7 +58,7 @@ class Rule:
     @property
     def by_sentence(self) -> bool:
         """Whether answers are decided on their sentences (``redact``, or ``decide_on``)."""
-        return self.action == "redact" or self.config.decide_on == "sentences"
+        return self.action == "redact" or self.decide_on == "sentences"
 
     def judge(self, sentences: list[SentenceScore]) -> None:
         """Decide each sentence: ``accept``, or past the threshold the action (``redact``).

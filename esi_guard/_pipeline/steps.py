@@ -103,15 +103,15 @@ class Pipeline:
     """The threshold of sentences' scores (None: ``threshold``)."""
     threshold_source: str = "given"
     """Where the threshold came from (:attr:`ESIGuard.threshold_source`)."""
+    decide_on: Literal["esi", "sentences"] = "esi"
+    """What the threshold applies to: the answer's score, or each sentence's."""
 
     @cached_property
     def policy(self) -> Policy:
         """The stages that decide each answer (:class:`~esi_guard.policy.Policy`)."""
         if self.decision_policy is not None:
             return self.decision_policy
-        return Policy.of(
-            self.threshold, granularity=granularity(self.action, self.config.decide_on)
-        )
+        return Policy.of(self.threshold, granularity=granularity(self.action, self.decide_on))
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
@@ -124,7 +124,7 @@ class Pipeline:
         return Rule(self.threshold, self.action, self.on_error, self.config,
                     self.backend.model_id, self.policy, self.keep_hidden is not None,
                     self.return_failures, self.sentence_threshold,
-                    self.threshold_source)  # fmt: skip
+                    self.threshold_source, self.decide_on)  # fmt: skip
 
     def order(
         self, items: Sequence[Item], answered: bool = False

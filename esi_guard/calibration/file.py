@@ -98,7 +98,7 @@ class ThresholdFile(BaseModel):
     ``free_score``, the value-of-information cascade's band on that score's ``p_wrong``."""
     granularity: Literal["answer", "sentence"] = "answer"
     """What the threshold decides: whole answers, or each sentence (``calibrate
-    --granularity sentence``; the scoring's ``decide_on`` is then ``sentences``)."""
+    --granularity sentence``; a guard from the file then has ``decide_on="sentences"``)."""
     sentence_report: dict[str, Any] | None = None
     """With ``--granularity sentence``: the prompts, sentences, how many were aligned to a
     question and labelled, how many were left out, and how they were aligned."""

@@ -21,7 +21,7 @@ from esi_guard.exceptions import ESIGuardError
 
 __all__ = ["fit_cascade", "read_probe"]
 
-_IGNORED = ("system_prompt", "prompt_template", "decide_on")
+_IGNORED = ("system_prompt", "prompt_template")
 
 
 def read_probe(path: Path) -> ESIProbe:

@@ -5,10 +5,10 @@ the answers is scored and labelled (:mod:`esi_guard.cli.run.sentences`). The thr
 chosen on the labelled sentences: ``--select risk`` by conformal back-off, so that with
 probability ``1 - delta`` the share of answers whose kept sentences include a wrong one is
 at most ``alpha`` (:mod:`esi_guard.calibration.backoff`); ``coverage``, ``f1`` and
-``youden`` as for answers, on the sentences. The file records ``decide_on="sentences"``
-and ``granularity="sentence"``: a guard from it (``ESIGuard.from_calibration``) flags,
-abstains or routes an answer with a sentence past the threshold, or with
-``action="redact"`` removes those sentences.
+``youden`` as for answers, on the sentences. The file records
+``granularity="sentence"``: a guard from it (``ESIGuard.from_calibration``, which sets
+``decide_on="sentences"``) flags, abstains or routes an answer with a sentence past the
+threshold, or with ``action="redact"`` removes those sentences.
 """
 
 from __future__ import annotations

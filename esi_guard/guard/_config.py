@@ -49,6 +49,9 @@ class Guard(Protocol):
     @property
     def backend(self) -> Backend: ...
 
+    @property
+    def decide_on(self) -> str: ...
+
 
 class Prompted(Guard, Protocol):
     """A guard that keeps the prompt its threshold was calibrated under, to check calls."""
@@ -78,8 +81,7 @@ class FileSettings(NamedTuple):
     """Where the threshold came from, as results report it (``threshold_source``)."""
 
 
-_FILE_OPTIONS = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens",
-                 "decide_on")  # fmt: skip
+_FILE_OPTIONS = ("n_variants", "top_k", "distance", "support", "seed", "max_new_tokens")
 
 
 def file_settings(
@@ -102,6 +104,7 @@ def file_settings(
         raise ConfigurationError(msg)
     expected = calibrated.scoring
     settings = {key: given.pop(key, getattr(expected, key)) for key in _FILE_OPTIONS}
+    settings["decide_on"] = given.pop("decide_on", _decides_on(calibrated))
     settings["threshold"] = calibrated.threshold
     if calibrated.combined is not None:
         settings["combined"] = calibrated.combined
@@ -118,6 +121,11 @@ def file_settings(
     return FileSettings({**settings, **given}, calibrated, expected, where, hint)
 
 
+def _decides_on(calibrated: ThresholdFile) -> str:
+    """What a file's threshold applies to: each sentence's ESI, or the answer's score."""
+    return "sentences" if calibrated.granularity == "sentence" else "esi"
+
+
 def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> None:
     """Refuse a guard whose model or scoring differs from the file's; warn on another engine.
 
@@ -132,6 +140,8 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
         guard.scoring_config,
         ignore=("system_prompt", "prompt_template"),
     )
+    if (decide_on := _decides_on(calibrated)) != guard.decide_on:
+        problems.append(f"decide_on: {decide_on!r} vs {guard.decide_on!r}")
     if (different_model := model_difference(calibrated, guard.backend)) is not None:
         problems.insert(0, different_model)
     if problems:

@@ -258,5 +258,4 @@ class GuardFields(BaseChatModel):
             approximate=self.backend.approximate,
             seed=self.seed,
             max_new_tokens=self.max_new_tokens,
-            decide_on=self.decide_on,
         )

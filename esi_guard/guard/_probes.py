@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_hidden", "guard_cascade", "probe_cascade"]
 
-_IGNORED = ("system_prompt", "prompt_template", "decide_on")
+_IGNORED = ("system_prompt", "prompt_template")
 """Settings that do not change the ESI score a probe estimates."""
 
 

@@ -468,6 +468,7 @@ class ESIGuard(GuardFields):
             return_failures=failures,
             sentence_threshold=self.sentence_threshold,
             threshold_source=self.threshold_source,
+            decide_on=self.decide_on,
         )
 
     def _start(

@@ -96,7 +96,7 @@ def test_calibrate_per_sentence_writes_a_file_a_guard_decides_sentences_with(
     assert result.exit_code == 0, result.output
     assert "4 prompts of 3 questions" in " ".join(result.output.split())
     written = ThresholdFile.read(out)
-    assert written.granularity == "sentence" and written.scoring.decide_on == "sentences"
+    assert written.granularity == "sentence" and "decide_on" not in written.scoring.model_dump()
     guard = ESIGuard.from_calibration(out, backend=white_box, action="redact")
     assert guard.decide_on == "sentences" and guard.threshold == written.threshold
     esi = guard.invoke(QUESTIONS).response_metadata["esi"]

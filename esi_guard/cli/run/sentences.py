@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,6 @@ def score_sentence_run(
     progress("loading the model...")
     the_guard = guard()
     header = RunHeader.of(the_guard, digest, system, template, request)
-    header = replace(header, scoring=header.scoring.model_copy(update={"decide_on": "sentences"}))
     done = open_cache(cache, header)
     todo = [i for i in range(len(prompts)) if i not in done]
     renderer = renderer_for(system, template, "questions") if template else None

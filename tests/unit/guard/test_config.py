@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,23 @@ def test_from_calibration_takes_langchains_max_tokens_name_for_the_files_setting
     assert guard.max_new_tokens == 64
     with pytest.raises(ConfigurationError, match="max_new_tokens: 64 vs 3"):
         ESIGuard.from_calibration(embedded_threshold(), max_tokens=3)
+
+
+def test_a_files_granularity_says_what_its_threshold_applies_to(
+    tmp_path: Path, threshold_file: Callable[..., ThresholdFile]
+) -> None:
+    path = tmp_path / "sentences.json"
+    threshold_file(granularity="sentence").write(path)
+    assert "decide_on" not in json.loads(path.read_text(encoding="utf-8"))["scoring"]
+    guard = ESIGuard.from_calibration(path, backend=FakeBackend())
+    assert guard.decide_on == "sentences"
+    with pytest.raises(ConfigurationError, match="decide_on: 'sentences' vs 'esi'"):
+        ESIGuard.from_calibration(path, backend=FakeBackend(), decide_on="esi")
+    # a file written before 0.2.0 says it in its scoring too: it reads as before
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["scoring"]["decide_on"] = "sentences"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    assert ESIGuard.from_calibration(path, backend=FakeBackend()).decide_on == "sentences"
+    answers = tmp_path / "answers.json"
+    threshold_file().write(answers)
+    assert ESIGuard.from_calibration(answers, backend=FakeBackend()).decide_on == "esi"
