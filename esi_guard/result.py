@@ -125,6 +125,7 @@ class ScoringConfig(BaseModel):
         unset = {name for name in optional if getattr(self, name) is None}
         return self.model_dump(exclude=unset)
 
+
 @dataclass
 class ESIResult:
     """What the guard found about one answer; ``as_dict()`` is ``response_metadata["esi"]``."""

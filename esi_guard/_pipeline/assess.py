@@ -112,8 +112,10 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
     own = item.original if item.original is not None else base
     entropies = esi.alphas if own is base else truncated_entropy(own)
     logprobs = token_logprobs(own, item.answer_ids, kind)
-    signals = free_signals(own, item.answer_ids, kind, entropies, text=item.answer,
-                           logprobs=logprobs)  # fmt: skip
+    signals = item.signals  # read at generation by a stage before ESI, on the same numbers
+    if signals is None:
+        signals = free_signals(own, item.answer_ids, kind, entropies, text=item.answer,
+                               logprobs=logprobs)  # fmt: skip
     hidden = item.hidden if item.hidden is not None else forced.hidden
     sentences = None
     if item.token_ends is not None:

@@ -80,6 +80,8 @@ class Item:
     """How many tokens the prompt took, when the backend said."""
     hidden: HiddenStates | None = None
     """The answer's hidden states, when generation read them."""
+    signals: dict[str, float] | None = None
+    """The answer's free signals, once a stage before ESI read them (scoring reuses them)."""
     probe_score: float | None = None
     """With a cascade: the ESI probe's estimate, once the answer's states were read."""
     variants: list[str] = field(default_factory=list)

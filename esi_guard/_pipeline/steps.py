@@ -224,6 +224,7 @@ class Pipeline:
         if topk is not None and item.answer_ids:
             signals = free_signals(topk, item.answer_ids, self.backend.values_kind,
                                    text=item.answer)  # fmt: skip
+            item.signals = signals if topk is item.original else None
         item.outcome = self.rule.early(item, signals, hidden)
         if item.outcome is not None:
             item.steps["score"] = item.outcome
