@@ -22,6 +22,7 @@ from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning, Prom
 from esi_guard.guard._prompt import PROMPT_ADVICE, CalibratedPrompt, fields_of
 from esi_guard.guard._shipped import shipped_for
 from esi_guard.interventions import rebuild_intervention
+from esi_guard.policy import granularity
 from esi_guard.result import ScoringConfig
 
 if TYPE_CHECKING:
@@ -299,7 +300,11 @@ def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> 
     refuses it.
     """
     if path is None:
-        found = shipped_for(kwargs.get("backend"))
+        judged = granularity(
+            kwargs.get("action", "flag"), kwargs.get("decide_on", "esi"),
+            kwargs.get("stream_mode", "hold"),
+        )  # fmt: skip
+        found = shipped_for(kwargs.get("backend"), judged)
         path, source = found.path, found.source
         where = f"the shipped calibration {found.path.name}"
     else:

@@ -7,10 +7,13 @@ each file measured on questions it was not fitted on). A file is the backend's w
 ``model_sha256`` is the digest of the GGUF file the backend runs (the embedded model's
 file is known by its ``model_id`` too, without hashing it).
 
-A file holding a hidden-state probe applies only on the engine its states came from
-(llama.cpp's and transformers' states of the same weights differ); on another engine the
-guard takes the model's shipped file without one, says so in an
-:class:`~esi_guard.exceptions.EngineMismatchWarning`, and every result's
+A model may ship two files: one deciding on ``p_wrong`` of a combined score (what measured
+best held out; answer guards take it) and one on ESI alone (what a guard judging each
+sentence needs: ``action="redact"``, ``decide_on="sentences"``, ``stream_mode="sentences"``
+read each sentence's own ESI). A file holding a hidden-state probe applies only on the
+engine its states came from (llama.cpp's and transformers' states of the same weights
+differ); on another engine the guard takes the model's shipped file without one, says so
+in an :class:`~esi_guard.exceptions.EngineMismatchWarning`, and every result's
 ``threshold_source`` names the file it took (``"shipped:<file>"``).
 """
 
@@ -28,6 +31,7 @@ from esi_guard.exceptions import ConfigurationError, EngineMismatchWarning
 
 if TYPE_CHECKING:
     from esi_guard.backends.base import Backend
+    from esi_guard.policy import Granularity
 
 __all__ = ["SHIPPED", "Shipped", "shipped", "shipped_for"]
 
@@ -44,6 +48,9 @@ class Shipped(NamedTuple):
     engine: str | None
     probe: bool
     """It holds a hidden-state probe: it applies only on its engine's states."""
+    esi_alone: bool = True
+    """Its threshold is on ESI itself (no combined score, cascade or ESI probe): the file a
+    guard judging sentences can use."""
 
     @property
     def source(self) -> str:
@@ -58,17 +65,23 @@ def shipped() -> tuple[Shipped, ...]:
     for path in sorted(SHIPPED.glob("*.json")):
         raw = json.loads(path.read_text(encoding="utf-8"))
         combined = raw.get("combined") or {}
+        alone = not any(raw.get(key) for key in ("combined", "free_score", "esi_probe"))
         found.append(Shipped(path, raw["model"], raw["model_sha256"], raw.get("engine"),
-                             combined.get("hidden") is not None))  # fmt: skip
+                             combined.get("hidden") is not None, alone))  # fmt: skip
     return tuple(found)
 
 
-def shipped_for(backend: Backend | None) -> Shipped:
+def shipped_for(backend: Backend | None, granularity: Granularity = "answer") -> Shipped:
     """The shipped file ``backend``'s guard decides with (None: the embedded model's).
 
+    An answer guard takes the model's file with a combined score where it ships one (what
+    measured best held out), a sentence guard (``granularity="sentence"``) its file on ESI
+    alone.
+
     Raises:
-        ConfigurationError: none ships for this model, or only a probe fitted on another
-            engine: the message says to calibrate (and which models ship one).
+        ConfigurationError: none ships for this model, only a probe fitted on another
+            engine, or none on ESI alone for a sentence guard: the message says to
+            calibrate (and which models ship one).
     """
     files = shipped()
     if backend is None or backend.model_id == EMBEDDED_MODEL_ID:
@@ -78,12 +91,11 @@ def shipped_for(backend: Backend | None) -> Shipped:
         ours = [f for f in files if digest is not None and f.model_sha256 == digest]
     if not ours:
         names = ", ".join(sorted({f.path.stem for f in files}))
-        model = EMBEDDED_MODEL_ID if backend is None else backend.model_id
         msg = (
-            f"ESIGuard needs threshold=... for {model!r}: the package ships a calibrated one "
-            f"for its known models only ({names}; matched by the GGUF file's sha256). "
-            "Calibrate it on your labelled questions with `esi-guard calibrate`, then "
-            "ESIGuard.from_calibration(path)"
+            f"ESIGuard needs threshold=... for {model_of(backend)!r}: the package ships a "
+            f"calibrated one for its known models only ({names}; matched by the GGUF "
+            "file's sha256). Calibrate it on your labelled questions with "
+            "`esi-guard calibrate`, then ESIGuard.from_calibration(path)"
         )
         raise ConfigurationError(msg)
     engine = None if backend is None else states_engine(backend.engine)
@@ -91,6 +103,16 @@ def shipped_for(backend: Backend | None) -> Shipped:
     def applies(file: Shipped) -> bool:
         return not file.probe or engine is None or states_engine(file.engine or "") == engine
 
+    if granularity == "sentence":
+        ours = [f for f in ours if f.esi_alone]
+        if not ours:
+            msg = (
+                f"the shipped calibration for {model_of(backend)!r} decides on p_wrong of a "
+                "combined score, and a guard judging sentences (action='redact', "
+                "decide_on='sentences', stream_mode='sentences') decides on each sentence's "
+                "ESI: give threshold=... or calibrate one with `esi-guard calibrate --score esi`"
+            )
+            raise ConfigurationError(msg)
     fits = [f for f in ours if applies(f)]
     if not fits:
         msg = (
@@ -99,7 +121,10 @@ def shipped_for(backend: Backend | None) -> Shipped:
             "on this engine with `esi-guard calibrate`, or give threshold=..."
         )
         raise ConfigurationError(msg)
-    chosen = max(fits, key=lambda f: (f.probe, backend is not None and f.engine == backend.engine))
+    runs = None if backend is None else backend.engine
+    chosen = max(
+        fits, key=lambda f: (not f.esi_alone, f.probe, runs is not None and f.engine == runs)
+    )
     skipped = [f for f in ours if f.probe and f not in fits]
     if skipped and not chosen.probe:
         msg = (
@@ -109,3 +134,8 @@ def shipped_for(backend: Backend | None) -> Shipped:
         )
         warnings.warn(msg, EngineMismatchWarning, stacklevel=4)
     return chosen
+
+
+def model_of(backend: Backend | None) -> str:
+    """The model as messages name it."""
+    return EMBEDDED_MODEL_ID if backend is None else backend.model_id

@@ -75,6 +75,30 @@ def test_the_probe_s_own_engine_takes_the_file_with_the_probe(folder: Path) -> N
     assert chosen.path.name == "known-probe.json" and chosen.probe
 
 
+def test_a_guard_judging_sentences_takes_the_file_on_esi_alone(folder: Path) -> None:
+    class OnLlamaCpp(Known):
+        @property
+        def engine(self) -> str:
+            return "llamacpp"
+
+    assert _shipped.shipped_for(OnLlamaCpp()).path.name == "known-probe.json"
+    chosen = _shipped.shipped_for(OnLlamaCpp(), "sentence")
+    assert chosen.path.name == "known-free.json" and chosen.esi_alone
+    with pytest.warns(EngineMismatchWarning, match="known-free.json was calibrated on the fake"):
+        guard = ESIGuard(backend=OnLlamaCpp(), action="redact")
+    assert guard.threshold_source == "shipped:known-free.json" and guard.combined is None
+
+
+def test_a_sentence_guard_for_a_model_with_no_esi_file_is_told_what_to_do(folder: Path) -> None:
+    (folder / "known-free.json").unlink()
+    _shipped.shipped.cache_clear()
+    with pytest.raises(ConfigurationError) as caught:
+        _shipped.shipped_for(known(), "sentence")
+    message = str(caught.value)
+    assert "\n" not in message and "/models/known.gguf" in message
+    assert "threshold=" in message and "--score esi" in message and "redact" in message
+
+
 def test_a_probe_for_another_engine_alone_is_refused(folder: Path) -> None:
     (folder / "known-free.json").unlink()
     _shipped.shipped.cache_clear()
