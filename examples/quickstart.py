@@ -6,10 +6,11 @@ without a model uses when llama-cpp-python is installed): it loads in about a se
     make demo        # or: .venv/bin/python examples/quickstart.py
 
 For each question the guard generates the greedy answer, teacher-forces it after ten
-Skip-One-Char variants of the question (the prompt prefix they share computed once), and
-flags the answer when its ESI score is above the threshold. With no threshold given, the
-guard takes the embedded model's shipped calibration (how it was made: the README); for
-your own model, calibrate one on your labelled questions (``esi-guard calibrate``).
+Skip-One-Char variants of the question (the prompt prefix they share computed once) for
+its ESI score. With no threshold given, the guard takes the embedded model's shipped
+calibration (how it was made: the README): ESI and the answer's free signals combined into
+P(wrong), the probability that the answer is wrong, flagged above the threshold. For your
+own model, calibrate one on your labelled questions (``esi-guard calibrate``).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def main() -> None:
         score = "unscored" if esi["score"] is None else f"{esi['score']:.3f}"
         print(f"Q: {question}")
         print(f"A: {message.content}")
+        p_wrong = "" if esi.get("p_wrong") is None else f"  P(wrong)={esi['p_wrong']:.3f}"
         print(
-            f"   ESI={score}  threshold={esi['threshold']:.3f}  decision={esi['decision']}"
+            f"   ESI={score}{p_wrong}  threshold={esi['threshold']:.3f}  decision={esi['decision']}"
             + (f"  ({esi['reason']})" if esi["reason"] else "")
         )
         print(f"   e.g. variant: {esi['variants'][0]!r}\n")

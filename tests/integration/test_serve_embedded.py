@@ -97,7 +97,7 @@ def test_esi_guard_serve_as_docs_start_it_names_warns_and_drains_after_sigterm()
     assert warning.startswith("whole_message:")
     assert answer.headers["X-ESI-Warning"] == "whole_message"
     start = next(line for line in log.splitlines() if "serving model" in line)
-    for said in (EMBEDDED_MODEL_ID, "engine llamacpp-f16", "threshold 0.33", "shipped threshold",
-                 "action flag", "auth off", "'default'"):  # fmt: skip
+    for said in (EMBEDDED_MODEL_ID, "engine llamacpp-f16", "threshold 0.88", "on p_wrong",
+                 "shipped threshold", "action flag", "auth off", "'default'"):  # fmt: skip
         assert said in start, start
     assert "WholeMessageWarning" not in log  # the caller got it, not the server's log

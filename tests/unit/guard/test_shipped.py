@@ -36,11 +36,11 @@ def known() -> Known:
 @pytest.fixture
 def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A shipped folder holding the embedded model's file and two for the known model:
-    one without a probe (fitted on the fake engine) and one with a probe fitted on llama.cpp."""
+    one on ESI alone (fitted on the fake engine) and one with a probe fitted on llama.cpp."""
     raw = json.loads(embedded_threshold().read_text())
     (tmp_path / embedded_threshold().name).write_text(json.dumps(raw))
     free = {**raw, "model": "/models/known.gguf", "model_sha256": DIGEST, "engine": "fake",
-            "threshold": 0.25}  # fmt: skip
+            "threshold": 0.25, "combined": None, "combined_report": None}  # ESI alone  # fmt: skip
     (tmp_path / "known-free.json").write_text(json.dumps(free))
     probe = {**free, "engine": "llamacpp", "combined": {"hidden": {"layers": [3]}}}
     (tmp_path / "known-probe.json").write_text(json.dumps(probe))  # only its header is read
