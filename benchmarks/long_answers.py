@@ -5,6 +5,7 @@ r"""Long answers with a label per sentence: does the sentence score find the wro
     python -m benchmarks.long_answers --data ../shared/data/squad2/dev.json --limit 400 \\
         --cache .bench-cache --resume          # RAG
     python -m benchmarks.long_answers --report --data ... --cache .bench-cache   # table only
+    python -m benchmarks.long_answers --model <a .gguf> ...    # another model: its own cache
 
 (As a file it imports ``benchmarks`` from the installed checkout, ``pip install -e .``.)
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -326,11 +328,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, default=Path(".bench-cache"))
     parser.add_argument("--resume", action="store_true", help="continue the cache's records")
     parser.add_argument("--report", action="store_true", help="only report the cache")
+    parser.add_argument(
+        "--model", default="default", help="'default' (the embedded model) or a GGUF file's path"
+    )
     parser.add_argument("--n-threads", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--n-resamples", type=int, default=1000)
     return parser  # fmt: skip
+
+
+def _slug(stem: str) -> str:
+    """A file-name part: ``qwen2-5-coder-1-5b-instruct-q4-k-m`` for the 1.5B GGUF."""
+    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")
 
 
 def _forms(form: str, data: Path | None) -> list[tuple[str, Path]]:
@@ -349,8 +359,14 @@ def main(argv: Sequence[str] | None = None, guard: ESIGuard | None = None) -> di
     """Run (or with ``--report`` only read) each form and print its table; the figures."""
     args = _parser().parse_args(argv)
     if guard is None:
-        guard = ESIGuard(backend=LlamaCppBackend.default(n_threads=args.n_threads),
-                         max_new_tokens=args.max_new_tokens, threshold=THRESHOLD)  # fmt: skip
+        backend = (
+            LlamaCppBackend.default(n_threads=args.n_threads)
+            if args.model == "default"
+            else LlamaCppBackend.from_path(args.model, n_threads=args.n_threads)
+        )
+        guard = ESIGuard(backend=backend, max_new_tokens=args.max_new_tokens, threshold=THRESHOLD)
+    # The embedded model's runs keep their names; another model's carry its file's stem.
+    model = "" if args.model == "default" else "-" + _slug(Path(args.model).stem)
     out = {}
     for form, path in _forms(args.form, args.data):
         prompts = prompts_of(path, form, args.k, args.limit)
@@ -358,7 +374,7 @@ def main(argv: Sequence[str] | None = None, guard: ESIGuard | None = None) -> di
                   "model": guard.backend.model_id, "max_new_tokens": guard.max_new_tokens,
                   "n_variants": guard.n_variants, "top_k": guard.top_k,
                   "template": prompts[0].template if prompts else None}  # fmt: skip
-        cache = Cache(args.cache, f"long_answers-{form}-{path.parent.name}", header)
+        cache = Cache(args.cache, f"long_answers-{form}-{path.parent.name}{model}", header)
         if not args.report:
             if cache.done() and not args.resume:
                 msg = f"{cache.path((0, 1))} holds records: pass --resume to continue it"

@@ -77,6 +77,17 @@ def test_closed_book_records_each_sentence_aligned_labelled_and_scored(
         long_answers.main(argv, guard=guard(answer))
 
 
+def test_another_model_s_run_keeps_its_own_cache(sciq: Path, tmp_path: Path) -> None:
+    argv = ["--data", str(sciq), "--form", "controlled", "--limit", "1",
+            "--cache", str(tmp_path / "cache"), "--n-resamples", "20"]  # fmt: skip
+    long_answers.main(argv, guard=guard("unused"))
+    big = "/models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf"
+    long_answers.main([*argv, "--model", big], guard=guard("unused"))  # no --resume needed
+    names = sorted(path.name for path in (tmp_path / "cache").glob("long_answers-*.jsonl"))
+    assert names[0] == "long_answers-controlled-sciq-0of1.jsonl"  # the embedded model's
+    assert names[1].startswith("long_answers-controlled-sciq-qwen2-5-coder-1-5b-instruct-q4-k-m")
+
+
 def test_controlled_joins_one_sentence_per_question_and_aligns_by_construction(
     sciq: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
