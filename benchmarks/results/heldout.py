@@ -5,8 +5,8 @@ r"""A threshold file's decisions on questions it was not fitted on, from calibra
     python -m benchmarks.results.heldout esi_guard/shipped/smollm2-135m-instruct-q4_1.json \
         held-sciq.jsonl held-triviaqa.jsonl held-nq_open.jsonl --markdown heldout.md
 
-What ``esi-guard evaluate`` reports (the file's score as its own ``_p_wrong`` computes it,
-AUROC, ECE, realised coverage and selective risk at the file's threshold), read from
+What ``esi-guard evaluate`` reports (the file's score as its ``cached_p_wrong`` gives
+it, AUROC, ECE, realised coverage and selective risk at the file's threshold), read from
 caches ``esi-guard calibrate`` wrote for the held-out questions (ESI, the free signals and
 the hidden states of each answer) instead of scoring them again: one scoring run serves
 every file measured on the same questions (a combined-score file and an ESI-alone one).
@@ -30,7 +30,7 @@ from esi_guard.calibration.metrics import (
     expected_calibration_error,
     paired_difference,
 )
-from esi_guard.cli.evaluate import _p_wrong
+from esi_guard.cli.evaluate import cached_p_wrong
 
 __all__ = ["heldout", "main"]
 
@@ -47,7 +47,7 @@ def heldout(file: Path, cache: Path, *, n_resamples: int = 2000) -> dict[str, An
     wrong = [int(not label.right(r["prediction"], r["answers"])) for r in records]
     esi = [float(r["score"]) for r in records]
     combined = calibrated.combined
-    scores = esi if combined is None else [_p_wrong(r, combined) for r in records]
+    scores = esi if combined is None else [cached_p_wrong(r, combined) for r in records]
     accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
     out: dict[str, Any] = {
         "cache": cache.name,

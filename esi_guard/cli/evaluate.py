@@ -53,7 +53,7 @@ from esi_guard.combined import CombinedScore, repetition
 from esi_guard.exceptions import ConfigurationError, ESIGuardError
 from esi_guard.guard import ESIGuard
 
-__all__ = ["evaluate"]
+__all__ = ["cached_p_wrong", "evaluate"]
 
 
 def evaluate(
@@ -112,7 +112,7 @@ def evaluate(
         console.print(f"{data_name(data)}: n={len(wrong)}, accuracy "
                       f"{1 - sum(wrong) / len(wrong):.3f}, labels {run.labeller.name}")  # fmt: skip
     if calibrated.combined is not None:  # the threshold is on P(wrong)
-        scores = [_p_wrong(r, calibrated.combined) for r in run.records if r["scored"]]
+        scores = [cached_p_wrong(r, calibrated.combined) for r in run.records if r["scored"]]
         ece = expected_calibration_error(scores, wrong)
         estimate = bootstrap(auroc, scores, wrong, n_resamples=resamples)
         console.print(f"P(wrong): AUROC [95% CI] {shown(estimate, undefined_because(wrong))}, "
@@ -141,10 +141,11 @@ def _guard(threshold: Path, chosen: build.ModelOptions) -> ESIGuard:
     return ESIGuard.from_calibration(threshold, backend=build.backend(chosen))
 
 
-def _p_wrong(record: dict[str, Any], combined: CombinedScore) -> float:
-    """The record's ``P(wrong)``: as scored, or from its signals.
+def cached_p_wrong(record: dict[str, Any], combined: CombinedScore) -> float:
+    """A cached record's ``P(wrong)`` under ``combined``: as scored, or from its signals.
 
-    A cache written by ``calibrate`` (which scores ESI alone) holds none.
+    A cache written by ``calibrate`` holds no ``p_wrong``: it comes from the record's ESI,
+    free signals and hidden states (a one-line failure when the states are missing).
     """
     if record.get("p_wrong") is not None:
         return float(record["p_wrong"])
