@@ -300,10 +300,8 @@ def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> 
     refuses it.
     """
     if path is None:
-        judged = granularity(
-            kwargs.get("action", "flag"), kwargs.get("decide_on", "esi"),
-            kwargs.get("stream_mode", "hold"),
-        )  # fmt: skip
+        asked = (kwargs.get(key, "") for key in ("action", "decide_on", "stream_mode"))
+        judged = granularity(*asked)  # a setting not given is not a sentence one
         found = shipped_for(kwargs.get("backend"), judged)
         path, source = found.path, found.source
         where = f"the shipped calibration {found.path.name}"

@@ -48,7 +48,7 @@ class Shipped(NamedTuple):
     engine: str | None
     probe: bool
     """It holds a hidden-state probe: it applies only on its engine's states."""
-    esi_alone: bool = True
+    esi_alone: bool
     """Its threshold is on ESI itself (no combined score, cascade or ESI probe): the file a
     guard judging sentences can use."""
 
