@@ -67,11 +67,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                      help="keep answers cut at the run's limit (a held-out check)")  # fmt: skip
     out.add_argument("--threshold", type=Path,
                      help="a threshold file: write esi-guard evaluate's cache for it")  # fmt: skip
+    out.add_argument("--limit", type=int, default=None,
+                     help="each run's first N questions only (the rest: held out)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "export":
         command = export(args.cache, args.name, model=args.model, out=args.out,
                          max_new_tokens=args.max_new_tokens,
-                         threshold=args.threshold, allow_cut=args.allow_cut)  # fmt: skip
+                         threshold=args.threshold, allow_cut=args.allow_cut,
+                         limit=args.limit)  # fmt: skip
         print(f"wrote {args.out}; run with no model call:\n  {command}")
         return
     if args.command == "report":

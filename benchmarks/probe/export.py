@@ -65,6 +65,7 @@ def export(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     threshold: Path | None = None,
     allow_cut: bool = False,
+    limit: int | None = None,
 ) -> str:
     """Write runs ``names`` (in order) as one calibrate cache at ``out``; its command.
 
@@ -72,9 +73,18 @@ def export(
     file instead: evaluate computes each answer's ``p_wrong`` from the cached signals and
     states, no model call. ``allow_cut``: keep answers cut at the run's limit as they are
     where the guard would have gone on (for a held-out check, counted in the command's line).
+    ``limit``: each run's first ``limit`` questions only (calibrate on those, measure the
+    rest held out: ``benchmarks.results.heldout --skip``).
     """
     headers = [run_header(cache_dir, name) for name in names]
     runs = [load(cache_dir, name) for name in names]
+    if limit is not None:
+        short = [name for name, run in zip(names, runs, strict=True) if len(run.records) < limit]
+        if short:
+            _stop(f"{', '.join(short)}: fewer than --limit {limit} questions collected")
+        runs = [run._replace(records=run.records[:limit], hidden=run.hidden[:limit],
+                             labels={k: v[:limit] for k, v in run.labels.items()})
+                for run in runs]  # fmt: skip
     for name, header, run in zip(names, headers, runs, strict=True):
         _check_run(name, header, run.records, max_new_tokens, allow_cut)
     first = headers[0]

@@ -35,13 +35,18 @@ from esi_guard.cli.evaluate import cached_p_wrong
 __all__ = ["heldout", "main"]
 
 
-def heldout(file: Path, cache: Path, *, n_resamples: int = 2000) -> dict[str, Any]:
-    """The file's figures on the scored answers of one calibrate cache."""
+def heldout(file: Path, cache: Path, *, n_resamples: int = 2000, skip: int = 0) -> dict[str, Any]:
+    """The file's figures on the scored answers of one calibrate cache.
+
+    ``skip``: leave out the cache's first ``skip`` questions (by index): the ones the file
+    was fitted on, where one cache holds both (calibrate on the first N, measure the rest).
+    """
     calibrated = ThresholdFile.read(file)
     lines = cache.read_text(encoding="utf-8").splitlines()
-    records = [record for record in map(json.loads, lines[1:]) if record.get("scored")]
+    records = [record for record in map(json.loads, lines[1:])
+               if record.get("scored") and int(record["index"]) >= skip]  # fmt: skip
     if not records:
-        msg = f"{cache}: no scored answer"
+        msg = f"{cache}: no scored answer" + (f" from question {skip} on" if skip else "")
         raise SystemExit(msg)
     label = Containment()
     wrong = [int(not label.right(r["prediction"], r["answers"])) for r in records]
@@ -50,7 +55,7 @@ def heldout(file: Path, cache: Path, *, n_resamples: int = 2000) -> dict[str, An
     scores = esi if combined is None else [cached_p_wrong(r, combined) for r in records]
     accepted = [w for s, w in zip(scores, wrong, strict=True) if s <= calibrated.threshold]
     out: dict[str, Any] = {
-        "cache": cache.name,
+        "cache": cache.name if not skip else f"{cache.name} from {skip}",
         "n": len(records),
         "right": 1 - sum(wrong) / len(wrong),
         "on": "ESI" if combined is None else "p_wrong",
@@ -95,8 +100,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("caches", type=Path, nargs="+", help="calibrate caches of held-out sets")
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--markdown", type=Path, default=None)
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out each cache's first N questions (fitted on)")  # fmt: skip
     args = parser.parse_args(argv)
-    rows = [heldout(args.file, cache, n_resamples=args.resamples) for cache in args.caches]
+    rows = [heldout(args.file, cache, n_resamples=args.resamples, skip=args.skip)
+            for cache in args.caches]  # fmt: skip
     text = table(args.file, rows)
     print(text)
     if args.markdown is not None:

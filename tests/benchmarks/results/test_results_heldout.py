@@ -65,3 +65,15 @@ def test_a_cache_with_no_scored_answer_says_so(tmp_path: Path) -> None:
     path.write_text('{"kind": "esi-guard/calibration-cache"}\n', encoding="utf-8")
     with pytest.raises(SystemExit, match=r"empty\.jsonl: no scored answer"):
         heldout.heldout(file(tmp_path, False, 0.3), path)
+
+
+def test_skip_leaves_out_the_questions_the_file_was_fitted_on(tmp_path: Path) -> None:
+    # questions 0-19 fitted on, 20-39 held out: 5 right (20, 24, ... 36), 15 wrong
+    [row] = heldout.main([str(file(tmp_path, False, 0.445)), str(cache(tmp_path)),
+                          "--resamples", "50", "--skip", "20"])  # fmt: skip
+    assert row["n"] == 20 and row["right"] == pytest.approx(0.25)
+    assert row["cache"] == "held.jsonl from 20"
+    # accepted: the 5 right answers (0.05-0.082); every wrong one from 20 on is above 0.6
+    assert row["coverage"] == pytest.approx(5 / 20) and row["selective_risk"] == 0
+    with pytest.raises(SystemExit, match="no scored answer from question 41 on"):
+        heldout.heldout(file(tmp_path, False, 0.445), cache(tmp_path), skip=41)
