@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from esi_guard._pipeline.decide import Rule
+from esi_guard._pipeline.decide import HIDDEN_MISSING, NO_SENTENCES, Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends._types import Forced, ForcingRequest
 from esi_guard.backends.hidden import HiddenSpec
@@ -49,7 +49,7 @@ def plan(
     for item in items:
         if item.outcome is not None:
             continue
-        problem = unscorable(item, intervention)
+        problem = unscorable(item, intervention, rule, states_asked=include_original)
         if problem is not None:
             item.outcome = rule.result(item, None, reason(problem))
             continue
@@ -66,13 +66,25 @@ def plan(
     return planned
 
 
-def unscorable(item: Item, intervention: Intervention) -> ScoringError | None:
-    """Why ``item`` cannot be scored (no answer tokens, no variant that differs); else None."""
+def unscorable(
+    item: Item, intervention: Intervention, rule: Rule, *, states_asked: bool = False
+) -> ScoringError | None:
+    """Why ``item`` cannot be scored, known before anything is forced; else None.
+
+    No answer tokens, no variant that differs; for a guard deciding on sentences, an answer
+    the backend cannot map to its text (``item.token_ends`` None); for a combined score
+    with a probe, an answer generated without its states when the forcing will not ask
+    for them (``states_asked``: the original row is forced, with states).
+    """
     if not item.answer_ids:
         return ScoringError("the answer has no tokens to score", code="empty_answer")
     if not item.changed:
         msg = f"no variant differs from the question ({intervention.name} found nothing to change)"
         return ScoringError(msg, code="no_effective_variant")
+    if rule.by_sentence and item.token_ends is None:
+        return ScoringError(NO_SENTENCES, code="no_sentences")
+    if rule.needs_probe_states and item.hidden is None and not states_asked:
+        return ScoringError(HIDDEN_MISSING, code="hidden_states_missing")
     return None
 
 
@@ -103,6 +115,10 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
     # A forced original is on the variants' own numbers (a backend that forces on
     # other weights than it generates with returns one unasked): it wins.
     base = forced.original if forced.original is not None else item.original
+    rows = len(item.changed) + (forced.original is not None)
+    hidden = item.hidden if item.hidden is not None else forced.hidden
+    if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
+        return rule.result(item, None, f"hidden_states_missing: {HIDDEN_MISSING}", forced=rows)
     esi = _esi(item, forced, base, rule, kind)
     if isinstance(esi, ScoringError):
         return rule.result(item, None, reason(esi))
@@ -116,13 +132,13 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
     if signals is None:
         signals = free_signals(own, item.answer_ids, kind, entropies, text=item.answer,
                                logprobs=logprobs)  # fmt: skip
-    hidden = item.hidden if item.hidden is not None else forced.hidden
     sentences = None
     if item.token_ends is not None:
         sentences = score_sentences(
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )
-    rows = len(item.changed) + (forced.original is not None)
+    if rule.by_sentence and not sentences:
+        return rule.result(item, None, f"no_sentences: {NO_SENTENCES}", forced=rows)
     result = rule.result(
         item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
         sentences,

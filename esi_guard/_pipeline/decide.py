@@ -17,13 +17,16 @@ from esi_guard.policy import Policy
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
 from esi_guard.sentences import SentenceScore
 
-__all__ = ["NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
+__all__ = ["HIDDEN_MISSING", "NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
 
 NO_SENTENCES = (
-    "no_sentences: the answer could not be split into scored sentences (the backend "
-    "cannot map its tokens to its text)"
+    "the answer could not be split into scored sentences (the backend cannot map its "
+    "tokens to its text)"
 )
-"""The reason of an answer that a guard deciding on sentences cannot decide."""
+"""Why a guard deciding on sentences cannot decide an answer (code ``no_sentences``)."""
+
+HIDDEN_MISSING = "the backend gave no hidden states for the probe"
+"""Why a score with a hidden-state probe cannot decide an answer (``hidden_states_missing``)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,11 @@ class Rule:
     def combined(self) -> CombinedScore | None:
         """The combined score ESI's stage decides on (its ``p_wrong``); None: on ESI."""
         return self.policy.combined
+
+    @property
+    def needs_probe_states(self) -> bool:
+        """Whether ESI's stage decides on a combined score with a hidden-state probe."""
+        return self.combined is not None and self.combined.hidden is not None
 
     @property
     def by_sentence(self) -> bool:
@@ -123,21 +131,14 @@ class Rule:
     ) -> ESIResult:
         """The item's result: scored, or unscored with ``why``; the decision it implies.
 
-        A combined score with a hidden-state probe and no states for the answer leaves it
-        unscored (``hidden_states_missing``): never decided without the probe. A guard
-        that decides on sentences leaves an answer it could not split into scored
-        sentences unscored (``no_sentences``).
+        What it needs is there when it is scored (the probe's states, the sentences of a
+        guard deciding on them): an item lacking one was made unscored before
+        (:func:`~esi_guard._pipeline.assess.unscorable`, ``assess.scored``).
         """
         sentences = list(sentences or [])
-        if score is not None and self.by_sentence and not sentences:
-            score, token_scores, why = None, None, NO_SENTENCES
         self.judge(sentences)
         p_wrong = None
         signals = dict(signals or {})
-        probe = None if self.combined is None else self.combined.hidden
-        if score is not None and probe is not None and hidden is None:
-            score, token_scores = None, None
-            why = "hidden_states_missing: the backend gave no hidden states for the probe"
         if score is not None and self.combined is not None:
             p_wrong, term = self.combined.scored({"esi": score, **signals}, hidden)
             if term is not None:
@@ -203,7 +204,7 @@ class Rule:
             elif signals is None:
                 why = "no_distributions: the backend gave no top-k distributions with the answer"
             elif self.policy.needs_hidden is not None and hidden is None:
-                why = "hidden_states_missing: the backend gave no hidden states for the probe"
+                why = f"hidden_states_missing: {HIDDEN_MISSING}"
             if why is not None:
                 return self.result(item, None, why)
         if signals is None or not item.answer_ids:

@@ -100,6 +100,26 @@ def test_an_answer_without_the_probe_states_is_never_decided_on_the_rest(
     result = guard.invoke(questions[0]).response_metadata["esi"]
     assert not result["scored"] and result["reason"].startswith("hidden_states_missing")
     assert result["decision"] == "abstain" and result["p_wrong"] is None
+    assert result["work"]["forced_variants"] == 0  # known before forcing: nothing forced
+
+
+def test_with_esi_in_the_score_an_answer_without_states_is_decided_before_forcing() -> None:
+    questions, levels, wrong = bank(40)
+    gens = FakeBackend(sensitivity=levels).generate(
+        [[{"role": "user", "content": q}] for q in questions], max_new_tokens=8, top_k=10,
+        hidden=SPEC)  # fmt: skip
+    states = [g.hidden for g in gens if isinstance(g, Generation) and g.hidden is not None]
+    signals = [{"esi": levels[q], "nll": 1.0, "entropy": 1.0} for q in questions]
+    model = fit_combined(signals, wrong, features=("esi", "nll"), hidden=states)
+    assert model.uses_esi and model.hidden is not None
+    guard = ESIGuard(backend=NoStates(sensitivity=levels), combined=model, threshold=0.99,
+                     n_variants=3)  # fmt: skip
+    result = guard.assess([questions[0]])[0]
+    assert not result.scored and result.reason is not None
+    assert result.reason.startswith("hidden_states_missing") and result.decision == "abstain"
+    assert result.work["forced_variants"] == 0 and result.p_wrong is None
+    # Scoring a given answer forces its original row with the states: scored.
+    assert guard.score(questions[0], "I do not know.").scored
 
 
 def test_an_api_backend_or_a_model_of_another_width_is_refused_at_construction(

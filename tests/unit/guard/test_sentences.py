@@ -108,6 +108,7 @@ def test_an_answer_that_cannot_be_split_is_never_passed_by_a_guard_on_sentences(
     assert not result.scored
     assert result.decision == "abstain"
     assert result.reason is not None and result.reason.startswith("no_sentences")
+    assert result.work == {"forced_variants": 0, "forced_tokens": 0}  # known before forcing
     # A guard on the whole answer still decides it, without sentences.
     plain = ESIGuard(backend=backend, threshold=4.5).assess([QUESTION])[0]
     assert plain.scored and plain.decision == "accept" and plain.sentences == []
