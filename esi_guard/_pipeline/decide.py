@@ -20,8 +20,8 @@ from esi_guard.sentences import SentenceScore
 __all__ = ["HIDDEN_MISSING", "NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
 
 NO_SENTENCES = (
-    "the answer could not be split into scored sentences (the backend cannot map its "
-    "tokens to its text)"
+    "the answer could not be split into sentences to score (it has none, or the backend "
+    "cannot map its tokens to its text)"
 )
 """Why a guard deciding on sentences cannot decide an answer (code ``no_sentences``)."""
 
