@@ -141,8 +141,10 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
         guard.scoring_config,
         ignore=("system_prompt", "prompt_template"),
     )
-    if (decide_on := _decides_on(calibrated)) != guard.decide_on:
-        problems.append(f"decide_on: {decide_on!r} vs {guard.decide_on!r}")
+    # A sentence file's threshold is on sentences only; an answer file's ESI threshold also
+    # judges each sentence (a sentence's ESI is on the answer's scale), as redact does.
+    if calibrated.granularity == "sentence" and guard.decide_on != "sentences":
+        problems.append(f"decide_on: 'sentences' vs {guard.decide_on!r}")
     if (different_model := model_difference(calibrated, guard.backend)) is not None:
         problems.insert(0, different_model)
     if problems:

@@ -108,3 +108,6 @@ def test_a_files_granularity_says_what_its_threshold_applies_to(
     answers = tmp_path / "answers.json"
     threshold_file().write(answers)
     assert ESIGuard.from_calibration(answers, backend=FakeBackend()).decide_on == "esi"
+    # an answer file's ESI threshold judges each sentence too (as action="redact" does)
+    guard = ESIGuard.from_calibration(answers, backend=FakeBackend(), decide_on="sentences")
+    assert guard.decide_on == "sentences"

@@ -87,6 +87,10 @@ def test_a_guard_judging_sentences_takes_the_file_on_esi_alone(folder: Path) -> 
     with pytest.warns(EngineMismatchWarning, match="known-free.json was calibrated on the fake"):
         guard = ESIGuard(backend=OnLlamaCpp(), action="redact")
     assert guard.threshold_source == "shipped:known-free.json" and guard.combined is None
+    for settings in ({"decide_on": "sentences"}, {"stream_mode": "sentences"}):
+        with pytest.warns(EngineMismatchWarning):
+            judged = ESIGuard(backend=OnLlamaCpp(), **settings)
+        assert judged.threshold_source == "shipped:known-free.json"
 
 
 def test_a_sentence_guard_for_a_model_with_no_esi_file_is_told_what_to_do(folder: Path) -> None:
