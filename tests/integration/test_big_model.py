@@ -145,6 +145,26 @@ def test_two_sentences_get_a_score_each(guard: ESIGuard) -> None:
     assert esi["decision"] == ("accept" if worst <= guard.threshold else "flag")
 
 
+def test_a_sentence_guard_with_no_threshold_decides_with_the_shipped_esi_alone_file(
+    backend: LlamaCppBackend,
+) -> None:
+    """A guard judging sentences takes the model's ESI-alone file (the combined one decides
+    on free signals, not on each sentence's ESI); each sentence is judged at its threshold."""
+    guard = ESIGuard(backend=backend, decide_on="sentences")
+    chosen = shipped_for(backend, "sentence")
+    assert chosen.esi_alone and guard.threshold_source == chosen.source
+    assert chosen.path.name == "qwen2.5-coder-1.5b-instruct-q4_k_m-esi.json"
+    written = ThresholdFile.read(chosen.path)
+    assert written.combined is None and guard.threshold == written.threshold
+    question = "What is the capital of France? What is the capital of Germany?"
+    esi = guard.invoke(ask(question, "Answer in two short sentences.")).response_metadata["esi"]
+    assert esi["threshold_source"] == chosen.source and esi["scored"], esi["reason"]
+    assert len(esi["sentences"]) == 2 and esi["p_wrong"] is None
+    past = [s["score"] > written.threshold for s in esi["sentences"]]
+    assert [s["decision"] for s in esi["sentences"]] == ["flag" if p else "accept" for p in past]
+    assert esi["decision"] == ("flag" if any(past) else "accept")
+
+
 def test_with_no_threshold_its_shipped_calibration_decides_and_says_so(
     backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
