@@ -98,6 +98,18 @@ def test_calibrate_and_evaluate_read_an_exported_run_and_load_no_model(
     assert evaluated.exit_code == 0, evaluated.output
     assert "no model loaded" in " ".join(evaluated.output.split())
     assert "coverage 0.500" in evaluated.output
+    # --limit: the run's first questions only, a cache calibrate --limit finds whole
+    first = tmp_path / "first.jsonl"
+    export(tmp_path / "probe", [name], model="default", out=first, limit=N - 2)
+    assert [json.loads(line)["index"] for line in first.read_text().splitlines()[1:]] == list(
+        range(N - 2)
+    )
+    again = runner.invoke(cli_module.app, [
+        "calibrate", "--data", str(data), "--limit", str(N - 2), "--seed", "0", "--cache",
+        str(first), "--select", "coverage", "--resamples", "50", "--out", str(tmp_path / "t2.json"),
+    ])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert f"all {N - 2} examples found" in " ".join(again.output.split())
 
 
 def test_an_answer_cut_short_is_refused_unless_allowed(tmp_path: Path, shared_data: Path) -> None:
