@@ -28,7 +28,7 @@ from esi_guard.scoring import (
     token_logprobs,
     truncated_entropy,
 )
-from esi_guard.sentences import score_sentences, split_sentences
+from esi_guard.sentences import score_sentences
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
@@ -72,8 +72,9 @@ def unscorable(
     """Why ``item`` cannot be scored, known before anything is forced; else None.
 
     No answer tokens, no variant that differs; for a guard deciding on sentences, an answer
-    with no sentence, or one the backend cannot map to its text (``item.token_ends`` None:
-    ``Pipeline.planned`` asks it before planning); for a combined score
+    the backend cannot map to its text (``item.token_ends`` None: ``Pipeline.planned`` asks
+    it before planning; an answer with no sentence is known once it is split, in
+    :func:`scored`); for a combined score
     with a probe, an answer generated without its states when the forcing will not ask
     for them (``states_asked``: the original row is forced, with states).
     """
@@ -82,7 +83,7 @@ def unscorable(
     if not item.changed:
         msg = f"no variant differs from the question ({intervention.name} found nothing to change)"
         return ScoringError(msg, code="no_effective_variant")
-    if rule.by_sentence and (item.token_ends is None or not split_sentences(item.answer)):
+    if rule.by_sentence and item.token_ends is None:
         return ScoringError(NO_SENTENCES, code="no_sentences")
     if rule.needs_probe_states and item.hidden is None and not states_asked:
         return ScoringError(HIDDEN_MISSING, code="hidden_states_missing")
@@ -118,11 +119,11 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
     base = forced.original if forced.original is not None else item.original
     hidden = item.hidden if item.hidden is not None else forced.hidden
     rows = len(item.changed) + (forced.original is not None)
+    if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
+        return rule.result(item, None, f"hidden_states_missing: {HIDDEN_MISSING}", forced=rows)
     esi = _esi(item, forced, base, rule, kind)
     if isinstance(esi, ScoringError):
         return rule.result(item, None, reason(esi))
-    if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
-        return rule.result(item, None, f"hidden_states_missing: {HIDDEN_MISSING}", forced=rows)
     assert base is not None  # _esi's
     # The free signals from the answer's own pass where it has one: what a guard that
     # decides without ESI reads (a forcing copy's numbers differ from the generator's).
@@ -138,6 +139,8 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
         sentences = score_sentences(
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )
+    if rule.by_sentence and not sentences:  # an answer with no sentence (split once, here)
+        return rule.result(item, None, f"no_sentences: {NO_SENTENCES}", forced=rows)
     result = rule.result(
         item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
         sentences,
