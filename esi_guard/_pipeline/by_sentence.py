@@ -25,17 +25,18 @@ import re
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 
 from esi_guard._pipeline.assess import scored
 from esi_guard._pipeline.items import Item
 from esi_guard._pipeline.shield import shield
-from esi_guard._pipeline.steps import Pipeline, StepHook
+from esi_guard._pipeline.steps import Pipeline, StepHook, sent, streamed
 from esi_guard.backends._engine_helpers import StreamedText
 from esi_guard.backends._session import ForcingSession, joined
-from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest
-from esi_guard.exceptions import ConfigurationError, InputError
+from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest, Generation
+from esi_guard.exceptions import BackendError, ConfigurationError, InputError
 from esi_guard.result import Action, ESIResult
 from esi_guard.scoring import TopK
 from esi_guard.sentences import SentenceScore, score_sentences
@@ -104,34 +105,55 @@ def shown(
 def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Generator[SentenceScore, None, None]:
     """Each sentence of ``item``'s answer, judged, once scored; then the item is decided.
 
-    The last sentences come after the whole answer was decided (``item.outcome``): they
-    are the final result's own.
+    A driver of :meth:`Pipeline.steps <esi_guard._pipeline.steps.Pipeline.steps>` (variants
+    first) that does generation as a token stream and forcing through a session. The last
+    sentences come after the whole answer was decided (``item.outcome``): they are the
+    final result's own.
     """
-    with hook("intervene", [item]):
-        pipeline.intervened([item], pipeline.intervene([item]))
+    steps = pipeline.steps([item], variants_first=True)
     growing = Growing(StreamedText(_decoder(pipeline), pipeline.stop))
-    # The variants' prompts are forced (the session opened) while the answer starts: on a
-    # machine with a core to spare, the first sentence then waits only for its own tokens.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="esi-session") as pool:
-        opening = pool.submit(opened, pipeline, item)
+        opening: Future[ForcingSession | None] | None = None
         try:
-            with hook("generate", [item]):
-                messages = item.prompt.messages
-                tokens = pipeline.backend.stream_tokens(messages, **pipeline.stream_args())
-                for piece in pipeline.streamed(item, tokens):
-                    growing.add(piece)
-                    if not growing.failed and _may_end(growing):
-                        session = opening.result()
-                        if session is not None:
-                            yield from _complete(pipeline, item, session, growing)
-            if item.outcome is None:
-                session = opening.result()
-                with hook("score", [item]):
-                    _decide(pipeline, item, session, growing)
+            work = next(steps, None)
+            while work is not None:
+                with hook(work.step, work.items):
+                    if work.step == "generate":
+                        # The variants' prompts are forced (the session opened) while the
+                        # answer starts: with a core to spare, the first sentence then waits
+                        # only for its own tokens.
+                        opening = pool.submit(opened, pipeline, item)
+                        done: list[Any] = [
+                            (yield from _generated(pipeline, item, growing, opening))
+                        ]
+                    elif work.step == "score" and opening is not None:
+                        done = _forced(pipeline, work.requests, opening.result(), growing)
+                    else:
+                        done = pipeline.do(work)
+                    work = sent(steps, done)
         finally:
-            _close(opening)
+            if opening is not None:
+                _close(opening)
     if isinstance(item.outcome, ESIResult):
         yield from item.outcome.sentences[growing.scored :]
+
+
+def _generated(
+    pipeline: Pipeline, item: Item, growing: Growing, opening: Future[ForcingSession | None]
+) -> Generator[SentenceScore, None, Generation | BackendError]:
+    """The answer generated token by token, each sentence yielded once scored; its Generation."""
+    tokens = pipeline.backend.stream_tokens(item.prompt.messages, **pipeline.stream_args())
+    pieces = streamed(tokens)
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration as end:
+            return cast(Generation | BackendError, end.value)
+        growing.add(piece)
+        if not growing.failed and _may_end(growing):
+            session = opening.result()
+            if session is not None:
+                yield from _complete(pipeline, item, session, growing)
 
 
 def _may_end(growing: Growing) -> bool:
@@ -223,28 +245,30 @@ def _complete(
     growing.scored, growing.scored_end = len(layout), end
 
 
-def _decide(
-    pipeline: Pipeline, item: Item, session: ForcingSession | None, growing: Growing
-) -> None:
-    """Decide the whole answer from the session's pieces (its last tokens forced now).
+def _forced(
+    pipeline: Pipeline,
+    requests: Sequence[ForcingRequest],
+    session: ForcingSession | None,
+    growing: Growing,
+) -> list[Forced | BackendError]:
+    """The forced rows of the whole answer's ``requests``, the first from the session.
 
-    Where the session cannot give the answer's rows (it failed, or the answer is not the
-    tokens it forced), they are forced once more, as a non-streamed call does.
+    The session's pieces are joined (the answer's last tokens forced now). Where the
+    session cannot give the answer's rows (it failed, or the answer is not the tokens it
+    forced), they are forced once more, as a non-streamed call does.
     """
-    planned = pipeline.planned([item], include_original=False)
-    requests = [request for _, request in planned]
-    ids = list(item.answer_ids)
     main: Forced | None = None
-    same = growing.ids[: growing.n_forced] == ids[: growing.n_forced]
-    if session is not None and requests and not growing.failed and same:
-        rest = ids[growing.n_forced :]
-        out = _extend(session, rest, item.answer[growing.text_forced :]) if rest else None
-        if out is not None:
-            growing.forced.append(out)
-        if growing.forced and (out is not None or not rest):
-            main = joined(growing.forced, len(ids))
+    if session is not None and requests and not growing.failed:
+        ids, answer = requests[0].answer_ids, requests[0].answer or ""
+        if growing.ids[: growing.n_forced] == ids[: growing.n_forced]:
+            rest = ids[growing.n_forced :]
+            out = _extend(session, rest, answer[growing.text_forced :]) if rest else None
+            if out is not None:
+                growing.forced.append(out)
+            if growing.forced and (out is not None or not rest):
+                main = joined(growing.forced, len(ids))
     call = pipeline.backend.teacher_force
     top_k = pipeline.config.top_k
-    todo = requests if main is None else requests[1:]
+    todo = list(requests) if main is None else list(requests[1:])
     forced = shield(lambda: call(todo, top_k=top_k), len(todo), "teacher_force") if todo else []
-    pipeline.assessed([item], planned, [main, *forced] if main is not None else forced)
+    return [main, *forced] if main is not None else forced

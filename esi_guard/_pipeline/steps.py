@@ -7,18 +7,21 @@ come in a sync and an async form, and a failure of a whole call becomes every it
 error (:func:`~esi_guard._pipeline.shield.shield`), so one bad call never takes a batch
 down. Decisions are :class:`~esi_guard._pipeline.decide.Rule`'s.
 
-The order of the steps is written once, in :meth:`Pipeline.order`; :meth:`Pipeline.run`,
-:meth:`~Pipeline.arun`, :meth:`~Pipeline.stream` and :meth:`~Pipeline.astream` are thin
-drivers over it. Each step runs inside the caller's ``hook`` (a context manager per step,
+The order of the steps is written once, sans-IO, in :meth:`Pipeline.steps`: a generator
+that asks for the :class:`Work` of the items still undecided and decides from what it
+is sent; :meth:`Pipeline.run`, :meth:`~Pipeline.arun`, :meth:`~Pipeline.stream`,
+:meth:`~Pipeline.astream` and the stream scored by sentence
+(:func:`~esi_guard._pipeline.by_sentence.stream`) are drivers that only do the work.
+Each step runs inside the caller's ``hook`` (a context manager per step,
 given the step's name and items), which is how the guard shows every step as a child run
 without restating the order, as ``BaseChatModel.generate`` hands its run manager down.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
@@ -43,7 +46,7 @@ from esi_guard.scoring import TopK
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
 
-__all__ = ["AsyncStepHook", "Pipeline", "Step", "StepHook"]
+__all__ = ["AsyncStepHook", "Pipeline", "Step", "StepHook", "Steps", "Work", "sent", "streamed"]
 
 Step = Literal["generate", "intervene", "score"]
 
@@ -79,6 +82,24 @@ class _NoHook:
 
 
 _NO_HOOK = _NoHook()
+
+
+@dataclass(frozen=True)
+class Work:
+    """What the order asks a driver for: ``step`` done for ``items``.
+
+    ``generate``: their answers; ``intervene``: their question's variants; ``score``:
+    ``requests`` forced (those of the items that can be scored). The results, one per
+    item (per request), go back in order, a failure in place.
+    """
+
+    step: Step
+    items: list[Item]
+    requests: list[ForcingRequest] = field(default_factory=list)
+
+
+Steps = Generator[Work, list[Any], None]
+"""The order of the steps (:meth:`Pipeline.steps`): works asked for, their results sent."""
 
 
 @dataclass(frozen=True)
@@ -126,69 +147,98 @@ class Pipeline:
                     self.return_failures, self.sentence_threshold,
                     self.threshold_source, self.decide_on)  # fmt: skip
 
-    def order(
-        self, items: Sequence[Item], answered: bool = False
-    ) -> Iterator[tuple[Step, list[Item]]]:
-        """The steps in their order, each with the items it runs for; the only place it is written.
+    def steps(
+        self, items: Sequence[Item], answered: bool = False, variants_first: bool = False
+    ) -> Steps:
+        """The steps in their order, sans-IO: the only place the order is written.
 
-        An item decided by a step (a failed generation) leaves the order; an item that
-        reaches intervention is scored even when the intervention failed (the score step
-        records its outcome). ``answered``: the items hold their answers (``score``):
-        no generation.
+        Yields the :class:`Work` of the items still undecided and takes its results
+        (``send``): a driver does the work (:meth:`do`, or its own way: a stream, a
+        forcing session) and sends them back; recording them decides what it can. An item
+        decided by a step (a failed generation) leaves the order; an item that reaches
+        intervention is scored even when the intervention failed (the score step records
+        its outcome). ``answered``: the items hold their answers (``score``): no
+        generation, and the original row is forced. ``variants_first``: the question's
+        variants before the answer (a stream scored by sentence forces them meanwhile).
         """
         live = [item for item in items if item.outcome is None]
+        if variants_first and live and self.rule.uses_esi:
+            self.intervened(live, (yield Work("intervene", live)))
         if not answered:
-            yield "generate", live
+            self.generated(live, (yield Work("generate", live)))
             live = [item for item in live if item.outcome is None]
-        if live and self.rule.uses_esi:
-            yield "intervene", live
+        if live and self.rule.uses_esi and not variants_first:
+            self.intervened(live, (yield Work("intervene", live)))
         if live:
-            yield "score", live
+            planned = self.planned(live, include_original=answered)
+            forced = yield Work("score", live, [request for _, request in planned])
+            self.assessed(live, planned, forced)
+
+    def do(self, work: Work) -> list[Any]:
+        """A step's work, done: one backend (or intervention) call for all its items."""
+        if work.step == "generate":
+            return self.generate(work.items)
+        if work.step == "intervene":
+            return self.intervene(work.items)
+        if not work.requests:
+            return []
+        call = partial(self.backend.teacher_force, work.requests, top_k=self.config.top_k)
+        return shield(call, len(work.requests), "teacher_force")
+
+    async def ado(self, work: Work) -> list[Any]:
+        """Async :meth:`do`."""
+        if work.step == "generate":
+            return await self.agenerate(work.items)
+        if work.step == "intervene":
+            return await self.aintervene(work.items)
+        if not work.requests:
+            return []
+        acall = partial(self.backend.ateacher_force, work.requests, top_k=self.config.top_k)
+        return await ashield(acall, len(work.requests), "teacher_force")
 
     def run(self, items: Sequence[Item], hook: StepHook = _NO_HOOK, answered: bool = False) -> None:
         """Every step for all ``items`` (one backend call per step); each ends decided."""
-        for step, live in self.order(items, answered):
-            with hook(step, live):
-                if step == "generate":
-                    self.generated(live, self.generate(live))
-                elif step == "intervene":
-                    self.intervened(live, self.intervene(live))
-                else:
-                    self.force(live, include_original=answered)
+        steps = self.steps(items, answered)
+        work = next(steps, None)
+        while work is not None:
+            with hook(work.step, work.items):
+                work = sent(steps, self.do(work))
 
     async def arun(self, items: Sequence[Item], hook: AsyncStepHook = _NO_HOOK) -> None:
         """Async :meth:`run`."""
-        for step, live in self.order(items):
-            async with hook(step, live):
-                if step == "generate":
-                    self.generated(live, await self.agenerate(live))
-                elif step == "intervene":
-                    self.intervened(live, await self.aintervene(live))
-                else:
-                    await self.aforce(live)
+        steps = self.steps(items)
+        work = next(steps, None)
+        while work is not None:
+            async with hook(work.step, work.items):
+                work = sent(steps, await self.ado(work))
 
     def stream(self, item: Item, hook: StepHook = _NO_HOOK) -> Iterator[str]:
         """:meth:`run` for one item whose answer's text pieces come out as generated."""
-        for step, live in self.order([item]):
-            with hook(step, live):
-                if step == "generate":
-                    yield from self._pieces(item)
-                elif step == "intervene":
-                    self.intervened(live, self.intervene(live))
+        steps = self.steps([item])
+        work = next(steps, None)
+        while work is not None:
+            with hook(work.step, work.items):
+                if work.step == "generate":
+                    args = self.stream_args()
+                    pieces = self.backend.stream_generate(item.prompt.messages, **args)
+                    done: list[Any] = [(yield from streamed(cast(Iterator[str], pieces)))]
                 else:
-                    self.force(live)
+                    done = self.do(work)
+                work = sent(steps, done)
 
     async def astream(self, item: Item, hook: AsyncStepHook = _NO_HOOK) -> AsyncIterator[str]:
         """Async :meth:`stream`."""
-        for step, live in self.order([item]):
-            async with hook(step, live):
-                if step == "generate":
-                    async for piece in self._apieces(item):
+        steps = self.steps([item])
+        work = next(steps, None)
+        while work is not None:
+            async with hook(work.step, work.items):
+                if work.step == "generate":
+                    done: list[Any] = []
+                    async for piece in self._apieces(item, done):
                         yield piece
-                elif step == "intervene":
-                    self.intervened(live, await self.aintervene(live))
                 else:
-                    await self.aforce(live)
+                    done = await self.ado(work)
+                work = sent(steps, done)
 
     # -- generate ---------------------------------------------------------------------------
 
@@ -229,31 +279,11 @@ class Pipeline:
         if item.outcome is not None:
             item.steps["score"] = item.outcome
 
-    def _pieces(self, item: Item) -> Iterator[str]:
-        """One item's answer as text pieces while it is generated; then it is recorded."""
-        pieces = self.backend.stream_generate(item.prompt.messages, **self.stream_args())
-        return cast(Iterator[str], self.streamed(item, pieces))
-
-    def streamed(self, item: Item, pieces: Iterable[T | Generation | BackendError]) -> Iterator[T]:
-        """A backend stream's pieces but its last (the Generation), which is recorded.
+    async def _apieces(self, item: Item, done: list[Any]) -> AsyncIterator[str]:
+        """One item's answer as text pieces while it is generated; its Generation in ``done``.
 
         A failure of the engine midway fails the answer closed.
         """
-        gen: Generation | BackendError | None = None
-        try:
-            for piece in pieces:
-                if isinstance(piece, (Generation, BackendError)):
-                    gen = piece
-                else:
-                    yield piece
-        except (ConfigurationError, InputError):
-            raise
-        except Exception as exc:  # the engine failed: this answer fails closed
-            gen = wrapped(exc, "generate", BackendError)
-        self.generated([item], [gen or BackendError("the backend streamed no answer")])
-
-    async def _apieces(self, item: Item) -> AsyncIterator[str]:
-        """Async :meth:`_pieces`."""
         gen: Generation | BackendError | None = None
         pieces = self.backend.astream_generate(item.prompt.messages, **self.stream_args())
         try:
@@ -266,7 +296,7 @@ class Pipeline:
             raise
         except Exception as exc:  # the engine failed: this answer fails closed
             gen = wrapped(exc, "generate", BackendError)
-        self.generated([item], [gen or BackendError("the backend streamed no answer")])
+        done.append(gen or BackendError("the backend streamed no answer"))
 
     def stream_args(self) -> dict[str, Any]:
         """The generation settings of a streamed answer (``stream_generate``'s keywords)."""
@@ -306,56 +336,23 @@ class Pipeline:
             else:
                 item.variants = list(texts)
 
-    # -- force and assess -------------------------------------------------------------------
-
-    def force(self, items: Sequence[Item], *, include_original: bool = False) -> list[Outcome]:
-        """Teacher-force each item's answer after its variants and decide every item.
-
-        One backend call. A guard without ESI (an answer it was handed: it generated none)
-        forces the answer after the prompt alone, for its distributions and states.
-        """
-        if not self.rule.uses_esi:
-            return self._force_free(items)
-        planned = self.planned(items, include_original)
-        requests = [request for _, request in planned]
-        call = partial(self.backend.teacher_force, requests, top_k=self.config.top_k)
-        forced = shield(call, len(requests), "teacher_force") if requests else []
-        return self.assessed(items, planned, forced)
-
-    def _force_free(self, items: Sequence[Item]) -> list[Outcome]:
-        """A guard without ESI scoring answers it did not generate: the original row only."""
-        live = [item for item in items if item.outcome is None and item.answer_ids]
-        requests = [
-            ForcingRequest(prompt=item.prompt.messages, variants=[],
-                           answer_ids=list(item.answer_ids), answer=item.answer,
-                           include_original=True, hidden=self.hidden)
-            for item in live
-        ]  # fmt: skip
-        call = partial(self.backend.teacher_force, requests, top_k=self.config.top_k)
-        forced = shield(call, len(requests), "teacher_force") if requests else []
-        for item, out in zip(live, forced, strict=True):
-            if isinstance(out, BackendError):
-                item.outcome = self.rule.failure(item, out)
-            else:
-                self._early(item, out.original, out.hidden)
-        for item in items:
-            if item.outcome is None:  # no tokens
-                self._early(item, None, None)
-            item.steps["score"] = item.outcome
-        return [cast(Outcome, item.outcome) for item in items]
-
-    async def aforce(self, items: Sequence[Item]) -> list[Outcome]:
-        """Async :meth:`force`."""
-        planned = self.planned(items, include_original=False)
-        requests = [request for _, request in planned]
-        acall = partial(self.backend.ateacher_force, requests, top_k=self.config.top_k)
-        forced = await ashield(acall, len(requests), "teacher_force") if requests else []
-        return self.assessed(items, planned, forced)
+    # -- score ------------------------------------------------------------------------------
 
     def planned(
         self, items: Sequence[Item], include_original: bool
     ) -> list[tuple[Item, ForcingRequest]]:
-        """The forcing requests of the items that can be scored (the others are decided)."""
+        """The forcing requests of the items that can be scored (the others are decided).
+
+        A guard without ESI (an answer it was handed: it generated none) forces the answer
+        after the prompt alone, for its distributions and states.
+        """
+        if not self.rule.uses_esi:
+            return [
+                (item, ForcingRequest(prompt=item.prompt.messages, variants=[],
+                                      answer_ids=list(item.answer_ids), answer=item.answer,
+                                      include_original=True, hidden=self.hidden))
+                for item in items if item.outcome is None and item.answer_ids
+            ]  # fmt: skip
         for item in items:
             if item.outcome is None and item.answer_ids and item.token_ends is None:
                 item.token_ends = self.backend.token_offsets(item.answer_ids, item.answer)
@@ -369,7 +366,47 @@ class Pipeline:
         forced: Sequence[Forced | BackendError],
     ) -> list[Outcome]:
         """Every item decided from its planned requests' forced distributions."""
-        return assess(items, planned, forced, self.rule, self.backend.values_kind)
+        if self.rule.uses_esi:
+            return assess(items, planned, forced, self.rule, self.backend.values_kind)
+        for (item, _), out in zip(planned, forced, strict=True):
+            if isinstance(out, BackendError):
+                item.outcome = self.rule.failure(item, out)
+            else:
+                self._early(item, out.original, out.hidden)
+        for item in items:
+            if item.outcome is None:  # no tokens
+                self._early(item, None, None)
+            item.steps["score"] = item.outcome
+        return [cast(Outcome, item.outcome) for item in items]
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self.stream_args()}
+
+
+def sent(steps: Steps, done: list[Any]) -> Work | None:
+    """The next work ``steps`` asks for once given ``done``; None when every item is decided."""
+    try:
+        return steps.send(done)
+    except StopIteration:
+        return None
+
+
+def streamed(
+    pieces: Iterable[T | Generation | BackendError],
+) -> Generator[T, None, Generation | BackendError]:
+    """A backend stream's pieces but its last; returns that last (the Generation).
+
+    A failure of the engine midway fails the answer closed (its error is returned).
+    """
+    gen: Generation | BackendError | None = None
+    try:
+        for piece in pieces:
+            if isinstance(piece, (Generation, BackendError)):
+                gen = piece
+            else:
+                yield piece
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # the engine failed: this answer fails closed
+        gen = wrapped(exc, "generate", BackendError)
+    return gen or BackendError("the backend streamed no answer")

@@ -76,9 +76,7 @@ def item(question: str, index: int = 0) -> Item:
 
 
 def run(flow: Pipeline, items: list[Item]) -> list[ESIResult | BackendError]:
-    live = flow.generated(items, flow.generate(items))
-    flow.intervened(live, flow.intervene(live))
-    flow.force(live)
+    flow.run(items)
     return [i.outcome for i in items]  # type: ignore[misc]
 
 
