@@ -173,3 +173,33 @@ def test_a_backend_forcing_the_original_is_scored_against_its_forced_original() 
         assert esi["scored"]
         scores[forces] = esi["score"]
     assert scores[True] == 0.0 and scores[False] > 0.05
+
+
+def test_the_order_asks_for_work_and_does_none_itself() -> None:
+    backend = FakeBackend({SURE: "Paris", UNSURE: "The Nile"})
+    flow = pipeline(backend)
+    items = [item(SURE), item(UNSURE, 1)]
+    steps = flow.steps(items)
+    work = next(steps)
+    assert (work.step, work.items) == ("generate", items)
+    # The first answer failed: it is decided, and only the second is asked for after.
+    (_, good) = backend.generate([i.prompt.messages for i in items], max_new_tokens=8, top_k=5)
+    work = steps.send([BackendError("engine down"), good])
+    assert (work.step, work.items) == ("intervene", items[1:])
+    assert isinstance(items[0].outcome, ESIResult) and not items[0].outcome.scored
+    work = steps.send([["Which rivr flows?", "Which river flws?"]])
+    assert work.step == "score" and len(work.requests) == 1
+    assert work.requests[0].answer_ids == list(items[1].answer_ids)
+    assert backend.calls == [("generate", 2)]  # the order called nothing
+    forced = backend.teacher_force(work.requests, top_k=5)
+    with pytest.raises(StopIteration):
+        steps.send(forced)
+    assert isinstance(items[1].outcome, ESIResult) and items[1].outcome.scored
+    assert items[1].outcome.variants == ["Which rivr flows?", "Which river flws?"]
+
+
+def test_a_stream_scored_by_sentence_asks_for_the_variants_first() -> None:
+    flow = pipeline(FakeBackend({SURE: "Paris."}), decide_on="sentences")
+    steps = flow.steps([item(SURE)], variants_first=True)
+    assert next(steps).step == "intervene"
+    assert steps.send([["What is the capitl city of France?"]]).step == "generate"
