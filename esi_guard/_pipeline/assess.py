@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 from esi_guard._pipeline.decide import HIDDEN_MISSING, NO_SENTENCES, Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends._types import Forced, ForcingRequest
-from esi_guard.backends.hidden import HiddenSpec
+from esi_guard.backends.hidden import HiddenSpec, HiddenStates
 from esi_guard.combined import free_signals
 from esi_guard.exceptions import BackendError, ScoringError, reason
 from esi_guard.result import ESIResult
@@ -28,7 +28,7 @@ from esi_guard.scoring import (
     token_logprobs,
     truncated_entropy,
 )
-from esi_guard.sentences import score_sentences
+from esi_guard.sentences import SentenceScore, score_sentences
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
@@ -113,17 +113,35 @@ def assess(
 
 
 def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult:
-    """The item's result from its forced variants (one result, made at the end)."""
+    """The item's result from its forced variants (one result, made at the end).
+
+    An answer its forced rows cannot score (no states for the probe, no original rows,
+    no sentence for a guard judging sentences...) is unscored, with the rows it cost.
+    """
+    rows = len(item.changed) + (forced.original is not None)
+    hidden = item.hidden if item.hidden is not None else forced.hidden
+    try:
+        esi, signals, sentences = _scores(item, forced, hidden, rule, kind)
+    except ScoringError as exc:
+        return rule.result(item, None, reason(exc), forced=rows)
+    result = rule.result(
+        item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
+        sentences,
+    )  # fmt: skip
+    result.variant_scores = [float(x) for x in esi.variant_scores]
+    return result
+
+
+def _scores(
+    item: Item, forced: Forced, hidden: HiddenStates | None, rule: Rule, kind: ValueKind
+) -> tuple[ESIScore, dict[str, float], list[SentenceScore] | None]:
+    """ESI, the free signals and the sentences' scores; a ScoringError where it cannot."""
+    if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
+        raise ScoringError(HIDDEN_MISSING, code="hidden_states_missing")
     # A forced original is on the variants' own numbers (a backend that forces on
     # other weights than it generates with returns one unasked): it wins.
     base = forced.original if forced.original is not None else item.original
-    hidden = item.hidden if item.hidden is not None else forced.hidden
-    rows = len(item.changed) + (forced.original is not None)
-    if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
-        return rule.result(item, None, f"hidden_states_missing: {HIDDEN_MISSING}", forced=rows)
     esi = _esi(item, forced, base, rule, kind)
-    if isinstance(esi, ScoringError):
-        return rule.result(item, None, reason(esi))
     assert base is not None  # _esi's
     # The free signals from the answer's own pass where it has one: what a guard that
     # decides without ESI reads (a forcing copy's numbers differ from the generator's).
@@ -140,27 +158,20 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )
     if rule.by_sentence and not sentences:  # an answer with no sentence (split once, here)
-        return rule.result(item, None, f"no_sentences: {NO_SENTENCES}", forced=rows)
-    result = rule.result(
-        item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
-        sentences,
-    )  # fmt: skip
-    result.variant_scores = [float(x) for x in esi.variant_scores]
-    return result
+        raise ScoringError(NO_SENTENCES, code="no_sentences")
+    return esi, signals, sentences
 
 
-def _esi(
-    item: Item, forced: Forced, base: TopK | None, rule: Rule, kind: ValueKind
-) -> ESIScore | ScoringError:
-    """ESI of the answer over all L variants, or why it cannot be computed."""
+def _esi(item: Item, forced: Forced, base: TopK | None, rule: Rule, kind: ValueKind) -> ESIScore:
+    """ESI of the answer over all L variants; a ScoringError saying why it cannot be."""
     changed = item.changed
     question = item.prompt.question
     if base is None:
-        return ScoringError("the backend returned no original distributions")
+        msg = "the backend returned no original distributions"
+        raise ScoringError(msg)
     if len(forced.variants) != len(changed):
-        return ScoringError(
-            f"the backend returned {len(forced.variants)} variants for {len(changed)}"
-        )
+        msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
+        raise ScoringError(msg)
     # Back to all L variants, in order: repeats share a result, unchanged ones are
     # the original (exact at every position).
     by_text = dict(zip(changed, forced.variants, strict=True))
@@ -172,8 +183,5 @@ def _esi(
         observed = [
             len(item.answer_ids) if text == question else exact[text] for text in item.variants
         ]
-    try:
-        return esi_score(base, everyone, distance=cast(Distance, rule.config.distance),
-                         kind=kind, observed=observed, support=rule.config.support)  # fmt: skip
-    except ScoringError as exc:
-        return exc
+    return esi_score(base, everyone, distance=cast(Distance, rule.config.distance),
+                     kind=kind, observed=observed, support=rule.config.support)  # fmt: skip

@@ -203,3 +203,19 @@ def test_a_stream_scored_by_sentence_asks_for_the_variants_first() -> None:
     steps = flow.steps([item(SURE)], variants_first=True)
     assert next(steps).step == "intervene"
     assert steps.send([["What is the capitl city of France?"]]).step == "generate"
+
+
+class DropsAVariant(FakeBackend):
+    """Returns one variant fewer than asked: the forced rows cannot score the answer."""
+
+    def teacher_force(self, requests: Any, *, top_k: int) -> list[Any]:
+        out = super().teacher_force(requests, top_k=top_k)
+        return [replace(f, variants=f.variants[:-1]) for f in out]
+
+
+def test_rows_that_cannot_score_the_answer_leave_it_unscored_with_the_work_they_cost() -> None:
+    (result,) = run(pipeline(DropsAVariant({SURE: "Paris"})), [item(SURE)])
+    assert isinstance(result, ESIResult) and not result.scored
+    assert result.decision == "abstain" and result.reason is not None
+    assert result.reason.startswith("scoring_error: the backend returned 3 variants for 4")
+    assert result.work["forced_variants"] == 4 and result.work["forced_tokens"] == 4
