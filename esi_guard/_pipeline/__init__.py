@@ -8,7 +8,7 @@ per-item failures. The guard
 (:mod:`esi_guard.guard`) drives it; nothing here imports the guard.
 """
 
-from esi_guard._pipeline.decide import Rule, acted, raised, untrusted
+from esi_guard._pipeline.decide import Rule, acted, untrusted
 from esi_guard._pipeline.items import GuardedPrompt, Item, Outcome, Templated
 from esi_guard._pipeline.steps import AsyncStepHook, Pipeline, Step, StepHook
 
@@ -23,6 +23,5 @@ __all__ = [
     "StepHook",
     "Templated",
     "acted",
-    "raised",
     "untrusted",
 ]

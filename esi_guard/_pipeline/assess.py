@@ -33,7 +33,7 @@ from esi_guard.sentences import SentenceScore, score_sentences
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
 
-__all__ = ["assess", "plan", "scored", "unscorable"]
+__all__ = ["assess", "early", "plan", "scored", "unscorable"]
 
 
 def plan(
@@ -97,19 +97,40 @@ def assess(
     rule: Rule,
     kind: ValueKind,
 ) -> list[Outcome]:
-    """Score each planned item from its forced distributions; every item's outcome."""
+    """Score each planned item from its forced distributions; every item's outcome.
+
+    A guard without ESI decides each from its forced original row (:func:`early`).
+    """
     by_item = {id(item): out for (item, _), out in zip(planned, forced, strict=True)}
     for item in items:
-        if id(item) not in by_item:
-            continue
-        out = by_item[id(item)]
+        out = by_item.get(id(item))
         if isinstance(out, BackendError):
             item.outcome = rule.failure(item, out)
-        else:
+        elif not rule.uses_esi and item.outcome is None:  # no tokens: out is None
+            early(item, None if out is None else out.original,
+                  None if out is None else out.hidden, rule, kind)  # fmt: skip
+        elif out is not None:
             item.outcome = scored(item, out, rule, kind)
     for item in items:
         item.steps["score"] = item.outcome
     return [cast(Outcome, item.outcome) for item in items]
+
+
+def early(
+    item: Item, topk: TopK | None, hidden: HiddenStates | None, rule: Rule, kind: ValueKind
+) -> None:
+    """Decide ``item`` without ESI where the rule can (a cascade, or a guard without ESI).
+
+    Its free signals are read from ``topk`` (the answer's own pass) and kept on the item
+    for ESI's stage when none decides.
+    """
+    signals = None
+    if topk is not None and item.answer_ids:
+        signals = free_signals(topk, item.answer_ids, kind, text=item.answer)
+        item.signals = signals if topk is item.original else None
+    item.outcome = rule.early(item, signals, hidden)
+    if item.outcome is not None:
+        item.steps["score"] = item.outcome
 
 
 def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult:

@@ -12,12 +12,12 @@ from typing import Any, Literal
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends.hidden import HiddenStates
 from esi_guard.combined import HIDDEN, CombinedScore, repetition
-from esi_guard.exceptions import BackendError, ScoringError, reason
+from esi_guard.exceptions import BackendError, reason
 from esi_guard.policy import Policy
 from esi_guard.result import Action, Decision, ESIResult, OnError, ScoringConfig
 from esi_guard.sentences import SentenceScore
 
-__all__ = ["HIDDEN_MISSING", "NO_SENTENCES", "Rule", "acted", "raised", "untrusted"]
+__all__ = ["HIDDEN_MISSING", "NO_SENTENCES", "Rule", "acted", "untrusted"]
 
 NO_SENTENCES = (
     "the answer could not be split into sentences to score (it has none, or the backend "
@@ -249,12 +249,3 @@ def acted(result: ESIResult, action: Action | Literal["raise"]) -> ESIResult:
     ``flag``, then abstains, routes or raises).
     """
     return replace(result, decision=action) if untrusted(result) else result
-
-
-def raised(outcome: Outcome) -> BackendError | ScoringError:
-    """What ``on_error="raise"`` raises for an unscored outcome."""
-    if isinstance(outcome, BackendError):
-        return outcome
-    code = (outcome.reason or "").partition(":")[0] or None
-    msg = f"the answer could not be scored: {outcome.reason}"
-    return ScoringError(msg, result=outcome, code=code)

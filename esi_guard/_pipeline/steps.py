@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
-from esi_guard._pipeline.assess import assess, plan
+from esi_guard._pipeline.assess import assess, early, plan
 from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import Item, Outcome
 from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
 from esi_guard.backends.base import Backend
-from esi_guard.backends.hidden import HiddenSpec, HiddenStates, merged
-from esi_guard.combined import free_signals
+from esi_guard.backends.hidden import HiddenSpec, merged
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -41,7 +40,6 @@ from esi_guard.exceptions import (
 )
 from esi_guard.policy import Policy, granularity
 from esi_guard.result import Action, OnError, ScoringConfig
-from esi_guard.scoring import TopK
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
@@ -265,19 +263,8 @@ class Pipeline:
             item.original, item.finish_reason = gen.topk, gen.finish_reason
             item.prompt_tokens, item.hidden = gen.prompt_tokens, gen.hidden
             if self.rule.decides_early:
-                self._early(item, gen.topk, gen.hidden)
+                early(item, gen.topk, gen.hidden, self.rule, self.backend.values_kind)
         return [item for item in items if item.outcome is None]
-
-    def _early(self, item: Item, topk: TopK | None, hidden: HiddenStates | None) -> None:
-        """Decide ``item`` without ESI where the rule can (a cascade, or a guard without ESI)."""
-        signals = None
-        if topk is not None and item.answer_ids:
-            signals = free_signals(topk, item.answer_ids, self.backend.values_kind,
-                                   text=item.answer)  # fmt: skip
-            item.signals = signals if topk is item.original else None
-        item.outcome = self.rule.early(item, signals, hidden)
-        if item.outcome is not None:
-            item.steps["score"] = item.outcome
 
     async def _apieces(self, item: Item, done: list[Any]) -> AsyncIterator[str]:
         """One item's answer as text pieces while it is generated; its Generation in ``done``.
@@ -366,18 +353,7 @@ class Pipeline:
         forced: Sequence[Forced | BackendError],
     ) -> list[Outcome]:
         """Every item decided from its planned requests' forced distributions."""
-        if self.rule.uses_esi:
-            return assess(items, planned, forced, self.rule, self.backend.values_kind)
-        for (item, _), out in zip(planned, forced, strict=True):
-            if isinstance(out, BackendError):
-                item.outcome = self.rule.failure(item, out)
-            else:
-                self._early(item, out.original, out.hidden)
-        for item in items:
-            if item.outcome is None:  # no tokens
-                self._early(item, None, None)
-            item.steps["score"] = item.outcome
-        return [cast(Outcome, item.outcome) for item in items]
+        return assess(items, planned, forced, self.rule, self.backend.values_kind)
 
     def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"prompts": [item.prompt.messages for item in items], **self.stream_args()}

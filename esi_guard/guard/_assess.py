@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
-from esi_guard._pipeline.decide import raised
-from esi_guard._pipeline.items import GuardedPrompt, Item
+from esi_guard._pipeline.items import GuardedPrompt, Item, Outcome
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.exceptions import BackendError, InputError, ScoringError
 from esi_guard.guard._inputs import parse_input
 from esi_guard.result import ESIResult, OnError
 
-__all__ = ["Assessed", "Failures", "arun", "astream", "items", "outcome", "run"]
+__all__ = ["Assessed", "Failures", "arun", "astream", "items", "outcome", "raised", "run"]
 
 Assessed = ESIResult | InputError | BackendError | ScoringError
 """What ``assess`` gives for one input: its result, or the error ``invoke`` would raise."""
@@ -27,6 +26,15 @@ Failures = Literal["decide", "return"]
 
 Checked = Callable[[GuardedPrompt], GuardedPrompt]
 """The guard's check of a parsed prompt (it warns once about a long whole message)."""
+
+
+def raised(outcome: Outcome) -> BackendError | ScoringError:
+    """What ``on_error="raise"`` raises for an unscored outcome."""
+    if isinstance(outcome, BackendError):
+        return outcome
+    code = (outcome.reason or "").partition(":")[0] or None
+    msg = f"the answer could not be scored: {outcome.reason}"
+    return ScoringError(msg, result=outcome, code=code)
 
 
 def items(inputs: Sequence[Any], checked: Checked) -> list[Item | InputError]:

@@ -8,10 +8,10 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import Item
 from esi_guard.applied import apply
 from esi_guard.exceptions import BackendError
+from esi_guard.guard._assess import raised
 from esi_guard.result import ESIResult, OnError
 from esi_guard.sentences import SentenceScore
 

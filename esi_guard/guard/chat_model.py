@@ -24,11 +24,11 @@ from langchain_core.runnables.config import get_config_list
 
 from esi_guard import _retired
 from esi_guard._keywords import check_keywords
-from esi_guard._pipeline.decide import raised
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
 from esi_guard.guard import _assess, _batching, _config, _live, _sentences, _tracing
+from esi_guard.guard._assess import raised
 from esi_guard.guard._fields import DEFAULT_ABSTAIN_MESSAGE, GuardFields
 from esi_guard.guard._inputs import parse_input, rendered, resolve
 from esi_guard.guard._messages import (

@@ -11,9 +11,10 @@ import pytest
 
 import esi_guard
 from esi_guard import BackendError, ESIGuard, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
-from esi_guard._pipeline import GuardedPrompt, Item, Pipeline, raised
+from esi_guard._pipeline import GuardedPrompt, Item, Pipeline
 from esi_guard.backends import ChatMessage
 from esi_guard.exceptions import InterventionError, ScoringError
+from esi_guard.guard._assess import raised
 from esi_guard.scoring import TopK
 
 SURE = "What is the capital city of France?"
