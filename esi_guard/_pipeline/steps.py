@@ -173,26 +173,40 @@ class Pipeline:
             self.assessed(live, planned, forced)
 
     def do(self, work: Work) -> list[Any]:
-        """A step's work, done: one backend (or intervention) call for all its items."""
-        if work.step == "generate":
-            return self.generate(work.items)
-        if work.step == "intervene":
-            return self.intervene(work.items)
-        if not work.requests:
+        """A step's work, done: one call for all its items (a failure in place, per item)."""
+        if work.step == "score" and not work.requests:
             return []
-        call = partial(self.backend.teacher_force, work.requests, top_k=self.config.top_k)
-        return shield(call, len(work.requests), "teacher_force")
+        backend = self.backend
+        call, size, what, kind = self._call(work, backend.generate,
+                                             self.intervention.batch_variants,
+                                             backend.teacher_force)  # fmt: skip
+        return shield(call, size, what, kind)
 
     async def ado(self, work: Work) -> list[Any]:
         """Async :meth:`do`."""
-        if work.step == "generate":
-            return await self.agenerate(work.items)
-        if work.step == "intervene":
-            return await self.aintervene(work.items)
-        if not work.requests:
+        if work.step == "score" and not work.requests:
             return []
-        acall = partial(self.backend.ateacher_force, work.requests, top_k=self.config.top_k)
-        return await ashield(acall, len(work.requests), "teacher_force")
+        backend = self.backend
+        call, size, what, kind = self._call(work, backend.agenerate,
+                                             self.intervention.abatch_variants,
+                                             backend.ateacher_force)  # fmt: skip
+        return await ashield(call, size, what, kind)
+
+    def _call(
+        self, work: Work, generate: Any, variants: Any, force: Any
+    ) -> tuple[Any, int, str, type[BackendError]]:
+        """The one call ``work`` needs (``generate``, ``variants`` or ``force``, bound)."""
+        if work.step == "generate":
+            prompts = [item.prompt.messages for item in work.items]
+            return (partial(generate, prompts=prompts, **self.stream_args()), len(work.items),
+                    "generate", BackendError)  # fmt: skip
+        if work.step == "intervene":
+            questions = [item.prompt.question for item in work.items]
+            config = self.config
+            return (partial(variants, questions, config.n_variants, seed=config.seed),
+                    len(work.items), "intervention", InterventionError)  # fmt: skip
+        return (partial(force, work.requests, top_k=self.config.top_k), len(work.requests),
+                "teacher_force", BackendError)  # fmt: skip
 
     def run(self, items: Sequence[Item], hook: StepHook = _NO_HOOK, answered: bool = False) -> None:
         """Every step for all ``items`` (one backend call per step); each ends decided."""
@@ -239,16 +253,6 @@ class Pipeline:
                 work = sent(steps, done)
 
     # -- generate ---------------------------------------------------------------------------
-
-    def generate(self, items: Sequence[Item]) -> list[Generation | BackendError]:
-        """Greedy answers, one per item (a failure in place)."""
-        call = lambda: self.backend.generate(**self._generate_args(items))  # noqa: E731
-        return shield(call, len(items), "generate")
-
-    async def agenerate(self, items: Sequence[Item]) -> list[Generation | BackendError]:
-        """Async :meth:`generate`."""
-        call = lambda: self.backend.agenerate(**self._generate_args(items))  # noqa: E731
-        return await ashield(call, len(items), "generate")
 
     def generated(
         self, items: Sequence[Item], gens: Sequence[Generation | BackendError]
@@ -298,20 +302,6 @@ class Pipeline:
 
     # -- intervene --------------------------------------------------------------------------
 
-    def intervene(self, items: Sequence[Item]) -> list[list[str] | BackendError]:
-        """The question's variants, per item (a failure in place)."""
-        questions = [item.prompt.question for item in items]
-        n, seed = self.config.n_variants, self.config.seed
-        call = lambda: self.intervention.batch_variants(questions, n, seed=seed)  # noqa: E731
-        return shield(call, len(items), "intervention", InterventionError)
-
-    async def aintervene(self, items: Sequence[Item]) -> list[list[str] | BackendError]:
-        """Async :meth:`intervene`."""
-        questions = [item.prompt.question for item in items]
-        n, seed = self.config.n_variants, self.config.seed
-        call = lambda: self.intervention.abatch_variants(questions, n, seed=seed)  # noqa: E731
-        return await ashield(call, len(items), "intervention", InterventionError)
-
     def intervened(
         self, items: Sequence[Item], variants: Sequence[list[str] | BackendError]
     ) -> None:
@@ -354,9 +344,6 @@ class Pipeline:
     ) -> list[Outcome]:
         """Every item decided from its planned requests' forced distributions."""
         return assess(items, planned, forced, self.rule, self.backend.values_kind)
-
-    def _generate_args(self, items: Sequence[Item]) -> dict[str, Any]:
-        return {"prompts": [item.prompt.messages for item in items], **self.stream_args()}
 
 
 def sent(steps: Steps, done: list[Any]) -> Work | None:

@@ -12,6 +12,7 @@ import pytest
 import esi_guard
 from esi_guard import BackendError, ESIGuard, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
 from esi_guard._pipeline import GuardedPrompt, Item, Pipeline
+from esi_guard._pipeline.steps import Work
 from esi_guard.backends import ChatMessage
 from esi_guard.exceptions import InterventionError, ScoringError
 from esi_guard.guard._assess import raised
@@ -110,8 +111,8 @@ def test_an_intervention_that_raises_is_an_intervention_error_per_item() -> None
     flow = pipeline(FakeBackend({SURE: "Paris"}))
     flow = Pipeline(flow.backend, Broken(), flow.config, 0.05, "flag", "raise")
     items = [item(SURE), item(UNSURE, 1)]
-    live = flow.generated(items, flow.generate(items))
-    errors = flow.intervene(live)
+    live = flow.generated(items, flow.do(Work("generate", items)))
+    errors = flow.do(Work("intervene", live))
     assert all(isinstance(e, InterventionError) for e in errors)
     assert str(errors[0]) == "intervention failed: RuntimeError: paraphraser down"
 
