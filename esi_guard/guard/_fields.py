@@ -27,9 +27,8 @@ from esi_guard.backends.hidden import HiddenSpec
 from esi_guard.cascade import Band, Cascade, ESIProbe
 from esi_guard.combined import CombinedScore
 from esi_guard.guard import _config
-from esi_guard.guard._probes import check_hidden, guard_cascade
+from esi_guard.guard._checks import checked
 from esi_guard.guard._prompt import CalibratedPrompt, check_template
-from esi_guard.guard._validation import check_settings
 from esi_guard.interventions import Intervention, SkipOneChar
 from esi_guard.policy import Policy, granularity
 from esi_guard.result import DEFAULT_MAX_NEW_TOKENS, Action, OnError, ScoringConfig
@@ -229,9 +228,7 @@ class GuardFields(BaseChatModel):
     @model_validator(mode="after")
     def _check(self) -> GuardFields:
         """Refuse settings that cannot work together (a :class:`ConfigurationError` saying why)."""
-        check_settings(self)
-        check_hidden(self.backend, self.combined, self.hidden_states)
-        self._cascade = guard_cascade(self)
+        self._cascade = checked(self)
         self.policy  # noqa: B018  (built once here: a policy that cannot decide is refused)
         return self
 
