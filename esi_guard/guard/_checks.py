@@ -7,7 +7,8 @@ could withhold...), the backend against the hidden states a combined score's pro
 ``hidden_states`` read, and the cascade of either kind (an ESI probe distilled on another
 model or engine, for another ESI, or needing states the backend cannot give; a value
 cascade without its band), which it returns for the policy. What the policy's stages may
-be together is :class:`~esi_guard.policy.Policy`'s own rule.
+be together (each band holding the threshold...) is :class:`~esi_guard.policy.Policy`'s
+own rule.
 """
 
 from __future__ import annotations
@@ -179,7 +180,6 @@ def probe_cascade(
         msg = "the ESI probe does not match this guard (distilled vs given): " + "; ".join(problems)
         raise ConfigurationError(msg)
     band = band or label_free_band(probe, threshold, max_disagreement=max_disagreement)
-    _check_band(band, threshold)
     cascade = Cascade(probe=probe, band=band)
     needs = cascade.needs_hidden
     if needs is not None:
@@ -260,16 +260,5 @@ def _free_cascade(guard: Settings) -> Cascade:
             "all three into the threshold file"
         )
         raise ConfigurationError(msg)
-    _check_band(band, guard.threshold)
     check_hidden(guard.backend, free, None)
     return Cascade(free=free, band=band, combined=combined)
-
-
-def _check_band(band: Band, threshold: float) -> None:
-    """A cascade's band holds the threshold: the answers close to it go to ESI."""
-    if not band.low <= threshold <= band.high:
-        msg = (
-            f"the cascade's band [{band.low:g}, {band.high:g}] must hold the threshold "
-            f"{threshold:g}"
-        )
-        raise ConfigurationError(msg)
