@@ -119,6 +119,14 @@ class ScoringConfig(BaseModel):
             if name not in ignore and mine[name] != theirs[name]
         ]
 
+    def score_differences(self, other: ScoringConfig) -> list[str]:
+        """:meth:`differences` in what defines the score, the prompt left out.
+
+        A guard is handed its prompts (a threshold file sets its own on the guard, and a
+        probe estimates ESI under any): only a difference in the score itself refuses.
+        """
+        return self.differences(other, ignore=("system_prompt", "prompt_template"))
+
     def as_metadata(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the optional fields left out when unset)."""
         optional = ("system_prompt", "prompt_template")

@@ -21,8 +21,6 @@ from esi_guard.exceptions import ESIGuardError
 
 __all__ = ["fit_cascade", "read_probe"]
 
-_IGNORED = ("system_prompt", "prompt_template")
-
 
 def read_probe(path: Path) -> ESIProbe:
     """The probe file, or the command ends naming the problem."""
@@ -37,7 +35,7 @@ def fit_cascade(
 ) -> dict[str, Any]:
     """The threshold file's ``esi_probe`` and ``probe_band``; the command ends if none fits."""
     scoring = run.scoring
-    problems = [] if probe.scoring is None else probe.scoring.differences(scoring, ignore=_IGNORED)
+    problems = [] if probe.scoring is None else probe.scoring.score_differences(scoring)
     if probe.model != run.header.model and probe.model_sha256 != run.header.model_sha256:
         problems.insert(0, f"model: {probe.model!r} vs {run.header.model!r}")
     if problems:

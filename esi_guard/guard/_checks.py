@@ -33,9 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Settings", "check_hidden", "checked", "probe_cascade", "score_range"]
 
-_IGNORED = ("system_prompt", "prompt_template")
-"""Settings that do not change the ESI score a probe estimates."""
-
 
 class Settings(Protocol):
     """The guard's fields the checks read (read-only: a guard's narrower types fit)."""
@@ -175,7 +172,7 @@ def probe_cascade(
             "on this engine"
         )
     if probe.scoring is not None:
-        problems += probe.scoring.differences(scoring, ignore=_IGNORED)
+        problems += probe.scoring.score_differences(scoring)
     if problems:
         msg = "the ESI probe does not match this guard (distilled vs given): " + "; ".join(problems)
         raise ConfigurationError(msg)

@@ -137,10 +137,7 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
     engines' states differ).
     """
     calibrated = settings.calibrated
-    problems = settings.expected.differences(
-        guard.scoring_config,
-        ignore=("system_prompt", "prompt_template"),
-    )
+    problems = settings.expected.score_differences(guard.scoring_config)
     # A sentence file's threshold is on sentences only; an answer file's ESI threshold also
     # judges each sentence (a sentence's ESI is on the answer's scale), as redact does.
     if calibrated.granularity == "sentence" and guard.decide_on != "sentences":
