@@ -1,10 +1,9 @@
 """The scoring pipeline: prompts in, decided results out, with no LangChain in the folder.
 
-``steps`` holds :class:`Pipeline` (the order of the steps, once, and the steps); the
-score step's pure part is ``assess`` (what to force for each item, and the forced
-distributions made results);
-``decide`` holds the decision rule, ``items`` what travels through it, ``shield``
-per-item failures. The guard
+``steps`` holds :class:`Pipeline` (the order of the steps, once, as a sans-IO generator,
+the drivers that do its work, and per-item failures); ``decide`` an answer's decision
+(what to force for each item, the forced rows made results, the rule); ``items`` what
+travels through it; ``by_sentence`` the stream scored sentence by sentence. The guard
 (:mod:`esi_guard.guard`) drives it; nothing here imports the guard.
 """
 

@@ -8,7 +8,7 @@ time the splitter shows a sentence complete (a later one has started in the text
 can no longer change, :class:`~esi_guard.backends._engine_helpers.StreamedText`), that
 sentence's tokens are forced after every variant
 through the session and the answer so far is scored as the whole answer is
-(:func:`~esi_guard._pipeline.assess.scored` on the prefix, so a sentence's score, signals
+(:func:`~esi_guard._pipeline.decide.scored` on the prefix, so a sentence's score, signals
 and decision are computed by the same code and from the same numbers as the final
 result's); the sentence is then yielded, judged. When the answer ends, its last tokens
 are forced and the whole answer is decided from the session's pieces joined, with no
@@ -29,10 +29,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from esi_guard._pipeline.assess import scored
+from esi_guard._pipeline.decide import scored
 from esi_guard._pipeline.items import Item
-from esi_guard._pipeline.shield import shield
-from esi_guard._pipeline.steps import Pipeline, StepHook, sent, streamed
+from esi_guard._pipeline.steps import Pipeline, StepHook, sent, shield, streamed
 from esi_guard.backends._engine_helpers import StreamedText
 from esi_guard.backends._session import ForcingSession, joined
 from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest, Generation

@@ -1,10 +1,10 @@
-"""The scoring pipeline, with no LangChain: generate -> intervene -> score (force, assess).
+"""The scoring pipeline, with no LangChain: generate -> intervene -> score (force, decide).
 
 Each prompt travels as one :class:`Item`; a step fills in what it learned (the answer,
 the variants) or decides the item's ``outcome`` (an unscored result, or the error that
 ``on_error="raise"`` will raise). The steps that talk to the backend or the intervention
 come in a sync and an async form, and a failure of a whole call becomes every item's own
-error (:func:`~esi_guard._pipeline.shield.shield`), so one bad call never takes a batch
+error (:func:`shield`), so one bad call never takes a batch
 down. Decisions are :class:`~esi_guard._pipeline.decide.Rule`'s.
 
 The order of the steps is written once, sans-IO, in :meth:`Pipeline.steps`: a generator
@@ -19,16 +19,22 @@ without restating the order, as ``BaseChatModel.generate`` hands its run manager
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
-from esi_guard._pipeline.assess import assess, early, plan
-from esi_guard._pipeline.decide import Rule
+from esi_guard._pipeline.decide import Rule, assess, early, plan
 from esi_guard._pipeline.items import Item, Outcome
-from esi_guard._pipeline.shield import ashield, shield, wrapped
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import HiddenSpec, merged
@@ -44,7 +50,19 @@ from esi_guard.result import Action, OnError, ScoringConfig
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
 
-__all__ = ["AsyncStepHook", "Pipeline", "Step", "StepHook", "Steps", "Work", "sent", "streamed"]
+__all__ = [
+    "AsyncStepHook",
+    "Pipeline",
+    "Step",
+    "StepHook",
+    "Steps",
+    "Work",
+    "ashield",
+    "sent",
+    "shield",
+    "streamed",
+    "wrapped",
+]
 
 Step = Literal["generate", "intervene", "score"]
 
@@ -373,3 +391,53 @@ def streamed(
     except Exception as exc:  # the engine failed: this answer fails closed
         gen = wrapped(exc, "generate", BackendError)
     return gen or BackendError("the backend streamed no answer")
+
+
+def _checked(out: Sequence[Any], size: int, what: str) -> list[Any]:
+    if len(out) != size:
+        msg = f"{what} returned {len(out)} results for {size} inputs"
+        return [BackendError(msg)] * size
+    return list(out)
+
+
+def wrapped(exc: Exception, what: str, kind: type[BackendError]) -> BackendError:
+    """``exc`` as a ``kind`` error naming the step (itself when it already is one)."""
+    if isinstance(exc, kind):
+        return exc
+    error = kind(f"{what} failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def shield(
+    call: Callable[[], Sequence[T | BackendError]],
+    size: int,
+    what: str,
+    kind: type[BackendError] = BackendError,
+) -> list[T | BackendError]:
+    """A batched step's results; a failure of the whole call is each input's ``kind`` error.
+
+    Configuration and input errors still raise: they are the caller's to fix, and no
+    answer has been produced that could slip through.
+    """
+    try:
+        return _checked(call(), size, what)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # any engine failure fails closed, per input
+        return [wrapped(exc, what, kind)] * size
+
+
+async def ashield(
+    call: Callable[[], Awaitable[Sequence[T | BackendError]]],
+    size: int,
+    what: str,
+    kind: type[BackendError] = BackendError,
+) -> list[T | BackendError]:
+    """Async :func:`shield` (cancellation still propagates)."""
+    try:
+        return _checked(await call(), size, what)
+    except (ConfigurationError, InputError):
+        raise
+    except Exception as exc:  # any engine failure fails closed, per input
+        return [wrapped(exc, what, kind)] * size
