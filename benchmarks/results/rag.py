@@ -54,7 +54,8 @@ from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
 from esi_guard.calibration.prompts import RAG_TEMPLATE
-from esi_guard.guard import GuardedPrompt, Item, Pipeline, TemplatedPrompt, chat_messages
+from esi_guard.guard import GuardedPrompt, Item, Pipeline, Rule, TemplatedPrompt, chat_messages
+from esi_guard.policy import Policy
 from esi_guard.result import ESIResult, ScoringConfig
 
 L, K = 10, 100
@@ -71,8 +72,8 @@ def _pipeline(backend: HFBackend, max_new_tokens: int) -> Pipeline:
     config = ScoringConfig(intervention=soc.describe(), n_variants=L, top_k=K,
                            distance="hellinger", values="logits", approximate=False, seed=0,
                            max_new_tokens=max_new_tokens)  # fmt: skip
-    return Pipeline(backend=backend, intervention=soc, config=config, threshold=0.0,
-                    action="flag", on_error="flag")  # fmt: skip
+    rule = Rule(Policy.of(0.0), config, backend.model_id, on_error="flag")
+    return Pipeline(backend=backend, intervention=soc, rule=rule)
 
 
 def templated(example: Example, template: str = RAG_TEMPLATE) -> GuardedPrompt:

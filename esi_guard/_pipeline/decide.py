@@ -61,27 +61,38 @@ HIDDEN_MISSING = "the backend gave no hidden states for the probe"
 
 @dataclass(frozen=True)
 class Rule:
-    """The settings a decision depends on, and the results they give."""
+    """A guard's decision settings in one object, and the results they give.
 
-    threshold: float
-    action: Action
-    on_error: OnError
+    The guard builds it from its fields (checked together in ``guard/_checks``): the
+    policy (the stages and the threshold), what an untrusted answer becomes (``action``)
+    and an unscored one (``on_error``), what the threshold applies to, and what results
+    report. The pipeline reads nothing else to decide.
+    """
+
+    policy: Policy
+    """The stages that decide an answer and the threshold (:class:`~esi_guard.policy.Policy`)."""
     config: ScoringConfig
+    """How scores are computed, as results report it."""
     model: str
     """The backend's ``model_id``, as results report it."""
-    policy: Policy
-    """The stages that decide an answer (:class:`~esi_guard.policy.Policy`)."""
-    keep_hidden: bool = False
-    """Put the answer's hidden states in its result."""
-    return_failures: bool = False
-    """A failed step's error is the outcome whatever ``on_error`` (its caller answers it:
-    the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
+    action: Action = "flag"
+    on_error: OnError = "abstain"
+    decide_on: Literal["esi", "sentences"] = "esi"
+    """What the threshold applies to: the answer's score, or each sentence's."""
     sentence_threshold: float | None = None
     """Sentences whose score is above it are past the threshold (None: ``threshold``)."""
     threshold_source: str = "given"
     """Where the threshold came from, as results report it."""
-    decide_on: Literal["esi", "sentences"] = "esi"
-    """What the threshold applies to: the answer's score, or each sentence's."""
+    keep_hidden: HiddenSpec | None = None
+    """Hidden states to read with each answer and put in its result (beside the stages')."""
+    return_failures: bool = False
+    """A failed step's error is the outcome whatever ``on_error`` (its caller answers it:
+    the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
+
+    @property
+    def threshold(self) -> float:
+        """The last stage's threshold (the policy's)."""
+        return self.policy.threshold
 
     @property
     def combined(self) -> CombinedScore | None:
@@ -199,7 +210,7 @@ class Rule:
             model=self.model,
             scoring=self.config.as_metadata(),
             finish_reason=item.finish_reason,
-            hidden=hidden if self.keep_hidden else None,
+            hidden=hidden if self.keep_hidden is not None else None,
             threshold_source=self.threshold_source,
             probe_score=item.probe_score,
             prompt_tokens=item.prompt_tokens,

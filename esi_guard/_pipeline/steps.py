@@ -44,8 +44,7 @@ from esi_guard.exceptions import (
     InputError,
     InterventionError,
 )
-from esi_guard.policy import Policy, granularity
-from esi_guard.result import Action, OnError, ScoringConfig
+from esi_guard.result import ScoringConfig
 
 if TYPE_CHECKING:
     from esi_guard.interventions import Intervention
@@ -120,48 +119,24 @@ Steps = Generator[Work, list[Any], None]
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The guard's settings, as the steps need them."""
+    """A guard's scoring pipeline: its model, its intervention and its decision settings."""
 
     backend: Backend
     intervention: Intervention
-    config: ScoringConfig
-    threshold: float
-    action: Action
-    on_error: OnError
+    rule: Rule
+    """The decision's settings and the results they give (:class:`Rule`)."""
     stop: tuple[str, ...] = ()
     """Stop sequences for generation."""
-    keep_hidden: HiddenSpec | None = None
-    """Hidden states to read and keep in each result (beside what the policy's stages read)."""
-    decision_policy: Policy | None = None
-    """The stages that decide each answer (None: ESI alone at ``threshold``)."""
-    return_failures: bool = False
-    """A failed step's error is the item's outcome whatever ``on_error`` (:class:`Rule`)."""
-    sentence_threshold: float | None = None
-    """The threshold of sentences' scores (None: ``threshold``)."""
-    threshold_source: str = "given"
-    """Where the threshold came from (:attr:`ESIGuard.threshold_source`)."""
-    decide_on: Literal["esi", "sentences"] = "esi"
-    """What the threshold applies to: the answer's score, or each sentence's."""
 
-    @cached_property
-    def policy(self) -> Policy:
-        """The stages that decide each answer (:class:`~esi_guard.policy.Policy`)."""
-        if self.decision_policy is not None:
-            return self.decision_policy
-        return Policy.of(self.threshold, granularity=granularity(self.action, self.decide_on))
+    @property
+    def config(self) -> ScoringConfig:
+        """How scores are computed (the rule's)."""
+        return self.rule.config
 
     @cached_property
     def hidden(self) -> HiddenSpec | None:
         """The hidden states to read with each answer: the stages' and those to keep."""
-        return merged(self.policy.needs_hidden, self.keep_hidden)
-
-    @cached_property
-    def rule(self) -> Rule:
-        """How results are decided."""
-        return Rule(self.threshold, self.action, self.on_error, self.config,
-                    self.backend.model_id, self.policy, self.keep_hidden is not None,
-                    self.return_failures, self.sentence_threshold,
-                    self.threshold_source, self.decide_on)  # fmt: skip
+        return merged(self.rule.policy.needs_hidden, self.rule.keep_hidden)
 
     def steps(
         self, items: Sequence[Item], answered: bool = False, variants_first: bool = False

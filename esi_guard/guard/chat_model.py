@@ -24,6 +24,7 @@ from langchain_core.runnables.config import get_config_list
 
 from esi_guard import _retired
 from esi_guard._keywords import check_keywords
+from esi_guard._pipeline.decide import Rule
 from esi_guard._pipeline.items import GuardedPrompt, Item
 from esi_guard._pipeline.steps import Pipeline
 from esi_guard.backends.base import Backend
@@ -455,21 +456,11 @@ class ESIGuard(GuardFields):
     # -- helpers ----------------------------------------------------------------------------
 
     def _pipeline(self, stop: Sequence[str] | None = None, failures: bool = False) -> Pipeline:
-        return Pipeline(
-            backend=self.backend,
-            intervention=self.intervention,
-            config=self.scoring_config,
-            threshold=self.threshold,
-            action=self.action,
-            on_error=self.on_error,
-            stop=tuple(stop if stop is not None else self.stop or ()),
-            keep_hidden=self.hidden_states,
-            decision_policy=self.policy,
-            return_failures=failures,
-            sentence_threshold=self.sentence_threshold,
-            threshold_source=self.threshold_source,
-            decide_on=self.decide_on,
-        )
+        rule = Rule(self.policy, self.scoring_config, self.backend.model_id, self.action,
+                    self.on_error, self.decide_on, self.sentence_threshold,
+                    self.threshold_source, self.hidden_states, failures)  # fmt: skip
+        stops = tuple(stop if stop is not None else self.stop or ())
+        return Pipeline(self.backend, self.intervention, rule, stops)
 
     def _start(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]

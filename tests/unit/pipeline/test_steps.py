@@ -11,11 +11,12 @@ import pytest
 
 import esi_guard
 from esi_guard import BackendError, ESIGuard, ESIResult, FakeBackend, ScoringConfig, SkipOneChar
-from esi_guard._pipeline import GuardedPrompt, Item, Pipeline
+from esi_guard._pipeline import GuardedPrompt, Item, Pipeline, Rule
 from esi_guard._pipeline.steps import Work
 from esi_guard.backends import ChatMessage
 from esi_guard.exceptions import InterventionError, ScoringError
 from esi_guard.guard._assess import raised
+from esi_guard.policy import Policy, granularity
 from esi_guard.scoring import TopK
 
 SURE = "What is the capital city of France?"
@@ -68,8 +69,12 @@ def pipeline(backend: FakeBackend, **changes: object) -> Pipeline:
         intervention=intervention.describe(), n_variants=4, top_k=5, distance="hellinger",
         values="logits", approximate=False, seed=0, max_new_tokens=8,
     )  # fmt: skip
-    settings: dict[str, object] = {"threshold": 0.05, "action": "flag", "on_error": "abstain"}
-    return Pipeline(backend, intervention, config, **{**settings, **changes})  # type: ignore[arg-type]
+    settings: dict[str, Any] = {"action": "flag", "on_error": "abstain", **changes}
+    threshold = settings.pop("threshold", 0.05)
+    policy = Policy.of(
+        threshold, granularity=granularity(settings["action"], settings.get("decide_on", "esi"))
+    )
+    return Pipeline(backend, intervention, Rule(policy, config, backend.model_id, **settings))
 
 
 def item(question: str, index: int = 0) -> Item:
@@ -109,7 +114,7 @@ def test_an_intervention_that_raises_is_an_intervention_error_per_item() -> None
             raise RuntimeError("paraphraser down")
 
     flow = pipeline(FakeBackend({SURE: "Paris"}))
-    flow = Pipeline(flow.backend, Broken(), flow.config, 0.05, "flag", "raise")
+    flow = Pipeline(flow.backend, Broken(), replace(flow.rule, on_error="raise"))
     items = [item(SURE), item(UNSURE, 1)]
     live = flow.generated(items, flow.do(Work("generate", items)))
     errors = flow.do(Work("intervene", live))
