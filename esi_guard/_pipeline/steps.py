@@ -186,8 +186,12 @@ class Pipeline:
         return await ashield(call, size, what, kind)
 
     def _call(
-        self, work: Work, generate: Any, variants: Any, force: Any
-    ) -> tuple[Any, int, str, type[BackendError]]:
+        self,
+        work: Work,
+        generate: Callable[..., Any],
+        variants: Callable[..., Any],
+        force: Callable[..., Any],
+    ) -> tuple[Callable[[], Any], int, str, type[BackendError]]:
         """The one call ``work`` needs (``generate``, ``variants`` or ``force``, bound)."""
         if work.step == "generate":
             prompts = [item.prompt.messages for item in work.items]
