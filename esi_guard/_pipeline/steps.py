@@ -263,7 +263,10 @@ class Pipeline:
             item.answer, item.answer_ids = gen.text, gen.token_ids
             item.original, item.finish_reason = gen.topk, gen.finish_reason
             item.prompt_tokens, item.hidden = gen.prompt_tokens, gen.hidden
-            if self.rule.decides_early:
+            failed = item.steps.get("intervene")
+            if isinstance(failed, BackendError):  # variants came first: decided with its answer
+                item.outcome = self.rule.failure(item, failed)
+            elif self.rule.decides_early:
                 early(item, gen.topk, gen.hidden, self.rule, self.backend.values_kind)
         return [item for item in items if item.outcome is None]
 

@@ -177,3 +177,20 @@ async def test_astream_events_report_each_sentence_and_the_steps() -> None:
     ]  # fmt: skip
     steps = {name for kind, name in kinds if kind == "on_chain_start"}
     assert {"esi_intervene", "esi_generate", "esi_score"} <= steps
+
+
+def test_a_failed_intervention_gives_the_stream_the_result_the_whole_call_gives() -> None:
+    from esi_guard import SkipOneChar
+
+    class Down(SkipOneChar):
+        def batch_variants(self, questions, n, *, seed=0):  # type: ignore[no-untyped-def]
+            raise RuntimeError("paraphraser down")
+
+    settings: dict[str, Any] = {"backend": Streaming(), "threshold": 4.5, "intervention": Down(),
+                                "on_error": "flag"}  # fmt: skip
+    plain = ESIGuard(**settings).invoke(QUESTION).response_metadata["esi"]
+    sentences, last = streamed(ESIGuard(**settings, stream_mode="sentences"))
+    assert sentences == [] and not plain["scored"]
+    assert plain["reason"].startswith("intervention_error: intervention failed: RuntimeError")
+    assert plain["answer"] == ANSWER  # the answer was generated and is reported
+    assert last.response_metadata["esi"] == plain
