@@ -290,7 +290,7 @@ class Pipeline:
         done.append(gen or BackendError("the backend streamed no answer"))
 
     def stream_args(self) -> dict[str, Any]:
-        """The generation settings of a streamed answer (``stream_generate``'s keywords)."""
+        """An answer's generation settings (``generate``'s and ``stream_generate``'s keywords)."""
         args: dict[str, Any] = {
             "max_new_tokens": self.config.max_new_tokens,
             "top_k": self.config.top_k,

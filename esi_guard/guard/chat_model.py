@@ -456,9 +456,11 @@ class ESIGuard(GuardFields):
     # -- helpers ----------------------------------------------------------------------------
 
     def _pipeline(self, stop: Sequence[str] | None = None, failures: bool = False) -> Pipeline:
-        rule = Rule(self.policy, self.scoring_config, self.backend.model_id, self.action,
-                    self.on_error, self.decide_on, self.sentence_threshold,
-                    self.threshold_source, self.hidden_states, failures)  # fmt: skip
+        rule = Rule(self.policy, self.scoring_config, self.backend.model_id,
+                    action=self.action, on_error=self.on_error, decide_on=self.decide_on,
+                    sentence_threshold=self.sentence_threshold,
+                    threshold_source=self.threshold_source, keep_hidden=self.hidden_states,
+                    return_failures=failures)  # fmt: skip
         stops = tuple(stop if stop is not None else self.stop or ())
         return Pipeline(self.backend, self.intervention, rule, stops)
 
