@@ -98,7 +98,7 @@ def test_echo_mode_agrees_with_the_transformers_backend(
     hf_backend: HFBackend,
 ) -> None:
     # Same GGUF in both engines, same prompts, answers and variants, k=20.
-    n_questions, n_variants, k = 20, 3, 20
+    n_questions, n_variants, k = 12, 3, 20
     questions = _nq_questions(shared_data, n_questions)
     hf = HFBackend(hf_backend.model, hf_backend.tokenizer, chat_template=CHATML)
     apis = [backend(s, mode="echo") for s in (llama_server, llama_server_2)]
