@@ -56,8 +56,9 @@ def test_two_workers_write_the_file_one_process_writes(shared_data: Path, tmp_pa
                  "--out", str(tmp_path / "again.json"))  # fmt: skip
     assert "no model loaded" in again  # resumed from the same cache
 
+    # Two batches of two: one for each worker.
     evaluate = ["evaluate", "--threshold", str(tmp_path / "one.json"), "--data", data,
-                "--limit", LIMIT, "--resamples", "100", "--batch-size", "2"]  # fmt: skip
+                "--limit", "4", "--resamples", "100", "--batch-size", "2"]  # fmt: skip
     _cli(*evaluate, "--threads", "1", "--cache", str(tmp_path / "e1.jsonl"))
     _cli(*evaluate, "--workers", "2", "--cache", str(tmp_path / "e2.jsonl"))
     assert _records(tmp_path / "e2.jsonl") == _records(tmp_path / "e1.jsonl")
