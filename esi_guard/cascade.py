@@ -25,8 +25,9 @@ decisions differ from full-ESI decisions on at most ``max_disagreement`` of the 
 with confidence ``1 - delta`` (one-sided Clopper-Pearson, bands tested from the widest
 inwards, a fixed sequence, so no level is spent on the search).
 
-This module is the cascade at run time; the fitting lives in
-:mod:`esi_guard.calibration.cascade_fit`. Pure: numpy, no model, no LangChain.
+This module holds the cascade's parts (the policy's stages decide with them); the
+fitting lives in :mod:`esi_guard.calibration.cascade_fit`. Pure: numpy, no model, no
+LangChain.
 """
 
 from __future__ import annotations
@@ -154,7 +155,10 @@ class Band(BaseModel):
 
 
 class Cascade(BaseModel):
-    """The cheap score (a probe, or a no-ESI combined score), the band; pure routing.
+    """The cheap score (a probe, or a no-ESI combined score) and its band, as files hold them.
+
+    The guard decides with it as a stage before ESI (:meth:`esi_guard.policy.Policy.of`:
+    :class:`~esi_guard.policy.Stage` reads the cheap score and routes on the band).
 
     Two kinds: with ``probe`` (an ESI-probe cascade) the cheap score is the probe's
     estimate of ESI, for a guard deciding on ESI; with ``free`` (a value-of-information
@@ -190,21 +194,3 @@ class Cascade(BaseModel):
         """The states the cheap score reads (the probe's, and the combined scores')."""
         scores = (self.probe, self.combined, self.free)
         return merged(*(score.needs_hidden for score in scores if score is not None))
-
-    def cheap(
-        self, signals: Mapping[str, float], hidden: HiddenStates | None
-    ) -> tuple[float | None, float]:
-        """The probe's ESI estimate (None without a probe) and the cheap score."""
-        if self.free is not None:
-            return None, self.free.p_wrong(signals, hidden)
-        assert self.probe is not None  # the validator's
-        estimate = self.probe.estimate(signals, hidden)
-        return estimate, estimate
-
-    def route(self, cheap: float) -> Literal["accept", "untrusted"] | None:
-        """The cheap score's decision, or None: inside the band, ESI decides."""
-        if cheap < self.band.low:
-            return "accept"
-        if cheap > self.band.high:
-            return "untrusted"
-        return None

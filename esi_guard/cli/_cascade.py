@@ -14,7 +14,7 @@ from typing import Any
 
 from esi_guard.calibration.calibrate_combined import decode_states
 from esi_guard.calibration.cascade_fit import fit_band
-from esi_guard.cascade import Band, Cascade, ESIProbe
+from esi_guard.cascade import ESIProbe
 from esi_guard.cli.output import console, fail
 from esi_guard.cli.run import Run
 from esi_guard.exceptions import ESIGuardError
@@ -43,14 +43,12 @@ def fit_cascade(
              + "; ".join(problems))  # fmt: skip
     scored = [r for r in run.records if r["scored"]]
     picks, full = list(range(len(scored))), [float(r["score"]) for r in scored]
-    band = Band(low=threshold, high=threshold)  # a placeholder for the cheap scores
-    cascade = Cascade(probe=probe, band=band)
     try:
         cheap = []
         for i in picks:
             record = scored[i]
             states = decode_states(record["hidden"]) if record.get("hidden") else None
-            cheap.append(cascade.cheap(record["signals"], states)[1])
+            cheap.append(probe.estimate(record["signals"], states))
     except ESIGuardError as exc:
         fail(f"the ESI probe cannot read these results: {exc}")
     fitted = fit_band(cheap, full, threshold, max_disagreement=most, delta=delta)
