@@ -144,14 +144,16 @@ class Rule:
     ) -> Decision:
         """``accept``, the action, or (unscored) what ``on_error`` makes of it.
 
-        ESI and ``p_wrong`` are untrusted above the threshold.
+        The last stage routes ESI, or ``p_wrong``, on the threshold
+        (:meth:`~esi_guard.policy.Stage.route`).
         """
         if score is None:
             return "flag" if self.on_error == "flag" else "abstain"
         if sentences is not None and self.by_sentence:
             return self.by_sentences(sentences)
         signal = p_wrong if p_wrong is not None else score
-        return "accept" if signal <= self.threshold else self.action
+        route = self.policy.last.route(signal, self.threshold)
+        return "accept" if route == "accept" else self.action
 
     def failure(self, item: Item, error: BackendError) -> Outcome:
         """A failed step's outcome under ``on_error``: the error itself, or unscored."""
