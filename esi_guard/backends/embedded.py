@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Generator, Sequence
-from typing import Any
 
 from esi_guard.backends._embedded_files import (
     EMBEDDED_GGUF,
@@ -43,11 +41,9 @@ from esi_guard.backends._embedded_files import (
     embedded_threshold,
 )
 from esi_guard.backends._identity import file_sha256
-from esi_guard.backends._session import ForcingSession
-from esi_guard.backends._types import AnswerPiece, Forced, ForcingRequest, Generation, Messages
+from esi_guard.backends._wrapped import Wrapped
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import HiddenSpec
-from esi_guard.exceptions import BackendError
 
 __all__ = [
     "EMBEDDED_GGUF",
@@ -60,14 +56,6 @@ __all__ = [
 ]
 
 _LOCK = threading.Lock()
-
-
-def _options(
-    max_new_tokens: int, top_k: int, stop: Sequence[str], hidden: HiddenSpec | None
-) -> dict[str, Any]:
-    """A generation's keywords, passed on to the loaded backend (``hidden`` only if given)."""
-    extra = {} if hidden is None else {"hidden": hidden}
-    return {"max_new_tokens": max_new_tokens, "top_k": top_k, "stop": stop, **extra}
 
 
 _LOADED: dict[int | None, Backend] = {}
@@ -99,7 +87,7 @@ def embedded_backend(n_threads: int | None = None) -> Backend:
         return _LOADED[key]
 
 
-class EmbeddedBackend(Backend):
+class EmbeddedBackend(Wrapped):
     """The embedded SmolLM2-135M-Instruct, loaded on first use and shared (see the module).
 
     Args:
@@ -138,14 +126,9 @@ class EmbeddedBackend(Backend):
         return "llamacpp-f16" if _LLAMA_CPP else "transformers"
 
     @property
-    def hidden_layers(self) -> tuple[int, ...] | None:
-        """See :attr:`Backend.hidden_layers` (loads the model)."""
-        return self.loaded.hidden_layers
-
-    @property
-    def hidden_size(self) -> int | None:
-        """See :attr:`Backend.hidden_size` (loads the model)."""
-        return self.loaded.hidden_size
+    def approximate(self) -> bool:
+        """False: both engines force exactly (known without loading the model)."""
+        return False
 
     def check_hidden(self, spec: HiddenSpec | None) -> None:
         """See :meth:`Backend.check_hidden` (loads the model when ``spec`` is given)."""
@@ -157,68 +140,10 @@ class EmbeddedBackend(Backend):
         """The shared loaded backend with this one's threads (loads it on first access)."""
         return embedded_backend(self.n_threads)
 
-    def generate(
-        self,
-        prompts: Sequence[Messages],
-        *,
-        max_new_tokens: int,
-        top_k: int,
-        stop: Sequence[str] = (),
-        hidden: HiddenSpec | None = None,
-    ) -> Sequence[Generation | BackendError]:
-        """See :meth:`Backend.generate`."""
-        extra = {} if hidden is None else {"hidden": hidden}
-        return self.loaded.generate(
-            prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-        )
-
-    def stream_generate(
-        self,
-        prompt: Messages,
-        *,
-        max_new_tokens: int,
-        top_k: int,
-        stop: Sequence[str] = (),
-        hidden: HiddenSpec | None = None,
-    ) -> Generator[str | Generation | BackendError, None, None]:
-        """See :meth:`Backend.stream_generate`."""
-        return self.loaded.stream_generate(prompt, **_options(max_new_tokens, top_k, stop, hidden))
-
-    def stream_tokens(
-        self,
-        prompt: Messages,
-        *,
-        max_new_tokens: int,
-        top_k: int,
-        stop: Sequence[str] = (),
-        hidden: HiddenSpec | None = None,
-    ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
-        """See :meth:`Backend.stream_tokens`."""
-        return self.loaded.stream_tokens(prompt, **_options(max_new_tokens, top_k, stop, hidden))
-
-    def teacher_force(
-        self, requests: Sequence[ForcingRequest], *, top_k: int
-    ) -> Sequence[Forced | BackendError]:
-        """See :meth:`Backend.teacher_force`."""
-        return self.loaded.teacher_force(requests, top_k=top_k)
-
-    def open_forcing(
-        self, request: ForcingRequest, *, top_k: int, max_answer_tokens: int
-    ) -> ForcingSession:
-        """See :meth:`Backend.open_forcing` (llama.cpp's is incremental)."""
-        return self.loaded.open_forcing(request, top_k=top_k, max_answer_tokens=max_answer_tokens)
-
-    def decode(self, ids: Sequence[int]) -> str | None:
-        """See :meth:`Backend.decode`."""
-        return self.loaded.decode(ids)
-
-    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
-        """See :meth:`Backend.encode_answer`."""
-        return self.loaded.encode_answer(prompt, answer)
-
-    def token_offsets(self, ids: Sequence[int], text: str) -> list[int] | None:
-        """See :meth:`Backend.token_offsets`."""
-        return self.loaded.token_offsets(ids, text)
+    @property
+    def inner(self) -> Backend:
+        """:attr:`loaded`: every other call is its (the first one loads the model)."""
+        return self.loaded
 
     def __repr__(self) -> str:
         key = self.n_threads if _LLAMA_CPP else None

@@ -3,152 +3,67 @@
 The guard's batched call runs its steps inside ``abatch``, where no callback sees their
 timing (they are replayed into each prompt's run afterwards); the backend's own calls are
 where the time goes, so the server times them here. Everything else is the wrapped
-backend's: its identity, value kind and hidden states, so a threshold file matches it.
+backend's (:class:`~esi_guard.backends._wrapped.Wrapped`): its identity, value kind,
+hidden states, streams and decoding, so a threshold file matches it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from esi_guard.backends import (
-    Backend,
-    Forced,
-    ForcingRequest,
-    Generation,
-    HiddenSpec,
-    Messages,
-)
-from esi_guard.exceptions import BackendError
+from esi_guard.backends import Backend
+from esi_guard.backends._wrapped import Wrapped
 
 __all__ = ["TimedBackend"]
 
 
-class TimedBackend(Backend):
+class TimedBackend(Wrapped):
     """``inner``, with each call's seconds handed to ``observe(step, seconds)``."""
 
     def __init__(self, inner: Backend, observe: Callable[[str, float], None]) -> None:
-        self.inner = inner
+        self._inner = inner
         self._observe = observe
         self.provider = inner.provider  # type: ignore[misc]
         self.values_kind = inner.values_kind  # type: ignore[misc]
 
+    @property
+    def inner(self) -> Backend:
+        """The wrapped backend: every call not timed here is its."""
+        return self._inner
+
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return getattr(self._inner, name)
 
-    @property
-    def model_id(self) -> str:
-        """The wrapped backend's."""
-        return self.inner.model_id
+    @contextmanager
+    def _timed(self, step: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._observe(step, time.perf_counter() - started)
 
-    @property
-    def approximate(self) -> bool:
-        """The wrapped backend's."""
-        return self.inner.approximate
-
-    @property
-    def engine(self) -> str:
-        """The wrapped backend's."""
-        return self.inner.engine
-
-    @property
-    def model_sha256(self) -> str | None:
-        """The wrapped backend's."""
-        return self.inner.model_sha256
-
-    @property
-    def hidden_layers(self) -> tuple[int, ...] | None:
-        """The wrapped backend's."""
-        return self.inner.hidden_layers
-
-    @property
-    def hidden_size(self) -> int | None:
-        """The wrapped backend's."""
-        return self.inner.hidden_size
-
-    def check_hidden(self, spec: HiddenSpec | None) -> None:
-        """The wrapped backend's."""
-        self.inner.check_hidden(spec)
-
-    def encode_answer(self, prompt: Messages, answer: str) -> list[int]:
-        """The wrapped backend's."""
-        return self.inner.encode_answer(prompt, answer)
-
-    def token_offsets(self, ids: Sequence[int], text: str) -> list[int] | None:
-        """The wrapped backend's."""
-        return self.inner.token_offsets(ids, text)
-
-    def _timed(self, step: str, started: float) -> None:
-        self._observe(step, time.perf_counter() - started)
-
-    def generate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int,
-        stop: Sequence[str] = (), hidden: HiddenSpec | None = None,
-    ) -> Sequence[Generation | BackendError]:  # fmt: skip
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped backend's, timed as ``generate``."""
-        started = time.perf_counter()
-        extra = {} if hidden is None else {"hidden": hidden}
-        try:
-            return self.inner.generate(
-                prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-            )
-        finally:
-            self._timed("generate", started)
+        with self._timed("generate"):
+            return self._inner.generate(*args, **kwargs)
 
-    async def agenerate(
-        self, prompts: Sequence[Messages], *, max_new_tokens: int, top_k: int,
-        stop: Sequence[str] = (), hidden: HiddenSpec | None = None,
-    ) -> Sequence[Generation | BackendError]:  # fmt: skip
+    async def agenerate(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped backend's, timed as ``generate``."""
-        started = time.perf_counter()
-        extra = {} if hidden is None else {"hidden": hidden}
-        try:
-            return await self.inner.agenerate(
-                prompts, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-            )
-        finally:
-            self._timed("generate", started)
+        with self._timed("generate"):
+            return await self._inner.agenerate(*args, **kwargs)
 
-    def stream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int,
-        stop: Sequence[str] = (), hidden: HiddenSpec | None = None,
-    ) -> Generator[str | Generation | BackendError, None, None]:  # fmt: skip
-        """The wrapped backend's (a live stream's generation is not timed as a step)."""
-        extra = {} if hidden is None else {"hidden": hidden}
-        return self.inner.stream_generate(
-            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-        )
-
-    def astream_generate(
-        self, prompt: Messages, *, max_new_tokens: int, top_k: int,
-        stop: Sequence[str] = (), hidden: HiddenSpec | None = None,
-    ) -> AsyncIterator[str | Generation | BackendError]:  # fmt: skip
-        """The wrapped backend's."""
-        extra = {} if hidden is None else {"hidden": hidden}
-        return self.inner.astream_generate(
-            prompt, max_new_tokens=max_new_tokens, top_k=top_k, stop=stop, **extra
-        )
-
-    def teacher_force(
-        self, requests: Sequence[ForcingRequest], *, top_k: int
-    ) -> Sequence[Forced | BackendError]:
+    def teacher_force(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped backend's, timed as ``force``."""
-        started = time.perf_counter()
-        try:
-            return self.inner.teacher_force(requests, top_k=top_k)
-        finally:
-            self._timed("force", started)
+        with self._timed("force"):
+            return self._inner.teacher_force(*args, **kwargs)
 
-    async def ateacher_force(
-        self, requests: Sequence[ForcingRequest], *, top_k: int
-    ) -> Sequence[Forced | BackendError]:
+    async def ateacher_force(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped backend's, timed as ``force``."""
-        started = time.perf_counter()
-        try:
-            return await self.inner.ateacher_force(requests, top_k=top_k)
-        finally:
-            self._timed("force", started)
+        with self._timed("force"):
+            return await self._inner.ateacher_force(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"TimedBackend({self.inner!r})"
+        return f"TimedBackend({self._inner!r})"
