@@ -258,6 +258,7 @@ class Pipeline:
         for item, gen in zip(items, gens, strict=True):
             item.steps["generate"] = gen
             if isinstance(gen, BackendError):
+                item.variants = []  # variants asked first: the whole call's result has none
                 item.outcome = self.rule.failure(item, gen)
                 continue
             item.answer, item.answer_ids = gen.text, gen.token_ids

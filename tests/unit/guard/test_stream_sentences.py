@@ -194,3 +194,15 @@ def test_a_failed_intervention_gives_the_stream_the_result_the_whole_call_gives(
     assert plain["reason"].startswith("intervention_error: intervention failed: RuntimeError")
     assert plain["answer"] == ANSWER  # the answer was generated and is reported
     assert last.response_metadata["esi"] == plain
+
+
+def test_a_failed_generation_gives_the_stream_the_result_the_whole_call_gives() -> None:
+    # The variants were asked for first; the whole call, which never got that far, has none.
+    settings: dict[str, Any] = {"backend": Streaming(failures={QUESTION: "generate"}),
+                                "threshold": 4.5, "on_error": "flag"}  # fmt: skip
+    plain = ESIGuard(**settings).invoke(QUESTION).response_metadata["esi"]
+    sentences, last = streamed(ESIGuard(**settings, stream_mode="sentences"))
+    assert sentences == [] and not plain["scored"]
+    assert plain["reason"].startswith("backend_error: scripted generate failure")
+    assert plain["variants_used"] == 0
+    assert last.response_metadata["esi"] == plain
