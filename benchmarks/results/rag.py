@@ -54,7 +54,15 @@ from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
 from esi_guard.calibration.prompts import RAG_TEMPLATE
-from esi_guard.guard import GuardedPrompt, Item, Pipeline, Rule, TemplatedPrompt, chat_messages
+from esi_guard.guard import (
+    GuardedPrompt,
+    Item,
+    Pipeline,
+    Rule,
+    TemplatedPrompt,
+    Work,
+    chat_messages,
+)
 from esi_guard.policy import Policy
 from esi_guard.result import ESIResult, ScoringConfig
 
@@ -97,7 +105,7 @@ def _score_batch(
     prompts = [templated(e) for _, e in chunk]
     items = [Item(p, index=i) for (i, _), p in zip(chunk, prompts, strict=True)]
     with clock.stage("generate"):
-        gens = pipeline.generate(items)
+        gens = pipeline.do(Work("generate", items))
     pipeline.generated(items, gens)
     # ESI, question only (the context row is timed on its own below).
     _esi(pipeline, clock, items, "q")
@@ -155,9 +163,11 @@ def _esi(pipeline: Pipeline, clock: Clock, items: list[Item], tag: str) -> None:
     """Intervene on and force the undecided items, timed as ``intervene/force <tag>``."""
     todo = [item for item in items if item.outcome is None]
     with clock.stage(f"intervene {tag}"):
-        pipeline.intervened(todo, pipeline.intervene(todo))
+        pipeline.intervened(todo, pipeline.do(Work("intervene", todo)))
     with clock.stage(f"force {tag}"):
-        pipeline.force(todo)
+        planned = pipeline.planned(todo, include_original=False)
+        requests = [request for _, request in planned]
+        pipeline.assessed(todo, planned, pipeline.do(Work("score", todo, requests)))
 
 
 def run_rag(

@@ -9,7 +9,7 @@ travels through it; ``by_sentence`` the stream scored sentence by sentence. The 
 
 from esi_guard._pipeline.decide import Rule, acted, untrusted
 from esi_guard._pipeline.items import GuardedPrompt, Item, Outcome, Templated
-from esi_guard._pipeline.steps import AsyncStepHook, Pipeline, Step, StepHook
+from esi_guard._pipeline.steps import AsyncStepHook, Pipeline, Step, StepHook, Work
 
 __all__ = [
     "AsyncStepHook",
@@ -21,6 +21,7 @@ __all__ = [
     "Step",
     "StepHook",
     "Templated",
+    "Work",
     "acted",
     "untrusted",
 ]
