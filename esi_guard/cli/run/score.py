@@ -35,6 +35,7 @@ from esi_guard.result import ESIResult
 
 __all__ = [
     "Pool",
+    "appending",
     "fill_states",
     "renderer_for",
     "score_chunk",
@@ -110,7 +111,7 @@ def _variables(example: Example) -> dict[str, str]:
     return values
 
 
-def _appending(cache: Path) -> TextIO:
+def appending(cache: Path) -> TextIO:
     """The cache opened to append, a line a kill cut short ended first."""
     out = cache.open("a", encoding="utf-8")
     if cache.read_bytes()[-1:] != b"\n":
@@ -159,7 +160,7 @@ def score_examples(
     else:
         msg = "score_examples needs a guard or a pool"
         raise ValueError(msg)
-    with _appending(cache) as out:
+    with appending(cache) as out:
         for chunk, records in scored:
             for index, record in zip(chunk, records, strict=True):
                 done[index] = record
@@ -227,7 +228,7 @@ def fill_states(
             if i < len(examples) and i not in done and r.get("scored")]  # fmt: skip
     reader = guard.model_copy(update={"combined": _READER})
     written = 0
-    with _appending(cache) as out:
+    with appending(cache) as out:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             results = _assess(reader, examples, chunk, system_prompt, template)

@@ -27,7 +27,7 @@ from esi_guard.calibration.long_answers import (
 )
 from esi_guard.cli.output import console, progress
 from esi_guard.cli.run.cache import RunHeader, complete_cache, default_cache, open_cache
-from esi_guard.cli.run.score import renderer_for
+from esi_guard.cli.run.score import appending, renderer_for
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ESIResult
 
@@ -137,7 +137,7 @@ def score_sentence_run(
     done = open_cache(cache, header)
     todo = [i for i in range(len(prompts)) if i not in done]
     renderer = renderer_for(system, template, "questions") if template else None
-    with cache.open("a", encoding="utf-8") as handle:
+    with appending(cache) as handle:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             assert renderer is not None  # prompts to score: a template

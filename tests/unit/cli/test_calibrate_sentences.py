@@ -145,3 +145,17 @@ def test_workers_are_refused_for_sentences(
     ])  # fmt: skip
     assert result.exit_code == 2
     assert "--workers scores whole answers" in result.output
+
+
+def test_a_run_a_kill_cut_short_resumes_with_every_prompt(
+    setting: tuple[FakeBackend, Path], tmp_path: Path
+) -> None:
+    _, data = setting
+    out = tmp_path / "sentences.json"
+    calibrate(data, out, "--select", "youden")
+    cache = out.with_suffix(".jsonl")
+    lines = cache.read_text().splitlines(keepends=True)
+    cache.write_text("".join(lines[:-2]) + lines[-2][:40])  # the last record lost, one cut
+    assert "20 scored" in calibrate(data, out, "--select", "youden")
+    again = calibrate(data, out, "--select", "youden")
+    assert "all 20 prompts found" in again  # the resumed records were each written whole
