@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from litellm.integrations.custom_guardrail import CustomGuardrail
 from litellm.types.guardrails import GuardrailEventHooks
 
+from esi_guard.backends.adapters import read_chat_template
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
-from esi_guard.guard import ESIGuard
+from esi_guard.served import build_guard
 
 if TYPE_CHECKING:
     from esi_guard.result import ESIResult
@@ -109,15 +109,8 @@ class ESIGuardrail(CustomGuardrail):
             raise ConfigurationError(msg)
         if backend is None:
             backend = _upstream(api_base, upstream_model, api_key, api_mode, chat_template)
-        settings: dict[str, Any] = {
-            k: v for k, v in (("n_variants", n_variants), ("top_k", top_k)) if v
-        }
-        if isinstance(threshold, str) and Path(threshold).is_file():
-            self.guard = ESIGuard.from_calibration(threshold, backend=backend, on_error="flag",
-                                                   **settings)  # fmt: skip
-        else:
-            self.guard = ESIGuard(backend=backend, threshold=float(threshold), on_error="flag",
-                                  **settings)  # fmt: skip
+        self.guard = build_guard(backend, str(threshold), on_error="flag", option="threshold",
+                                 n_variants=n_variants, top_k=top_k)  # fmt: skip
         self.esi_action: Literal["flag", "block"] = esi_action
 
     async def async_post_call_success_hook(
@@ -158,9 +151,8 @@ def _upstream(
         raise ConfigurationError(msg)
     from esi_guard.backends.openai import OpenAIBackend
 
-    template = Path(chat_template).read_text(encoding="utf-8") if chat_template else None
     return OpenAIBackend(model, base_url=api_base, api_key=api_key, mode=mode,  # type: ignore[arg-type]
-                         chat_template=template)  # fmt: skip
+                         chat_template=read_chat_template(chat_template))  # fmt: skip
 
 
 def _answer(response: Any) -> str | None:

@@ -50,9 +50,13 @@ def build_guard(
     action: str = "flag",
     on_error: str = "abstain",
     fallback: Any = None,
+    option: str = "--threshold",
     **settings: Any,
 ) -> ESIGuard:
-    """The served guard: a calibration file through ``from_calibration``, or a number."""
+    """The served guard: a calibration file through ``from_calibration``, or a number.
+
+    ``option``: how errors name the threshold (the CLI's flag, a LiteLLM setting).
+    """
     from esi_guard.guard import ESIGuard
 
     given = {k: v for k, v in settings.items() if v is not None}
@@ -63,12 +67,12 @@ def build_guard(
         return ESIGuard(backend=backend, **common)
     if _names_a_file(threshold):
         what = "is not a file" if Path(threshold).exists() else "not found"
-        msg = f"--threshold {threshold}: calibration file {what}"
+        msg = f"{option} {threshold}: calibration file {what}"
         raise ConfigurationError(msg)
     try:
         value = float(threshold)
     except ValueError:
-        msg = f"--threshold must be a calibration file or a number, got {threshold!r}"
+        msg = f"{option} must be a calibration file or a number, got {threshold!r}"
         raise ConfigurationError(msg) from None
     return ESIGuard(backend=backend, threshold=value, **common)
 

@@ -76,6 +76,15 @@ def test_settings_that_cannot_work_are_refused() -> None:
         ESIGuardrail(threshold=0.3, api_base="http://h/v1", upstream_model="m", api_mode="chat")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="'flag' or 'block'"):
         ESIGuardrail(backend=FakeBackend(), threshold=0.3, esi_action="route")  # type: ignore[arg-type]
+    # A mistyped file or template is named, not a float() or open() traceback.
+    with pytest.raises(ConfigurationError, match=r"threshold thresholds/mine\.json: calibration "
+                       "file not found"):  # fmt: skip
+        ESIGuardrail(backend=FakeBackend(), threshold="thresholds/mine.json")
+    with pytest.raises(ConfigurationError, match="a calibration file or a number, got 'high'"):
+        ESIGuardrail(backend=FakeBackend(), threshold="high")
+    with pytest.raises(ConfigurationError, match=r"cannot read the chat template nope\.jinja"):
+        ESIGuardrail(threshold=0.3, api_base="http://h/v1", upstream_model="m",
+                     chat_template="nope.jinja")  # fmt: skip
 
 
 async def test_litellms_own_action_default_does_not_turn_flagging_into_blocking() -> None:
