@@ -24,7 +24,14 @@ if TYPE_CHECKING:
     from esi_guard.guard import ESIGuard
     from esi_guard.server import ServeSettings
 
-__all__ = ["GuardOptions", "ServeAction", "ServeOnError", "build_guard", "served_names"]
+__all__ = [
+    "GuardOptions",
+    "ServeAction",
+    "ServeOnError",
+    "build_guard",
+    "model_backend",
+    "served_names",
+]
 
 
 class ServeAction(str, Enum):
@@ -116,21 +123,26 @@ def _fallback(url: str, model: str) -> Any:
     return ChatOpenAI(base_url=url, model=model, api_key=key, temperature=0)
 
 
-def _engine(
-    model: str, backend: LocalBackend, device: str | None, dtype: str | None,
-    chat_template: str | None, upstream: str | None, upstream_model: str | None,
-    upstream_mode: str, threads: int | None = None,
+def model_backend(
+    model: str, backend: LocalBackend = LocalBackend.auto, *, device: str | None = None,
+    dtype: str | None = None, chat_template: str | None = None, threads: int | None = None,
+    upstream: str | None = None, upstream_mode: str = "auto", max_concurrency: int = 8,
 ) -> Backend:  # fmt: skip
-    """The model in process, or the upstream server through the API backend."""
+    """``model`` in process, or served by ``upstream`` (through the API backend).
+
+    What ``esi-guard calibrate``, ``evaluate`` and ``serve`` score with: the chat template
+    file (``chat_template``) renders the prompts in either case (an upstream's echo mode
+    needs it), so a threshold is calibrated on the prompts it is served on.
+    """
     template = read_chat_template(chat_template)
-    if upstream is None or upstream_model is None:
+    if upstream is None:
         engine = None if backend is LocalBackend.auto else backend.value
         return local_backend(model, engine=engine, device=device, n_threads=threads,
                              chat_template=template, dtype=dtype)  # fmt: skip
     from esi_guard.backends.openai import OpenAIBackend
 
-    return OpenAIBackend(upstream_model, base_url=upstream, mode=upstream_mode,  # type: ignore[arg-type]
-                         chat_template=template, max_concurrency=64)  # fmt: skip
+    return OpenAIBackend(model, base_url=upstream, mode=upstream_mode,  # type: ignore[arg-type]
+                         chat_template=template, max_concurrency=max_concurrency)  # fmt: skip
 
 
 class GuardOptions(BaseModel):
@@ -193,9 +205,11 @@ class GuardOptions(BaseModel):
     def build(self) -> ESIGuard:
         """The guard: its engine loaded (or the upstream's client made), its threshold read."""
         self.check()
-        engine = _engine(self.model, self.backend, self.device, self.dtype, self.chat_template,
-                         self.upstream, self.upstream_model, self.upstream_mode,
-                         self.threads)  # fmt: skip
+        engine = model_backend(
+            self.upstream_model or self.model, self.backend, device=self.device,
+            dtype=self.dtype, chat_template=self.chat_template, threads=self.threads,
+            upstream=self.upstream, upstream_mode=self.upstream_mode, max_concurrency=64,
+        )  # fmt: skip
         fallback = None
         if self.fallback_upstream:
             name = self.fallback_model or self.upstream_model or self.model

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from esi_guard.backends.adapters import auto_engine, local_backend, read_chat_template
+from esi_guard.backends.adapters import auto_engine, read_chat_template
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.calibration import labels as label_methods
@@ -22,6 +22,7 @@ from esi_guard.combined import probe_window
 from esi_guard.exceptions import ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.interventions import SkipOneChar, Typo
+from esi_guard.served import model_backend
 
 __all__ = [
     "INTERVENTIONS",
@@ -87,16 +88,13 @@ class ScoringOptions:
 
 def backend(options: ModelOptions) -> Backend:
     """The backend the options choose: the server's, or a model loaded here."""
-    if options.api_base:
-        from esi_guard.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(options.model, base_url=options.api_base,
-                             mode=options.api_mode)  # type: ignore[arg-type]  # fmt: skip
-    engine = None if options.runner is LocalBackend.auto else options.runner.value
-    return local_backend(options.model, engine=engine, device=options.device,
-                         n_threads=options.threads,
-                         chat_template=template_text(options.chat_template),
-                         dtype=options.dtype)  # fmt: skip
+    try:
+        return model_backend(options.model, options.runner, device=options.device,
+                             dtype=options.dtype, chat_template=options.chat_template,
+                             threads=options.threads, upstream=options.api_base,
+                             upstream_mode=options.api_mode)  # fmt: skip
+    except ConfigurationError as exc:
+        fail(str(exc))
 
 
 def local_threads(threads: int | None, server: str | None, option: str = "--api-base") -> None:

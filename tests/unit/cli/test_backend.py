@@ -28,7 +28,7 @@ def loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any
         recorded.append({"model": model, **kwargs})
         return FakeBackend(answers)
 
-    monkeypatch.setattr(build, "local_backend", local_backend)
+    monkeypatch.setattr(esi_guard.served, "local_backend", local_backend)
     monkeypatch.chdir(tmp_path)  # where the default caches go
     return recorded
 
@@ -111,8 +111,7 @@ def test_distill_and_serve_load_the_local_model_with_the_threads_given(
         loads.append(kwargs)
         raise ConfigurationError("stop here")  # the command ends, naming it
 
-    monkeypatch.setattr(build, "local_backend", local_backend)  # distill's
-    monkeypatch.setattr(esi_guard.served, "local_backend", local_backend)  # serve's
+    monkeypatch.setattr(esi_guard.served, "local_backend", local_backend)  # distill's, serve's
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"question": "q?"}) + "\n")
@@ -128,3 +127,26 @@ def test_distill_and_serve_load_the_local_model_with_the_threads_given(
         "--threads", "1",
     ])  # fmt: skip
     assert upstream.exit_code == 2 and "--upstream" in upstream.stderr and len(loads) == 2
+
+
+def test_a_server_is_asked_with_the_chat_template_given(tmp_path: Path) -> None:
+    # Echo mode renders the prompt itself: calibrate must render it as serve --upstream does.
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    options = build.ModelOptions(model="my-model", api_base="http://127.0.0.1:9/v1",
+                                 api_mode="echo", chat_template=str(template))  # fmt: skip
+    chosen = build.backend(options)  # was: echo mode needs the chat template (it was not sent)
+    served = (
+        esi_guard.served.GuardOptions(
+            upstream="http://127.0.0.1:9/v1",
+            upstream_model="my-model",
+            upstream_mode="echo",
+            chat_template=str(template),
+            threshold="0.3",
+        )
+        .build()
+        .backend
+    )
+    prompt = [{"role": "user", "content": "Which planet is red?"}]
+    rendered = [b.template.render(prompt) for b in (chosen, served)]  # type: ignore[attr-defined]
+    assert rendered == ["Which planet is red?\n"] * 2
