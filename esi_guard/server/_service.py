@@ -168,8 +168,15 @@ class Service:
         return self.answer(output)
 
     async def stream(self, chat: ChatRequest, limit: int, notes: list[str]) -> AsyncIterator[str]:
-        """Tokens as generated, then the scored ending (``esi_guard.server._stream``)."""
-        return live_events(self, chat, limit, notes)
+        """Tokens as generated, then the scored ending (``esi_guard.server._stream``).
+
+        Returns once the answer's first piece is there: a failure before it (not a prompt,
+        a prompt over the context, the engine's) is raised as its :class:`ServeError`, the
+        HTTP error a non-streamed request gets, never a 200 whose only event is an error.
+        """
+        events = live_events(self, chat, limit, notes)
+        first = await anext(events)
+        return _chained(first, events)
 
     def start_line(self) -> str:
         """What the server runs with, for its start-up log line (never the API key)."""
@@ -309,27 +316,50 @@ async def wait(future: asyncio.Future[Any], gone: Gone, poll: float = 0.1) -> An
 async def live_events(
     service: Service, chat: ChatRequest, limit: int, notes: list[str]
 ) -> AsyncIterator[str]:
-    """Tokens as generated, then the scored ending; an error after the start as an event."""
+    """Tokens as generated, then the scored ending; an error after the start as an event.
+
+    A failure before the first event (the answer's first piece) is raised as its
+    :class:`ServeError`: nothing has been sent, so it is still the request's HTTP error.
+    """
     ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
     guard = service.guard_for(limit)
     async with service.batcher.slot():
-        yield sse(chunk(ident, model, {"role": "assistant", "content": ""}))
-        sent, output = "", None
+        pieces = guard.astream_assess(chat.chat(), stop=chat.stops() or None, failures="return")
         try:
-            async for piece in guard.astream_assess(
-                chat.chat(), stop=chat.stops() or None, failures="return"
-            ):
-                if not isinstance(piece, str):
-                    output = piece
-                    break
-                sent += piece
-                yield sse(chunk(ident, model, {"content": piece}))
-            answer = service.answer(output)
-        except Exception as exc:  # after the start, an error can only be an event
-            failure = exc if isinstance(exc, ServeError) else service.failure(exc)
-            yield sse(failure.body())
-            return
+            first = await anext(pieces)
+            answer = None if isinstance(first, str) else service.answer(first)
+        except ServeError:
+            raise
+        except Exception as exc:  # before the first event: the request's HTTP error
+            raise service.failure(exc) from exc
+        yield sse(chunk(ident, model, {"role": "assistant", "content": ""}))
+        sent = ""
+        if answer is None:
+            sent, output = str(first), None
+            yield sse(chunk(ident, model, {"content": sent}))
+            try:
+                async for piece in pieces:
+                    if not isinstance(piece, str):
+                        output = piece
+                        break
+                    sent += piece
+                    yield sse(chunk(ident, model, {"content": piece}))
+                answer = service.answer(output)
+            except Exception as exc:  # after the start, an error can only be an event
+                failure = exc if isinstance(exc, ServeError) else service.failure(exc)
+                yield sse(failure.body())
+                return
         answer = noted(answer, notes)
         rest = answer.content[len(sent) :] if answer.content.startswith(sent) else ""
         for event in ending(ident, model, answer, rest, include_usage(chat)):
             yield event
+
+
+async def _chained(first: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``first``, then the rest of ``events`` (closed with it: a client gone stops it)."""
+    try:
+        yield first
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]

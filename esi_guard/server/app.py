@@ -228,7 +228,7 @@ async def _body(request: Request, limit: int) -> bytes:
 def _parse(body: bytes) -> ChatRequest:
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # too deeply nested too
         msg = f"the body is not valid JSON: {exc}"
         raise ServeError(400, msg, code="invalid_json") from exc
     if not isinstance(data, dict):
