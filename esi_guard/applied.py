@@ -73,7 +73,7 @@ def apply(result: ESIResult, fallback: Any = None, *, abstain_message: str) -> A
         meta = dict(getattr(fallback, "response_metadata", None) or {})
         usage = getattr(fallback, "usage_metadata", None) or {}
         return Applied(
-            content=message_text(fallback),
+            content=message_text(fallback, skip_other_blocks=True),  # a model's output
             finish_reason=meta.get("finish_reason") or "stop",
             input_tokens=prompt_tokens + usage.get("input_tokens", 0),
             output_tokens=answer_tokens + usage.get("output_tokens", 0),

@@ -59,7 +59,8 @@ def chat_result(
         usage["input_token_details"] = routed["input_token_details"]
     if "fallback_used" in applied.esi and "output_token_details" in routed:
         usage["output_token_details"] = routed["output_token_details"]
-    meta = {"model_name": model_name, **applied.fallback_metadata, "esi": applied.esi}
+    meta = {"model_name": model_name, **applied.fallback_metadata,
+            "finish_reason": applied.finish_reason, "esi": applied.esi}  # fmt: skip
     message = AIMessage(content=applied.content, response_metadata=meta, usage_metadata=usage)
     return ChatResult(generations=[ChatGeneration(message=message)])
 
