@@ -47,6 +47,7 @@ from typing import Any, Literal
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages.ai import add_usage
 from langchain_core.runnables.config import ensure_config, var_child_runnable_config
 from langgraph.constants import TAG_NOSTREAM
 
@@ -177,7 +178,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         if self.action == "route" and untrusted(result):
             with _held():
                 routed = handler(request.override(model=self._fallback()))
-            return self._routed(routed, result)
+            return self._routed(routed, result, message)
         return self._decided(request, response, message, result)
 
     async def awrap_model_call(
@@ -198,7 +199,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         if self.action == "route" and untrusted(result):
             with _held():
                 routed = await handler(request.override(model=self._fallback()))
-            return self._routed(routed, result)
+            return self._routed(routed, result, message)
         return self._decided(request, response, message, result)
 
     # -- the guard per model -------------------------------------------------------------------
@@ -273,11 +274,19 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
             raise UncertainAnswerError(msg, result=result, answer=message)
         applied = apply(result, abstain_message=self._options["abstain_message"])
         content = applied.content if result.decision in ("abstain", "redact") else None
-        return _with(response, message, applied.esi, content=content)
+        finish = applied.finish_reason if result.decision == "abstain" else None
+        return _with(response, message, applied.esi, content=content, finish_reason=finish)
 
-    def _routed(self, routed: ModelResponse[Any], result: ESIResult) -> ModelResponse[Any]:
+    def _routed(
+        self, routed: ModelResponse[Any], result: ESIResult, answered: AIMessage
+    ) -> ModelResponse[Any]:
+        """The fallback's response, its usage with the answer's it replaced (as ``apply``)."""
         result = acted(result, "route")
-        return _with(routed, _answer(routed), _meta(result, fallback_used=True))
+        message = _answer(routed)
+        usage = None
+        if message is not None and (answered.usage_metadata or message.usage_metadata):
+            usage = add_usage(answered.usage_metadata, message.usage_metadata)
+        return _with(routed, message, _meta(result, fallback_used=True), usage=usage)
 
     def _handed_over(self, request: ModelRequest[Any]) -> ESIResult | None:
         """The result raised on, when ``request`` re-runs that request on another model.
@@ -333,13 +342,23 @@ def _with(
     esi: dict[str, Any],
     *,
     content: str | None = None,
+    finish_reason: str | None = None,
+    usage: Any = None,
 ) -> ModelResponse[Any]:
-    """``response`` with ``message`` carrying ``esi`` (and ``content``, when replaced)."""
+    """``response`` with ``message`` carrying ``esi`` (and what replaced its own).
+
+    ``content``, ``finish_reason`` and ``usage``: left as they are when None.
+    """
     if message is None:
         return response
-    update: dict[str, Any] = {"response_metadata": {**message.response_metadata, "esi": esi}}
+    meta = {**message.response_metadata, "esi": esi}
+    if finish_reason is not None:
+        meta["finish_reason"] = finish_reason
+    update: dict[str, Any] = {"response_metadata": meta}
     if content is not None:
         update["content"] = content
+    if usage is not None:
+        update["usage_metadata"] = usage
     marked = message.model_copy(update=update)
     result = [marked if m is message else m for m in response.result]
     return ModelResponse(result=result, structured_response=response.structured_response)
