@@ -50,14 +50,9 @@ __all__ = ["ESIGuardrail", "esi_summary"]
 
 def esi_summary(result: ESIResult) -> dict[str, Any]:
     """What a response says about its answer (the same object ``esi-guard serve`` sends)."""
-    info: dict[str, Any] = {
-        "score": result.score, "decision": result.decision, "threshold": result.threshold,
-        "scored": result.scored, "reason": result.reason,
-        "variants_used": result.variants_used, "model": result.model,
-    }  # fmt: skip
-    if result.p_wrong is not None:
-        info["p_wrong"] = result.p_wrong
-    return info
+    from esi_guard.server._schema import esi_info  # pydantic only: no FastAPI, no server
+
+    return esi_info(result.as_dict())
 
 
 class ESIGuardrail(CustomGuardrail):
