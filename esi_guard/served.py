@@ -187,10 +187,26 @@ class GuardOptions(BaseModel):
         elif self.threads is not None and self.upstream:
             msg = (f"--threads sets the CPU threads of a model run here; --upstream "
                    f"{self.upstream} runs it")  # fmt: skip
+        elif self.upstream and (local := self._local_options()):
+            msg = f"{local} is for a model run here; --upstream {self.upstream} runs it"
         elif self.action is ServeAction.route and not self.fallback_upstream:
             msg = "--action route needs --fallback-upstream URL"
+        elif self.fallback_upstream and self.action is not ServeAction.route:
+            msg = ("--fallback-upstream answers the requests --action route routes; with "
+                   f"--action {self.action.value} it is never asked")  # fmt: skip
+        elif self.fallback_model is not None and not self.fallback_upstream:
+            msg = "--fallback-model names the model of --fallback-upstream URL: give both"
         if msg is not None:
             raise ConfigurationError(msg)
+
+    def _local_options(self) -> str | None:
+        """The first flag given that only a model run here takes (None: none)."""
+        for given, name in ((self.dtype is not None, "--dtype"),
+                            (self.device is not None, "--device"),
+                            (self.backend is not LocalBackend.auto, "--backend")):  # fmt: skip
+            if given:
+                return name
+        return None
 
     def on_cpus(self, cpus: float) -> GuardOptions:
         """These options for a replica holding ``cpus`` CPUs.

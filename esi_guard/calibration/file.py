@@ -51,7 +51,8 @@ class DatasetInfo(BaseModel):
     """Hash of the examples used (questions and gold answers, in order)."""
     n: int = Field(ge=1)
     limit: int | None = None
-    seed: int = 0
+    seed: int | None = None
+    """The ``--seed`` the examples were shuffled with; None: not shuffled (file order)."""
 
 
 class ThresholdFile(BaseModel):

@@ -116,7 +116,8 @@ AnswersSep = Annotated[
     ),
 ]
 Limit = Annotated[
-    int | None, typer.Option(help="Use the first N examples of each file (after --seed).")
+    int | None,
+    typer.Option(min=1, help="Use the first N examples of each file (after --seed)."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Shuffle the examples with this seed first.")]
 Model = Annotated[
@@ -167,7 +168,7 @@ Cache = Annotated[
         "(a complete one needs no model). Default: esi-cache-<data>-<id>.jsonl here."
     ),
 ]
-BatchSize = Annotated[int, typer.Option(help="Questions per batched guard call.")]
+BatchSize = Annotated[int, typer.Option(min=1, help="Questions per batched guard call.")]
 Workers = Annotated[
     int | None,
     typer.Option(

@@ -97,10 +97,23 @@ def backend(options: ModelOptions) -> Backend:
         fail(str(exc))
 
 
-def local_threads(threads: int | None, server: str | None, option: str = "--api-base") -> None:
-    """``--threads`` is for a model run here: with a server's URL the command ends at once."""
-    if threads is not None and server:
+def local_threads(
+    threads: int | None, server: str | None, option: str = "--api-base", *,
+    dtype: str | None = None, device: str | None = None,
+    runner: LocalBackend = LocalBackend.auto,
+) -> None:  # fmt: skip
+    """Options for a model run here (``--threads``, ``--dtype``, ``--device``, ``--backend``).
+
+    With a server's URL the command ends at once, naming the first given.
+    """
+    if not server:
+        return
+    if threads is not None:
         fail(f"--threads sets the CPU threads of a model run here; {option} {server} runs it")
+    for given, name in ((dtype is not None, "--dtype"), (device is not None, "--device"),
+                        (runner is not LocalBackend.auto, "--backend")):  # fmt: skip
+        if given:
+            fail(f"{name} is for a model run here; {option} {server} runs it")
 
 
 def worker_threads(threads: int | None, workers: int | None, server: str | None) -> int | None:
@@ -140,7 +153,11 @@ def labeller(method: LabelMethod, threshold: float | None, judge: str | None) ->
         msg = "--labels judge needs --judge module:attribute"
         raise typer.BadParameter(msg, param_hint="judge")
     module, _, attribute = judge.partition(":")
-    return label_methods.LLMJudge(getattr(importlib.import_module(module), attribute))
+    try:
+        model = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        fail(f"--judge {judge}: cannot import the chat model ({exc})")
+    return label_methods.LLMJudge(model)
 
 
 def guard(model: ModelOptions, scoring: ScoringOptions, *, hidden: bool = False) -> ESIGuard:

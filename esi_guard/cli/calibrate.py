@@ -82,6 +82,7 @@ from esi_guard.cli._options import (
 from esi_guard.cli.calibrate_sentences import calibrate_sentences
 from esi_guard.cli.output import (
     check_classes,
+    check_writable,
     console,
     data_name,
     fail,
@@ -188,11 +189,21 @@ def calibrate(
     if min_variants is not None:
         fail(RETIRED["min_variants"])
     _check_targets(select, alpha, delta, coverage)
-    build.local_threads(threads, api_base)
+    build.local_threads(threads, api_base, dtype=dtype, device=device, runner=runner)
+    check_writable(out, "--out")
+    check_writable(plot, "--plot")
     if granularity is Granularity.sentence:
         if workers:
             fail("--workers scores whole answers: not with --granularity sentence")
         _check_sentence_options(score, esi_probe, prompt, labels, questions_per_prompt)
+        for given, option in (
+            (plot is not None, "--plot"),
+            (cascade, "--cascade"),
+            (features != ",".join(FEATURES), "--features"),
+            (fit_fraction is not None, "--fit-fraction"),
+        ):
+            if given:
+                fail(f"--granularity sentence decides on each sentence's ESI: not with {option}")
         chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template,
                                     dtype, threads)  # fmt: skip
         scoring = build.ScoringOptions(intervention.value, n_variants, top_k, distance,
@@ -244,7 +255,7 @@ def calibrate(
             _plot(plot, scores, wrong, None, f"{title}: no threshold meets risk <= {alpha:g}")
         raise typer.Exit(1)
     dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
-                          n=len(run.examples), limit=limit, seed=seed or 0)  # fmt: skip
+                          n=len(run.examples), limit=limit, seed=seed)  # fmt: skip
     if combined is not None and choice.guarantee and combined.report["fit"] == "cross":
         statement = choice.guarantee["statement"] + CROSS_FITTED
         choice = replace(choice, guarantee={**choice.guarantee, "statement": statement})

@@ -91,7 +91,7 @@ def calibrate_sentences(
             code=1,
         )
     dataset = DatasetInfo(path=", ".join(map(str, data)), sha256=run.digest,
-                          n=len(examples), limit=limit, seed=seed or 0)  # fmt: skip
+                          n=len(examples), limit=limit, seed=seed)  # fmt: skip
     written = ThresholdFile.from_run(
         run.header, choice, label_method="containment", dataset=dataset, metrics=metrics,
         version=__version__, granularity="sentence", sentence_report=report,

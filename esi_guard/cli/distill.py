@@ -48,7 +48,7 @@ from esi_guard.cli._options import (
     Threads,
     TopK,
 )
-from esi_guard.cli.output import console, fail, needs_extra, used_modules
+from esi_guard.cli.output import check_writable, console, fail, needs_extra, used_modules
 from esi_guard.cli.run.cache import RunHeader, complete_cache, default_cache
 from esi_guard.cli.run.score import score_with_progress
 from esi_guard.exceptions import ESIGuardError
@@ -101,7 +101,7 @@ def distill(
     coverage: Annotated[
         float, typer.Option(help="The probe's band: this quantile of |ESI - estimate|.")
     ] = 0.98,
-    folds: Annotated[int, typer.Option(help="Cross-validation folds.")] = 5,
+    folds: Annotated[int, typer.Option(min=2, help="Cross-validation folds.")] = 5,
     cache: Cache = None,
     batch_size: BatchSize = 8,
     resamples: Resamples = 1000,
@@ -110,6 +110,7 @@ def distill(
     needs_extra("distill", used_modules(fits=True))
     if not 0.0 < coverage < 1.0:
         fail(f"--coverage must lie strictly between 0 and 1, got {coverage}")
+    check_writable(out, "--out")
     try:
         examples = [q for path in data for q in load_questions(
             path, question_field=question_field, limit=limit, seed=seed)]  # fmt: skip

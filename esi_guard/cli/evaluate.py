@@ -83,12 +83,18 @@ def evaluate(
     ray_address: RayAddress = None,
 ) -> None:
     """Metrics, realised coverage and selective risk of a threshold file on another set."""
-    build.local_threads(threads, api_base)
+    build.local_threads(threads, api_base, dtype=dtype, device=device, runner=runner)
     needs_extra("evaluate", used_modules(labels=labels.value))
     try:
         calibrated = ThresholdFile.read(threshold)
     except ESIGuardError as exc:
         fail(str(exc))
+    if calibrated.granularity == "sentence":
+        fail(
+            f"{threshold} holds a threshold on each sentence (calibrate --granularity "
+            "sentence): evaluate scores one question's whole answer at a time, on which "
+            "it does not apply; its calibration report is in the file (sentence_report)"
+        )
     chosen = build.ModelOptions(model, api_base, api_mode, device, runner, chat_template, dtype,
                                 build.worker_threads(threads, workers, api_base))  # fmt: skip
     request = {

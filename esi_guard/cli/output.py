@@ -21,6 +21,7 @@ from esi_guard.calibration.thresholds import MIN_PER_CLASS, class_counts
 
 __all__ = [
     "check_classes",
+    "check_writable",
     "console",
     "data_name",
     "fail",
@@ -43,6 +44,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and end the command with ``code``."""
     stderr.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(code)
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    """End the command at once when ``path`` (a file it will write) cannot be one.
+
+    Checked before any model loads, rather than failing on the write after scoring.
+    """
+    if path is None:
+        return
+    if path.is_dir():
+        fail(f"{option} {path} is a folder: give the file to write")
+    if not path.parent.is_dir():
+        fail(f"{option} {path}: the folder {path.parent} does not exist")
 
 
 def needs_extra(command: str, modules: Sequence[str]) -> None:

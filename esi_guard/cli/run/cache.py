@@ -110,9 +110,19 @@ class RunHeader:
         return header
 
 
+_SCORED_REQUEST = ("chat_template", "dtype")
+"""What a request names that changes the answers and scores, and the rest of the header
+does not record (the model's id, engine and scoring are the same under any)."""
+
+
 def _identity(header: dict[str, Any]) -> dict[str, Any]:
-    """What the scores depend on: all but the request (two requests may score alike)."""
-    return {key: value for key, value in header.items() if key != "request"}
+    """What the scores depend on: all but the request (two requests may score alike).
+
+    Save the parts of the request no other field records (the chat template, the dtype).
+    """
+    request = header.get("request") or {}
+    same = {key: value for key, value in header.items() if key != "request"}
+    return {**same, "request": {key: request.get(key) for key in _SCORED_REQUEST}}
 
 
 def default_cache(data: Sequence[Path], request: dict[str, Any], digest: str) -> Path:
@@ -129,6 +139,9 @@ def beside(cache: Path) -> Path:
 
 def load(path: Path) -> tuple[dict[str, Any], Records] | None:
     """A cache's header (as written) and records by index; None when there is no cache yet."""
+    if path.is_dir():
+        msg = f"--cache {path} is a folder: give a file (JSONL) path"
+        raise ConfigurationError(msg)
     if not path.exists() or path.stat().st_size == 0:
         return None
     with path.open(encoding="utf-8") as handle:
