@@ -159,3 +159,17 @@ def test_a_run_a_kill_cut_short_resumes_with_every_prompt(
     assert "20 scored" in calibrate(data, out, "--select", "youden")
     again = calibrate(data, out, "--select", "youden")
     assert "all 20 prompts found" in again  # the resumed records were each written whole
+
+
+def test_evaluate_refuses_a_sentence_threshold_file_saying_so(
+    setting: tuple[FakeBackend, Path], tmp_path: Path
+) -> None:
+    _, data = setting
+    out = tmp_path / "sentences.json"
+    calibrate(data, out, "--select", "youden")
+    result = CliRunner().invoke(cli_module.app, [
+        "evaluate", "--threshold", str(out), "--data", str(data), "--resamples", "50",
+    ])  # fmt: skip
+    assert result.exit_code == 2
+    # was: "the built-in RAG template has no {question} variable"
+    assert "RAG" not in result.stderr and "sentence" in " ".join(result.stderr.split())

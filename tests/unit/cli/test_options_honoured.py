@@ -11,8 +11,6 @@ from typer.testing import CliRunner, Result
 
 import esi_guard.served
 from esi_guard import ConfigurationError, FakeBackend
-from esi_guard.calibration.data import Example
-from esi_guard.calibration.long_answers import group_closed_book
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
 
@@ -127,30 +125,6 @@ def test_sentence_granularity_refuses_what_it_would_ignore(
     result = invoke(*CALIBRATE, "--out", "t.json", "--granularity", "sentence", *extra)
     assert result.exit_code == 2, result.output  # was 0, the option ignored
     assert extra[0] in flat(result.stderr) and loads == []
-
-
-def test_evaluate_refuses_a_sentence_threshold_file_saying_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    rows = [{"question": f"Which city is number {i} on the list?", "answer": f"city{i}"}
-            for i in range(30)]  # fmt: skip
-    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    examples = [Example(r["question"], (r["answer"],)) for r in rows]
-    answers, levels = {}, {}
-    for n, prompt in enumerate(group_closed_book(examples, 3)):
-        first, second, third = (e.answers[0] for e in prompt.examples)
-        second = "Atlantis" if n % 3 == 0 else second
-        answers[prompt.text()] = f"1. It is {first}. 2. It is {second}. 3. It is {third}."
-        levels[prompt.text()] = 0.9 if n % 3 == 0 else 0.1
-    backend = FakeBackend(answers, sensitivity=levels)
-    monkeypatch.setattr(build, "backend", lambda *args: backend)
-    written = invoke(*CALIBRATE, "--granularity", "sentence", "--out", "s.json")
-    assert written.exit_code == 0, written.output
-    result = invoke("evaluate", "--threshold", "s.json", "--data", "qa.jsonl")
-    assert result.exit_code == 2
-    # was: "the built-in RAG template has no {question} variable"
-    assert "RAG" not in result.stderr and "sentence" in flat(result.stderr)
 
 
 @pytest.mark.parametrize(
