@@ -220,8 +220,10 @@ def union_distributions(
         ``(log_p, log_q)``, each of shape ``(..., 2k)``, or ``(..., 2k + 1)``.
     """
     p_ids, q_ids = np.broadcast_arrays(p_ids, q_ids)
-    p_values, q_values = np.broadcast_arrays(p_values, q_values)
     p_valid, q_valid = p_ids >= 0, q_ids >= 0
+    # Padding's values are anything (NaN, inf): 0 here, where the -inf masks below add to them.
+    p_values = np.where(p_valid, p_values, 0.0)
+    q_values = np.where(q_valid, q_values, 0.0)
     p_in_q, p_found, q_found = _matches(p_ids, p_valid, q_ids, q_valid)
 
     p_fill = fill_value(p_values, p_valid, kind)[..., None]
