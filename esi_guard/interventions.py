@@ -9,8 +9,11 @@ see the same variants.
 * :class:`Paraphrase`, few-shot paraphrasing by any LangChain chat model or runnable.
 * :class:`FixedVariants`, precomputed paraphrases, topped up with SOC.
 
-Only letters form words: digits, punctuation and whitespace are never changed, so
-numbers and dates keep their meaning.
+Only letters form words: digits (superscripts, fractions and Roman numerals too),
+punctuation and whitespace are never changed, so numbers, units and dates keep their
+meaning. A letter's combining marks (accents in decomposed text, the vowel signs of Indic
+scripts) are part of it: a character edit takes or replaces the letter with its marks, and
+never moves a mark onto another letter.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import math
 import random
 import re
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,9 +46,37 @@ __all__ = [
 
 T = TypeVar("T")
 
-_WORD = re.compile(r"[^\W\d_]+")
 _REPHRASE = re.compile(r"^\s*\**\s*Rephrase\s*\d+\s*\**\s*:\s*\**\s*(.+?)\s*$", re.MULTILINE)
 _SPACES = re.compile(r"\s+")
+
+
+_Word = tuple[int, int, list[str]]
+"""A word's start and end offsets in the question, and its characters."""
+
+
+def _words(question: str) -> list[_Word]:
+    """Each word's ``(start, end)`` and characters: a letter with the marks that follow it.
+
+    A word is a run of letters (``str.isalpha``: superscripts, fractions and other numbers
+    are not letters); a combining mark (Unicode category M) after a letter joins it, so
+    decomposed "café" (``e`` then U+0301) is four characters, as its composed form is.
+    """
+    words: list[_Word] = []
+    chars: list[str] = []
+    start = 0
+    for at, char in enumerate(question):
+        if char.isalpha():
+            if not chars:
+                start = at
+            chars.append(char)
+        elif chars and unicodedata.category(char)[0] == "M":
+            chars[-1] += char
+        elif chars:
+            words.append((start, at, chars))
+            chars = []
+    if chars:
+        words.append((start, len(question), chars))
+    return words
 
 
 def _rng(seed: int, question: str) -> random.Random:
@@ -140,36 +172,37 @@ class _CharacterEdit(Intervention):
             msg = f"words must be 'random' or 'exact', got {self.words!r}"
             raise ConfigurationError(msg)
 
-    def _edit(self, word: str, position: int, rng: random.Random) -> str:
+    def _edit(self, chars: list[str], position: int, rng: random.Random) -> str:
+        """The word ``chars`` (a letter and its marks each) with ``chars[position]`` edited."""
         raise NotImplementedError
 
-    def _apply(self, question: str, rng: random.Random) -> str:
-        eligible = [m for m in _WORD.finditer(question) if len(m.group()) > self.min_chars]
+    def _apply(self, question: str, words: list[_Word], rng: random.Random) -> str:
+        eligible = [word for word in words if len(word[2]) > self.min_chars]
         chosen: set[int] | None = None
         if self.words == "exact":
             count = min(len(eligible), max(1, math.ceil(self.p * len(eligible))))
             chosen = set(rng.sample(range(len(eligible)), count))
         parts, end = [], 0
-        for index, match in enumerate(eligible):
+        for index, (start, stop, chars) in enumerate(eligible):
             # "random" draws each word's coin just before its edit: the order the draws
             # have always had, so a seed gives the variants it gave before.
             if index not in chosen if chosen is not None else rng.random() >= self.p:
                 continue
-            word = match.group()
-            parts += [question[end : match.start()],
-                      self._edit(word, rng.randrange(self.min_chars, len(word)), rng)]  # fmt: skip
-            end = match.end()
+            position = rng.randrange(self.min_chars, len(chars))
+            parts += [question[end:start], self._edit(chars, position, rng)]
+            end = stop
         return "".join([*parts, question[end:]])
 
     def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
         """Up to ``n`` edited copies of ``question`` (``n`` unless ``distinct`` runs out)."""
         rng = _rng(seed, question)
+        words = _words(question)
         if not self.distinct:
-            return [self._apply(question, rng) for _ in range(n)]
+            return [self._apply(question, words, rng) for _ in range(n)]
         seen, out = {question}, list[str]()
         while len(out) < n:
             for _ in range(TRIES):
-                text = self._apply(question, rng)
+                text = self._apply(question, words, rng)
                 if text not in seen:
                     seen.add(text)
                     out.append(text)
@@ -195,8 +228,8 @@ class SkipOneChar(_CharacterEdit):
 
     name: ClassVar[str] = "skip_one_char"
 
-    def _edit(self, word: str, position: int, rng: random.Random) -> str:
-        return word[:position] + word[position + 1 :]
+    def _edit(self, chars: list[str], position: int, rng: random.Random) -> str:
+        return "".join(chars[:position] + chars[position + 1 :])
 
 
 _KEYBOARD = [
@@ -235,11 +268,12 @@ class Typo(_CharacterEdit):
 
     name: ClassVar[str] = "typo"
 
-    def _edit(self, word: str, position: int, rng: random.Random) -> str:
-        char = word[position]
+    def _edit(self, chars: list[str], position: int, rng: random.Random) -> str:
+        char = chars[position]
         near = _NEIGHBOURS.get(char.lower(), "abcdefghijklmnopqrstuvwxyz")
         new = rng.choice(near)
-        return word[:position] + (new.upper() if char.isupper() else new) + word[position + 1 :]
+        return "".join([*chars[:position], new.upper() if char.isupper() else new,
+                        *chars[position + 1 :]])  # fmt: skip
 
 
 PARAPHRASE_PROMPT = """\
