@@ -92,10 +92,15 @@ def _assess(
 def renderer_for(
     system_prompt: str | None, template: str, question_key: str = "question"
 ) -> TemplatedPrompt:
-    """``template`` (after ``system_prompt``) as a prompt intervened on ``question_key`` only."""
+    """``template`` (after ``system_prompt``) as a prompt intervened on ``question_key`` only.
+
+    The system prompt is text, as the guard sends it (``asked``), not a template: its braces
+    are its own, and a ``{question}`` in it is not the question.
+    """
+    from langchain_core.messages import SystemMessage
     from langchain_core.prompts import ChatPromptTemplate
 
-    messages = [("system", system_prompt)] if system_prompt else []
+    messages = [SystemMessage(content=system_prompt)] if system_prompt else []
     prompt = ChatPromptTemplate.from_messages([*messages, ("human", template)])
     return TemplatedPrompt(prompt=prompt, question_key=question_key)
 
