@@ -163,6 +163,7 @@ def bootstrap(
     level: float = 0.95,
     seed: int = 0,
     groups: ArrayLike | None = None,
+    clusters: ArrayLike | None = None,
 ) -> Estimate:
     """The metric on the data, and a percentile bootstrap interval (resampling examples).
 
@@ -171,11 +172,15 @@ def bootstrap(
     cross-fitting makes them: the metric is taken within each group and averaged, and
     each resample draws within each group. Pooling the groups would rank one model's
     outputs against another's, which no deployed model does.
+    ``clusters`` (one label per example) is for examples that are not independent draws,
+    as the sentences of one answer are not: each resample draws whole clusters with
+    replacement (within each group), all of a cluster's examples together.
     """
     s, w = _arrays(scores, wrong)
     statistic = lambda picks: _mean_over(metric, s, w, picks)  # noqa: E731
-    return _resampled(statistic, _parts(groups, s.size), n_resamples=n_resamples, level=level,
-                      seed=seed)  # fmt: skip
+    parts, members = _units(groups, clusters, s.size)
+    return _resampled(statistic, parts, n_resamples=n_resamples, level=level, seed=seed,
+                      members=members, whole=_parts(groups, s.size))  # fmt: skip
 
 
 def paired_difference(
@@ -188,11 +193,12 @@ def paired_difference(
     level: float = 0.95,
     seed: int = 0,
     groups: ArrayLike | None = None,
+    clusters: ArrayLike | None = None,
 ) -> Estimate:
     """``metric(first) - metric(second)`` on the same examples, with a paired interval.
 
     A percentile bootstrap in which each resample picks the same examples for both scores
-    (within each of ``groups``, as :func:`bootstrap`).
+    (within each of ``groups``, whole ``clusters`` at a time, as :func:`bootstrap`).
 
     An interval that excludes 0 says one score is better on these data; one that holds
     0 is a tie.
@@ -200,8 +206,9 @@ def paired_difference(
     a, w = _arrays(first, wrong)
     b, _ = _arrays(second, wrong)
     statistic = lambda picks: _mean_over(metric, a, w, picks) - _mean_over(metric, b, w, picks)  # noqa: E731
-    return _resampled(statistic, _parts(groups, a.size), n_resamples=n_resamples, level=level,
-                      seed=seed)  # fmt: skip
+    parts, members = _units(groups, clusters, a.size)
+    return _resampled(statistic, parts, n_resamples=n_resamples, level=level, seed=seed,
+                      members=members, whole=_parts(groups, a.size))  # fmt: skip
 
 
 def _parts(groups: ArrayLike | None, size: int) -> list[NDArray[np.int_]]:
@@ -213,6 +220,30 @@ def _parts(groups: ArrayLike | None, size: int) -> list[NDArray[np.int_]]:
         msg = f"groups needs one label per example ({size}), got shape {labels.shape}"
         raise ValueError(msg)
     return [np.flatnonzero(labels == label) for label in np.unique(labels)]
+
+
+def _units(
+    groups: ArrayLike | None, clusters: ArrayLike | None, size: int
+) -> tuple[list[NDArray[np.int_]], list[NDArray[np.int_]] | None]:
+    """What a resample draws, per group: examples, or with ``clusters`` the clusters' ids.
+
+    The second value: each cluster's example indices (None without ``clusters``).
+    """
+    parts = _parts(groups, size)
+    if clusters is None:
+        return parts, None
+    labels = np.asarray(clusters)
+    if labels.shape != (size,):
+        msg = f"clusters needs one label per example ({size}), got shape {labels.shape}"
+        raise ValueError(msg)
+    _, cluster_of = np.unique(labels, return_inverse=True)
+    cluster_of = cluster_of.reshape(-1)
+    members = [np.flatnonzero(cluster_of == c) for c in range(int(cluster_of.max()) + 1)]
+    units = [np.unique(cluster_of[part]) for part in parts]
+    if sum(u.size for u in units) != len(members):
+        msg = "a cluster's examples must all lie in one group"
+        raise ValueError(msg)
+    return units, members
 
 
 def _mean_over(
@@ -232,19 +263,30 @@ def _resampled(
     n_resamples: int,
     level: float,
     seed: int,
+    members: list[NDArray[np.int_]] | None = None,
+    whole: list[NDArray[np.int_]] | None = None,
 ) -> Estimate:
     """``statistic`` of all the examples, with a percentile interval.
 
     The interval is over resamples of the example indices, each part resampled within
-    itself; undefined (NaN) ones are skipped.
+    itself; undefined (NaN) ones are skipped. With ``members`` the parts hold cluster
+    ids, each drawn with all its examples (``members[id]``). ``whole``: the examples of
+    each part in their order, for the value on the data (default: ``parts``).
     """
+
+    def examples(picks: list[NDArray[np.int_]]) -> list[NDArray[np.int_]]:
+        if members is None:
+            return picks
+        return [np.concatenate([members[int(c)] for c in pick]) for pick in picks]
+
     rng = np.random.default_rng(seed)
     values = []
     for _ in range(n_resamples):
-        value = statistic([part[rng.integers(0, part.size, part.size)] for part in parts])
+        value = statistic(examples([part[rng.integers(0, part.size, part.size)]
+                                    for part in parts]))  # fmt: skip
         if not math.isnan(value):
             values.append(value)
-    point = statistic(parts)
+    point = statistic(parts if whole is None else whole)
     if not values:
         return Estimate(point, math.nan, math.nan)
     tail = (1 - level) / 2 * 100
@@ -262,12 +304,20 @@ def summarise(
     *,
     n_resamples: int = 1000,
     seed: int = 0,
+    clusters: Sequence[int] | ArrayLike | None = None,
 ) -> dict[str, Estimate]:
-    """Every reported metric with its 95% bootstrap interval, by name."""
+    """Every reported metric with its 95% bootstrap interval, by name.
+
+    ``clusters``: one label per example where examples come in groups that are not
+    independent draws (the sentences of one answer): the bootstrap then draws whole
+    clusters (:func:`bootstrap`).
+    """
     metrics: dict[str, Metric] = {"auroc": auroc, "aurc": aurc, "prr": prr}
     for coverage in COVERAGES:
         metrics[f"selective_accuracy@{coverage:.0%}"] = partial(_at_coverage, coverage=coverage)
     return {
-        name: bootstrap(metric, scores, wrong, n_resamples=n_resamples, seed=seed)
+        name: bootstrap(
+            metric, scores, wrong, n_resamples=n_resamples, seed=seed, clusters=clusters
+        )
         for name, metric in metrics.items()
     }

@@ -62,7 +62,7 @@ def calibrate_sentences(
                                  system=system, batch_size=batch_size)  # fmt: skip
     except (ESIGuardError, ImportError) as exc:
         fail(str(exc))
-    scores, wrong, _ = run.flat
+    scores, wrong, prompts = run.flat
     if not scores:
         fail("no sentence could be scored and labelled")
     report = run.report()
@@ -72,7 +72,8 @@ def calibrate_sentences(
         f"labelled ({report['right']} right), {report['unaligned']} unaligned and left out"
     )
     check_classes(wrong, "sentences")
-    metrics = summary(scores, wrong, resamples, "sentences")
+    # A prompt's sentences share one answer: the intervals resample whole prompts.
+    metrics = summary(scores, wrong, resamples, "sentences", clusters=prompts)
     console.print(f"sentence AUROC {shown(metrics['auroc'])} on {len(scores)} sentences of "
                   f"{data_name(data)}")  # fmt: skip
     if select is Selection.risk:

@@ -199,11 +199,18 @@ def score_run(
 
 
 def summary(
-    scores: Sequence[float], wrong: Sequence[int], resamples: int, unit: str = "answers"
-) -> dict[str, Estimate]:
-    """Every reported metric with its interval, saying first that it is bootstrapping."""
-    progress(f"bootstrapping 95% intervals ({resamples} resamples of {len(scores)} {unit})...")
-    return summarise(scores, wrong, n_resamples=resamples)
+    scores: Sequence[float], wrong: Sequence[int], resamples: int, unit: str = "answers",
+    clusters: Sequence[int] | None = None,
+) -> dict[str, Estimate]:  # fmt: skip
+    """Every reported metric with its interval, saying first that it is bootstrapping.
+
+    ``clusters``: one label per item where items come in dependent groups (a prompt's
+    sentences): each resample draws whole groups.
+    """
+    drawn = f"{len(scores)} {unit}" if clusters is None else (
+        f"the {len(set(clusters))} answers of {len(scores)} {unit}")  # fmt: skip
+    progress(f"bootstrapping 95% intervals ({resamples} resamples of {drawn})...")
+    return summarise(scores, wrong, n_resamples=resamples, clusters=clusters)
 
 
 def report(run: Run, data: Sequence[Path], resamples: int) -> dict[str, Estimate]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -173,3 +174,25 @@ def test_evaluate_refuses_a_sentence_threshold_file_saying_so(
     assert result.exit_code == 2
     # was: "the built-in RAG template has no {question} variable"
     assert "RAG" not in result.stderr and "sentence" in " ".join(result.stderr.split())
+
+
+def test_the_sentence_metrics_bootstrap_whole_answers(
+    setting: tuple[FakeBackend, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from esi_guard.cli.run import labelled
+
+    _, data = setting
+    seen: dict[str, Any] = {}
+    real = labelled.summarise
+
+    def spy(scores: Any, wrong: Any, **options: Any) -> Any:
+        seen.update(options, n=len(scores))
+        return real(scores, wrong, **options)
+
+    monkeypatch.setattr(labelled, "summarise", spy)
+    calibrate(data, tmp_path / "s.json", "--select", "youden")
+    assert seen["n"] == 60
+    clusters = seen.get("clusters")
+    assert clusters is not None, "sentences were resampled one by one, not by prompt"
+    assert len(set(clusters)) == 20
+    assert all(clusters[i] == clusters[i - i % 3] for i in range(60))
