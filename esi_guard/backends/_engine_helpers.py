@@ -165,16 +165,23 @@ class StreamedText:
     def add(self, tokens: Sequence[Any]) -> str:
         """The new piece of text these tokens make safe to send ("" when none)."""
         self._tokens.extend(tokens)
-        safe = self._decode(self._tokens[:-1])
-        safe = safe.lstrip() if self._strip else safe
+        held = self._tokens[:-1]
+        text = self._decode(held)
+        cut = len(text)  # where a stop sequence starts, or may start, in the held text
         for stop in self._stop:
-            safe = safe.split(stop, 1)[0]
-        safe = safe.rstrip() if self._strip else safe
-        for stop in self._stop:
-            for size in range(min(len(stop) - 1, len(safe)), 0, -1):
-                if safe.endswith(stop[:size]):
-                    safe = safe[:-size].rstrip() if self._strip else safe[:-size]
+            found = text.find(stop)
+            cut = min(cut, found) if found >= 0 else cut
+            for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:size]):
+                    cut = min(cut, len(text) - size)
                     break
+        safe = text
+        if cut < len(text):  # whole tokens before it, as the final answer keeps them
+            count = len(held)
+            while count > 0 and not text[:cut].startswith(self._decode(held[:count])):
+                count -= 1
+            safe = self._decode(held[:count])
+        safe = safe.strip() if self._strip else safe
         if not safe.startswith(self.sent) or len(safe) <= len(self.sent):
             return ""
         piece, self.sent = safe[len(self.sent) :], safe

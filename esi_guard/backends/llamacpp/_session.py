@@ -94,6 +94,8 @@ class Session(ForcingSession):
         with_original: The first row is the original prompt (``Forced.original``).
         model_id: For the error of a non-finite result.
         release: Takes the engine back when the session closes (its KV cache cleared).
+        window: Most tokens a row plus the answer may take (the backend's context, which
+            one-shot ``teacher_force`` holds each row to); None: the session's cells only.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class Session(ForcingSession):
         with_original: bool,
         model_id: str,
         release: Callable[[Engine], None],
+        window: int | None = None,
     ) -> None:
         super().__init__(backend, request, top_k=top_k)
         self._engine: Engine | None = engine
@@ -115,6 +118,8 @@ class Session(ForcingSession):
         self._model_id = model_id
         self._release = release
         self._room = engine.n_ctx - cells(rows, shared, 0)
+        self._window = window
+        self._longest = max(len(row) for row in rows)
         self._pending = [int(row[-1]) for row in rows]
         """Each row's token not yet decoded (its logits predict the next answer token)."""
         self._position = [len(row) - 1 for row in rows]
@@ -142,6 +147,13 @@ class Session(ForcingSession):
             raise BackendError(msg)
         new = self.answer_ids[start:]
         rows = len(self._pending)
+        longest = self._longest + len(self.answer_ids)
+        if self._window is not None and longest > self._window:
+            self._failed = ContextLengthError(
+                f"a variant plus the answer has {longest} tokens; the backend's context "
+                f"holds {self._window} (n_ctx)"
+            )
+            return self._failed
         if rows * len(self.answer_ids) > self._room:
             self._failed = ContextLengthError(
                 f"the answer's {len(self.answer_ids)} tokens in {rows} rows do not fit "

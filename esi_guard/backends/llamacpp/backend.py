@@ -469,7 +469,7 @@ class LlamaCppBackend(Backend):
         engine = self._sessions.take(cells(rows, shared, max_answer_tokens), len(rows))
         return Session(self, engine, rows, shared, request, top_k=top_k,
                        with_original=bool(extra), model_id=self.model_id,
-                       release=self._sessions.give)  # fmt: skip
+                       release=self._sessions.give, window=self.context_length)  # fmt: skip
 
     def _with_original(self, request: ForcingRequest) -> bool:
         return request.include_original or self.forces_original
