@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from esi_guard.backends._engine_helpers import check_sampling, make_sample
 from esi_guard.backends._types import Messages, Sample
+from esi_guard.exceptions import BackendError
 
 if TYPE_CHECKING:
     from esi_guard.backends.hf._engine import Engine
@@ -25,12 +26,14 @@ def sample_answers(
     *,
     reuse_prefix: bool,
     max_rows: int,
-) -> list[list[Sample]]:
+) -> list[list[Sample] | BackendError]:
     """:meth:`HFBackend.sample`'s work, under the engine's lock.
 
     Prompts are sampled together, ``n`` rows each, in passes of at most ``max_rows`` rows
     (at least one prompt a pass): one ``generate`` per pass, not one per prompt.
     ``reuse_prefix``: each prompt runs once and its KV cache is copied over its ``n`` rows.
+    A prompt whose answers the context window cannot hold gets a
+    :class:`~esi_guard.exceptions.ContextLengthError` in place (never run past the window).
     """
     check_sampling(n, temperature)
     import torch
@@ -42,13 +45,21 @@ def sample_answers(
         output_logits=True, return_dict_in_generate=True,
     )  # fmt: skip
     per_pass = max(1, max_rows // n)
-    results: list[list[Sample]] = []
+    results: list[list[Sample] | BackendError] = []
     with engine.lock:
         torch.manual_seed(seed)
         rows = [engine.render(prompt) for prompt in prompts]
-        for start in range(0, len(rows), per_pass):
-            chunk = rows[start : start + per_pass]
-            results += _sample_pass(engine, chunk, n, config, stop, reuse_prefix=reuse_prefix)
+        refused = [
+            engine.too_long(len(row) + max_new_tokens, "the prompt plus its sampled answers")
+            for row in rows
+        ]
+        fits = [row for row, error in zip(rows, refused, strict=True) if error is None]
+        drawn: list[list[Sample]] = []
+        for start in range(0, len(fits), per_pass):
+            chunk = fits[start : start + per_pass]
+            drawn += _sample_pass(engine, chunk, n, config, stop, reuse_prefix=reuse_prefix)
+        samples = iter(drawn)
+        results = [next(samples) if error is None else error for error in refused]
     return results
 
 

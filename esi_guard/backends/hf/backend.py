@@ -339,11 +339,21 @@ class HFBackend(Backend):
                 chunk = fits[start : start + self.max_batch_rows]
 
                 def run(part: list[tuple[int, list[int]]]) -> list[Generation | BackendError]:
-                    rows = [row for _, row in part]
-                    room = max_new_tokens
-                    if engine.context_length is not None:
-                        room = min(room, engine.context_length - max(len(r) for r in rows))
-                    return engine.generate_chunk(rows, room, top_k, stop, hidden=hidden)
+                    # Each answer's room is its own prompt's: a prompt near the window's
+                    # end must not cut the answers batched with it short.
+                    window = engine.context_length
+                    rooms = [
+                        max_new_tokens if window is None else min(max_new_tokens, window - len(r))
+                        for _, r in part
+                    ]
+                    out: list[Generation | BackendError | None] = [None] * len(part)
+                    for room in sorted(set(rooms), reverse=True):
+                        at = [k for k, each in enumerate(rooms) if each == room]
+                        rows = [part[k][1] for k in at]
+                        gens = engine.generate_chunk(rows, room, top_k, stop, hidden=hidden)
+                        for k, gen in zip(at, gens, strict=True):
+                            out[k] = gen
+                    return [gen for gen in out if gen is not None]
 
                 for (i, _), gen in zip(chunk, split_on_oom(run, chunk), strict=True):
                     results[i] = gen
@@ -376,12 +386,13 @@ class HFBackend(Backend):
         max_new_tokens: int,
         seed: int = 0,
         stop: Sequence[str] = (),
-    ) -> list[list[Sample]]:
+    ) -> list[list[Sample] | BackendError]:
         """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
 
         Each token's log-probability is the model's own (raw logits, temperature 1).
         ``seed`` seeds torch's global generator for the call (under the backend's lock).
-        An answer ends before the first of ``stop``, as a greedy one does.
+        An answer ends before the first of ``stop``, as a greedy one does. A prompt whose
+        answers the window cannot hold gets a :class:`ContextLengthError` in place.
         """
         return sample_answers(
             self._engine, prompts, n, temperature, max_new_tokens, seed, stop,
