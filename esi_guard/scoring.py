@@ -100,6 +100,11 @@ class TopK:
         """Number of answer positions ``N``."""
         return int(self.ids.shape[0])
 
+    @property
+    def finite(self) -> bool:
+        """Whether every kept (not padding) value is finite."""
+        return bool(np.isfinite(self.values[self.ids >= 0]).all())
+
     def head(self, k: int) -> TopK:
         """The first ``k`` columns of each row.
 

@@ -11,6 +11,7 @@ middleware both use it. Pure: no backend call, no LangChain.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -57,6 +58,9 @@ NO_SENTENCES = (
 
 HIDDEN_MISSING = "the backend gave no hidden states for the probe"
 """Why a score with a hidden-state probe cannot decide an answer (``hidden_states_missing``)."""
+
+NON_FINITE = "scoring_error: {what} holds NaN or infinite values"
+"""Why an answer whose numbers are not finite is unscored: never a decision on them."""
 
 
 @dataclass(frozen=True)
@@ -179,13 +183,16 @@ class Rule:
         (:func:`unscorable`, :func:`scored`).
         """
         sentences = list(sentences or [])
-        self.judge(sentences)
         p_wrong = None
         signals = dict(signals or {})
         if score is not None and self.combined is not None:
             p_wrong, term = self.combined.scored({"esi": score, **signals}, hidden)
             if term is not None:
                 signals[HIDDEN] = term
+        if score is not None and not (math.isfinite(score) and math.isfinite(p_wrong or 0.0)):
+            # A NaN compares False with the threshold: never a decision on one.
+            score, p_wrong, why = None, None, NON_FINITE.format(what="the answer's score")
+        self.judge(sentences)
         return self._built(
             item, hidden,
             score=score,
@@ -259,6 +266,9 @@ class Rule:
         if not read or read[-1].route is None:
             return None
         decided = read[-1]
+        if not math.isfinite(decided.value):  # an inf outside a band, a NaN at the threshold
+            why = NON_FINITE.format(what=f"the {decided.stage.name} stage's score")
+            return None if self.uses_esi else self.result(item, None, why)
         if decided.stage.name == "probe":
             score, p_wrong, kept = decided.value, None, dict(signals)
         else:
@@ -383,10 +393,19 @@ def early(
     for ESI's stage when none decides.
     """
     signals = None
+    broken = None
     if topk is not None and item.answer_ids:
-        signals = free_signals(topk, item.answer_ids, kind, text=item.answer)
-        item.signals = signals if topk is item.original else None
-    item.outcome = rule.early(item, signals, hidden)
+        if topk.finite:
+            signals = free_signals(topk, item.answer_ids, kind, text=item.answer)
+            item.signals = signals if topk is item.original else None
+        else:  # NaN rows would read as certain (entropy 0): never decided on
+            broken = "the answer's top-k"
+    if hidden is not None and not hidden.finite:
+        broken, hidden = broken or "the answer's hidden states", None
+    if broken is not None and not rule.uses_esi:
+        item.outcome = rule.result(item, None, NON_FINITE.format(what=broken))
+    else:  # without signals or states no early stage decides: ESI refuses the rows itself
+        item.outcome = rule.early(item, signals, hidden)
     if item.outcome is not None:
         item.steps["score"] = item.outcome
 
@@ -417,6 +436,9 @@ def _scores(
     """ESI, the free signals and the sentences' scores; a ScoringError where it cannot."""
     if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
         raise ScoringError(HIDDEN_MISSING, code="hidden_states_missing")
+    if rule.needs_probe_states and hidden is not None and not hidden.finite:
+        msg = "the answer's hidden states hold NaN or infinite values"
+        raise ScoringError(msg)
     # A forced original is on the variants' own numbers (a backend that forces on
     # other weights than it generates with returns one unasked): it wins.
     base = forced.original if forced.original is not None else item.original

@@ -80,6 +80,11 @@ class HiddenStates:
     positions: tuple[Position, ...]
     values: np.ndarray
 
+    @property
+    def finite(self) -> bool:
+        """Whether every value is finite (an overflow gives inf, a broken kernel NaN)."""
+        return bool(np.isfinite(np.asarray(self.values, dtype=np.float64)).all())
+
     def features(self) -> np.ndarray:
         """The values as one flat float64 vector (layer-major), a probe's input."""
         return np.asarray(self.values, dtype=np.float64).reshape(-1)
