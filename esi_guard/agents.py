@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.language_models import BaseChatModel
@@ -61,6 +61,7 @@ from esi_guard.backends.fake import FakeBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.exceptions import ConfigurationError, UncertainAnswerError
 from esi_guard.guard import DEFAULT_ABSTAIN_MESSAGE, ESIGuard
+from esi_guard.guard._inputs import fold_tools
 from esi_guard.result import ESIResult, OnError
 
 __all__ = ["ESIMiddleware"]
@@ -172,9 +173,9 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         message = _answer(response)
         if handed is not None:
             return _with(response, message, _meta(handed, fallback_used=True))
-        if guard is None or message is None or message.tool_calls:
+        if guard is None or message is None or _tool_turn(response, message):
             return self._passed(response, message, guard)
-        result = guard.score(_prompt(request), message_text(message, skip_other_blocks=True))
+        result = guard.score(_prompt(request), _answer_text(response, message))
         if self.action == "route" and untrusted(result):
             with _held():
                 routed = handler(request.override(model=self._fallback()))
@@ -192,9 +193,9 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         message = _answer(response)
         if handed is not None:
             return _with(response, message, _meta(handed, fallback_used=True))
-        if guard is None or message is None or message.tool_calls:
+        if guard is None or message is None or _tool_turn(response, message):
             return self._passed(response, message, guard)
-        answer = message_text(message, skip_other_blocks=True)
+        answer = _answer_text(response, message)
         result = await asyncio.to_thread(guard.score, _prompt(request), answer)
         if self.action == "route" and untrusted(result):
             with _held():
@@ -329,6 +330,23 @@ def _answer(response: ModelResponse[Any]) -> AIMessage | None:
     return next((m for m in response.result if isinstance(m, AIMessage)), None)
 
 
+def _tool_turn(response: ModelResponse[Any], message: AIMessage) -> bool:
+    """Whether the model called tools to go on.
+
+    Not a structured final answer: its tool call to the response format ends the agent
+    with ``structured_response``.
+    """
+    return bool(message.tool_calls) and response.structured_response is None
+
+
+def _answer_text(response: ModelResponse[Any], message: AIMessage) -> str:
+    """The final answer's text as scored: a structured answer's tool call folded to text."""
+    if message.tool_calls and response.structured_response is not None:
+        (folded,), _ = fold_tools([message])
+        return folded["content"]
+    return message_text(message, skip_other_blocks=True)
+
+
 def _meta(result: ESIResult, *, fallback_used: bool = False) -> dict[str, Any]:
     esi = result.as_dict()
     if fallback_used:
@@ -359,9 +377,31 @@ def _with(
         update["content"] = content
     if usage is not None:
         update["usage_metadata"] = usage
+    if content is not None and response.structured_response is not None:
+        # A structured answer withheld: its tool call and structured response go too, and
+        # the agent ends (asked again, the model would answer the same).
+        update |= {"tool_calls": [], "invalid_tool_calls": []}
+        withheld = ModelResponse(result=[message.model_copy(update=update)])
+        return _ended(withheld)
     marked = message.model_copy(update=update)
     result = [marked if m is message else m for m in response.result]
     return ModelResponse(result=result, structured_response=response.structured_response)
+
+
+def _ended(response: ModelResponse[Any]) -> ModelResponse[Any]:
+    """``response``, and the agent's loop ended after it (where langchain can say so).
+
+    An ``ExtendedModelResponse``, which the agent takes wherever a middleware returns a
+    model response; typed as one.
+    """
+    try:
+        from langchain.agents.middleware.types import ExtendedModelResponse
+        from langgraph.types import Command
+    except ImportError:  # an older langchain: the agent asks the model again
+        return response
+    ended: Command[Any] = Command(update={"jump_to": "end"})
+    return cast("ModelResponse[Any]", ExtendedModelResponse(model_response=response,
+                                                            command=ended))  # fmt: skip
 
 
 @contextmanager
