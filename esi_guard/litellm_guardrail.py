@@ -114,21 +114,34 @@ class ESIGuardrail(CustomGuardrail):
         """Score the response's answer; flag it, or raise LiteLLM's 400 to block it."""
         if not self.should_run_guardrail(data=data, event_type=GuardrailEventHooks.post_call):
             return response
-        answer = _answer(response)
+        answers = _answers(response)
         messages = data.get("messages")
-        if answer is None or not messages:
+        texts = [answer for answer in answers or () if answer is not None]
+        if answers is None or (texts and not messages):  # an answer it cannot score
+            if self.esi_action == "block":
+                _block("answer could not be read", None)
+            return response
+        if not texts or not messages:
             return response
         prompt = [{"role": m["role"], "content": _text(m.get("content"))} for m in messages]
-        result = await asyncio.to_thread(self.guard.score, prompt, answer)
+        results = [await asyncio.to_thread(self.guard.score, prompt, text) for text in texts]
+        # Every choice is scored; the response reports the first one not accepted.
+        result = next((r for r in results if r.decision != "accept"), results[0])
         info = esi_summary(result)
         if self.esi_action == "block" and result.decision != "accept":
-            from fastapi import HTTPException
-
-            why = "untrusted answer" if result.scored else "answer could not be scored"
-            detail = {"error": f"Violated guardrail policy: ESI {why}", "esi": info}
-            raise HTTPException(status_code=400, detail=detail)
+            _block("untrusted answer" if result.scored else "answer could not be scored", info)
         _mark(response, info)
         return response
+
+
+def _block(why: str, info: dict[str, Any] | None) -> None:
+    """LiteLLM's guardrail 400, saying why (and the answer's ``esi`` where it was scored)."""
+    from fastapi import HTTPException
+
+    detail: dict[str, Any] = {"error": f"Violated guardrail policy: ESI {why}"}
+    if info is not None:
+        detail["esi"] = info
+    raise HTTPException(status_code=400, detail=detail)
 
 
 def _upstream(
@@ -150,14 +163,23 @@ def _upstream(
                          chat_template=read_chat_template(chat_template))  # fmt: skip
 
 
-def _answer(response: Any) -> str | None:
-    """The first choice's text, when the response is a chat completion with one."""
-    choices = getattr(response, "choices", None)
-    if not choices:
-        return None
-    message = getattr(choices[0], "message", None)
-    content = getattr(message, "content", None)
-    return content if isinstance(content, str) and content.strip() else None
+def _answers(response: Any) -> list[str | None] | None:
+    """Each choice's text (None: no text to score, a tool call's turn or an empty answer).
+
+    None when the response has choices whose answers are not a chat message's text (a
+    text completion, content parts): answers the guardrail cannot score. A response
+    without choices (not a completion) has none.
+    """
+    out: list[str | None] = []
+    for choice in getattr(response, "choices", None) or ():
+        message = getattr(choice, "message", None)
+        if message is None:
+            return None
+        content = getattr(message, "content", None)
+        if content is not None and not isinstance(content, str):
+            return None
+        out.append(content if content and content.strip() else None)
+    return out
 
 
 def _text(content: Any) -> str:
