@@ -119,23 +119,39 @@ class MicroBatcher:
     async def _collect(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            first = await self._first()
-            await self._slots.acquire()
+            jobs = [await self._first()]
             try:
-                jobs = self._gather_now(first) if first.future.cancelled() else [first]
-                jobs = await self._gather(loop, jobs)
+                await self._slots.acquire()
+            except BaseException:  # stopped: a request taken from the queue is still queued
+                _cancel(jobs)
+                raise
+            try:
+                if jobs[0].future.cancelled():
+                    jobs = self._gather_now()
+                await self._gather(loop, jobs)
             except BaseException:
                 self._slots.release()
+                _cancel(jobs)
                 raise
             groups: dict[Hashable, list[_Job]] = {}
             for job in jobs:
                 groups.setdefault(job.key, []).append(job)
-            for index, group in enumerate(groups.values()):
-                if index:
-                    await self._slots.acquire()
-                task = loop.create_task(self._call(group, loop.time()))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            if not groups:  # every request taken went away: the slot is free again
+                self._slots.release()
+                continue
+            waiting = list(groups.values())
+            try:
+                for index, group in enumerate(groups.values()):
+                    if index:
+                        await self._slots.acquire()
+                    task = loop.create_task(self._call(group, loop.time()))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    waiting.remove(group)
+            except BaseException:  # stopped: the groups not started are cancelled as queued
+                for group in waiting:
+                    _cancel(group)
+                raise
 
     async def _first(self) -> _Job:
         """The next request whose client is still there."""
@@ -144,8 +160,8 @@ class MicroBatcher:
             if not job.future.cancelled():
                 return job
 
-    def _gather_now(self, first: _Job) -> list[_Job]:
-        """``first`` went away while waiting for a slot: whatever is queued now instead."""
+    def _gather_now(self) -> list[_Job]:
+        """The first request went away while waiting for a slot: the next one queued now."""
         jobs: list[_Job] = []
         while not jobs and not self._queue.empty():
             job = self._queue.get_nowait()
@@ -154,7 +170,10 @@ class MicroBatcher:
         return jobs
 
     async def _gather(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> list[_Job]:
-        """Those that arrive within the window after the first (with a slot held)."""
+        """Those that arrive within the window after the first (with a slot held).
+
+        Added to ``jobs`` in place: a stop while waiting leaves none of them unsettled.
+        """
         deadline = loop.time() + self.window
         while len(jobs) < self.max_batch:
             try:
@@ -191,3 +210,9 @@ class MicroBatcher:
                     job.future.set_result(output)
         finally:
             self._slots.release()
+
+
+def _cancel(jobs: list[_Job]) -> None:
+    """Cancel requests taken from the queue but never started (as :meth:`stop` does queued)."""
+    for job in jobs:
+        job.future.cancel()
