@@ -97,6 +97,13 @@ def file_settings(
     given = dict(given)
     if "max_tokens" in given:  # LangChain's name for max_new_tokens
         given["max_new_tokens"] = given.pop("max_tokens")
+    if given.get("threshold") is not None:
+        msg = (
+            f"the threshold comes from {where} ({calibrated.threshold:g}, on the scores it was "
+            "calibrated for): do not pass threshold=, or give ESIGuard(threshold=...) instead"
+        )
+        raise ConfigurationError(msg)
+    given.pop("threshold", None)
     if "combined" in given:
         msg = (
             "combined comes from the threshold file (its threshold is on that score's "
@@ -155,7 +162,11 @@ def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> N
     probe = any(
         c is not None and c.hidden is not None for c in (calibrated.combined, calibrated.free_score)
     )
-    if other_engine is not None and probe:
+    if (
+        other_engine is not None
+        and probe
+        and states_engine(calibrated.engine or "") != (states_engine(guard.backend.engine))
+    ):
         msg = (
             f"{settings.where} holds a hidden-state probe fitted on the {calibrated.engine} "
             f"engine; this guard runs {guard.backend.engine}, whose hidden states of the same "
