@@ -303,10 +303,13 @@ class LLMJudge(Labeller):
             for q, p, gold, bad in zip(questions, predictions, answers, wrong, strict=True)
         ]  # fmt: skip
         replies = self.llm.batch(prompts)
-        return [
-            message_text(reply, skip_other_blocks=True).strip().lower().startswith("correct")
-            for reply in replies
-        ]
+        return [_verdict(message_text(reply, skip_other_blocks=True)) for reply in replies]
+
+
+def _verdict(reply: str) -> bool:
+    """The judge's reply says "correct": its first word, past quotes or markdown (``**``)."""
+    first = re.match(r"[\W_]*([^\W_]+)", reply)
+    return first is not None and first.group(1).lower() == "correct"
 
 
 class Declines(Labeller):
@@ -332,7 +335,10 @@ class Declines(Labeller):
         incorrect: Sequence[Sequence[str]] | None = None,
     ) -> list[bool]:
         """Declines for the unanswerable; ``inner`` for the others (a decline is wrong)."""
-        said_no = [declined(p) for p in predictions]
+        said_no = [  # a reply equal to a gold answer ("None") states it, not a decline
+            declined(p) and not ExactMatch().right(p, gold)
+            for p, gold in zip(predictions, answers, strict=True)
+        ]
         rest = [i for i, gold in enumerate(answers) if gold and not said_no[i]]
         inner = self.inner.label(
             [questions[i] for i in rest], [predictions[i] for i in rest],

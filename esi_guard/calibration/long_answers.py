@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from esi_guard.calibration.data import Example
-from esi_guard.calibration.labels import Containment, declined, normalise
+from esi_guard.calibration.labels import Containment, ExactMatch, declined, normalise
 from esi_guard.calibration.metrics import Estimate, bootstrap
 from esi_guard.calibration.prompts import DECLINE_PHRASE
 from esi_guard.exceptions import InputError
@@ -86,7 +86,8 @@ MIN_OVERLAP = 2
 """Content words a sentence must share with a question to be aligned to it by overlap."""
 
 How = Literal["number", "continued", "order", "overlap"]
-_NUMBER = re.compile(r"^\s*(?:\*\*)?(?:Q(?:uestion)?\s*)?(\d{1,2})\s*[.):]")
+_NUMBER = re.compile(r"^\s*(?:\*\*)?(?:Q(?:uestion)?\s*)?(\d{1,2})\s*[.):](?!\d)")
+"""An item number (``2.``, ``2)``, ``**Q2:``), not a decimal or a time (``1.5``, ``10:30``)."""
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
     re.findall(
@@ -209,6 +210,12 @@ class Alignment:
     how: How | None
 
 
+def _body(sentence: str) -> str:
+    """The sentence less its item number and markdown bold: what it says."""
+    found = _NUMBER.match(sentence)
+    return (sentence[found.end() :] if found else sentence).lstrip(" \t\n*")
+
+
 def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(normalise(text)) if len(w) > 3 and w not in _STOP}
 
@@ -241,7 +248,7 @@ def align(
     (:func:`joined_answer`): a sentence belongs to the item its first word lies in.
     """
     texts = [answer[start:end] for start, end in spans]
-    content = [bool(_WORD.search(t.lower().lstrip(" \t\n0123456789.):*"))) for t in texts]
+    content = [bool(_WORD.search(_body(t).lower())) for t in texts]
     if items is not None:
         return [_in_item(start, text, items) if ok else Alignment(None, None)
                 for (start, _), text, ok in zip(spans, texts, content, strict=True)]  # fmt: skip
@@ -280,12 +287,17 @@ def _in_item(start: int, text: str, items: Sequence[tuple[int, int]]) -> Alignme
 
 
 def sentence_right(sentence: str, example: Example) -> bool:
-    """Whether a sentence answers its question right (the module's labels)."""
+    """Whether a sentence answers its question right (the module's labels).
+
+    Its item number (``2.``) is not part of the answer: not a gold ``2``, and ``2. None``
+    declines as ``None`` does (unless ``None`` is the gold answer).
+    """
+    text = _body(sentence)
     if not example.answerable:
-        return declined(sentence)
-    if declined(sentence):
+        return declined(text)
+    if declined(text) and not ExactMatch().right(text, example.answers):
         return False
-    return Containment().right(sentence, example.answers)
+    return Containment().right(text, example.answers)
 
 
 @dataclass(frozen=True)
