@@ -26,7 +26,7 @@ from typing import Any
 from esi_guard._text import message_text
 from esi_guard.result import ESIResult
 
-__all__ = ["ABSTAIN_FINISH_REASON", "Applied", "apply"]
+__all__ = ["ABSTAIN_FINISH_REASON", "Applied", "apply", "esi_info"]
 
 ABSTAIN_FINISH_REASON = "content_filter"
 """The finish reason of an answer the guard withheld: OpenAI's value for an answer a filter
@@ -81,3 +81,40 @@ def apply(result: ESIResult, fallback: Any = None, *, abstain_message: str) -> A
             fallback_metadata=meta,
         )
     return Applied(result.answer, finish, prompt_tokens, answer_tokens, esi)
+
+
+def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
+    """The ``esi`` object a response carries, from a result's ``as_dict()``.
+
+    Score, decision, threshold and where it came from (``threshold_source``: ``given``,
+    ``file``, the server's path left out, or ``shipped:<file>``), whether it was scored
+    and why not, variants used; the
+    combined score's ``p_wrong``, the cascade's ``decided_by`` and ``fallback_used`` where
+    they apply; each sentence's ``start``, ``end``, ``score`` and ``decision`` (offsets in
+    the model's answer), and ``redacted``, how many sentences were removed. A withheld
+    answer's text, or a removed sentence's, is not sent.
+    """
+    info = {
+        "score": esi.get("score"),
+        "decision": esi["decision"],
+        "threshold": esi["threshold"],
+        "scored": esi["scored"],
+        "reason": esi.get("reason"),
+        "variants_used": esi.get("variants_used", 0),
+        "model": esi.get("model"),
+        "threshold_source": _source(esi.get("threshold_source", "given")),
+    }
+    for name in ("p_wrong", "decided_by", "fallback_used"):
+        if esi.get(name) is not None:
+            info[name] = esi[name]
+    if esi.get("sentences"):
+        keys = ("start", "end", "score", "decision", "p_wrong")
+        info["sentences"] = [{k: s[k] for k in keys if k in s} for s in esi["sentences"]]
+    if esi.get("redacted"):
+        info["redacted"] = len(esi["redacted"])
+    return info
+
+
+def _source(source: str) -> str:
+    """``threshold_source`` as a client sees it: a threshold file's path stays on the server."""
+    return "file" if source.startswith("file:") else source

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from litellm.integrations.custom_guardrail import CustomGuardrail
 from litellm.types.guardrails import GuardrailEventHooks
 
+from esi_guard.applied import esi_info
 from esi_guard.backends.adapters import read_chat_template
 from esi_guard.backends.base import Backend
 from esi_guard.exceptions import ConfigurationError
@@ -50,8 +51,6 @@ __all__ = ["ESIGuardrail", "esi_summary"]
 
 def esi_summary(result: ESIResult) -> dict[str, Any]:
     """What a response says about its answer (the same object ``esi-guard serve`` sends)."""
-    from esi_guard.server._schema import esi_info  # pydantic only: no FastAPI, no server
-
     return esi_info(result.as_dict())
 
 

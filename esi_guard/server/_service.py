@@ -20,14 +20,14 @@ from typing import Any, Protocol, cast
 
 from langchain_core.messages import convert_to_messages
 
-from esi_guard.applied import apply
+from esi_guard.applied import apply, esi_info
 from esi_guard.exceptions import APIError, ConfigurationError
 from esi_guard.guard import ESIGuard
 from esi_guard.result import ESIResult
 from esi_guard.server._batcher import Full, MicroBatcher
 from esi_guard.server._errors import ServeError, from_exception, overloaded
 from esi_guard.server._metrics import Metrics
-from esi_guard.server._schema import Answer, ChatRequest, chunk, esi_info
+from esi_guard.server._schema import Answer, ChatRequest, chunk
 from esi_guard.server._settings import ServeSettings
 from esi_guard.server._stream import ending, include_usage, sse
 from esi_guard.server._timed import TimedBackend
