@@ -1,12 +1,17 @@
-"""A message's plain text, read off the object's ``content`` (no LangChain import)."""
+"""Text helpers: a message's plain text, a question's words, a keyboard's neighbours.
+
+A message's text is read off the object's ``content`` (no LangChain import); the words
+and keys are what the character edits (:mod:`esi_guard.interventions`) read.
+"""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from esi_guard.exceptions import InputError
 
-__all__ = ["message_text"]
+__all__ = ["NEIGHBOURS", "Word", "message_text", "question_words"]
 
 
 def message_text(message: Any, *, skip_other_blocks: bool = False) -> str:
@@ -32,3 +37,59 @@ def message_text(message: Any, *, skip_other_blocks: bool = False) -> str:
         return "".join(parts)
     msg = f"message content of type {type(content).__name__} is not text"
     raise InputError(msg)
+
+
+Word = tuple[int, int, list[str]]
+"""A word's start and end offsets in the question, and its characters."""
+
+
+def question_words(question: str) -> list[Word]:
+    """Each word's ``(start, end)`` and characters: a letter with the marks that follow it.
+
+    A word is a run of letters (``str.isalpha``: superscripts, fractions and other numbers
+    are not letters); a combining mark (Unicode category M) after a letter joins it, so
+    decomposed "café" (``e`` then U+0301) is four characters, as its composed form is.
+    """
+    words: list[Word] = []
+    chars: list[str] = []
+    start = 0
+    for at, char in enumerate(question):
+        if char.isalpha():
+            if not chars:
+                start = at
+            chars.append(char)
+        elif chars and unicodedata.category(char)[0] == "M":
+            chars[-1] += char
+        elif chars:
+            words.append((start, at, chars))
+            chars = []
+    if chars:
+        words.append((start, len(question), chars))
+    return words
+
+
+_KEYBOARD = [
+    "qwertyuiop",
+    "asdfghjkl",
+    "zxcvbnm",
+]
+
+
+def _keyboard_neighbours() -> dict[str, str]:
+    neighbours: dict[str, str] = {}
+    for row_index, row in enumerate(_KEYBOARD):
+        for col, char in enumerate(row):
+            near = [row[c] for c in (col - 1, col + 1) if 0 <= c < len(row)]
+            for other in (row_index - 1, row_index + 1):
+                if 0 <= other < len(_KEYBOARD):
+                    near += [
+                        _KEYBOARD[other][c]
+                        for c in (col - 1, col, col + 1)
+                        if 0 <= c < len(_KEYBOARD[other])
+                    ]
+            neighbours[char] = "".join(near)
+    return neighbours
+
+
+NEIGHBOURS = _keyboard_neighbours()
+"""Each letter's neighbours on a QWERTY keyboard (what a typo hits instead)."""

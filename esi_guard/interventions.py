@@ -23,7 +23,6 @@ import json
 import math
 import random
 import re
-import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from esi_guard._keywords import strict_keywords
-from esi_guard._text import message_text
+from esi_guard._text import NEIGHBOURS, Word, message_text, question_words
 from esi_guard.exceptions import ConfigurationError, InputError, InterventionError
 
 __all__ = [
@@ -48,35 +47,6 @@ T = TypeVar("T")
 
 _REPHRASE = re.compile(r"^\s*\**\s*Rephrase\s*\d+\s*\**\s*:\s*\**\s*(.+?)\s*$", re.MULTILINE)
 _SPACES = re.compile(r"\s+")
-
-
-_Word = tuple[int, int, list[str]]
-"""A word's start and end offsets in the question, and its characters."""
-
-
-def _words(question: str) -> list[_Word]:
-    """Each word's ``(start, end)`` and characters: a letter with the marks that follow it.
-
-    A word is a run of letters (``str.isalpha``: superscripts, fractions and other numbers
-    are not letters); a combining mark (Unicode category M) after a letter joins it, so
-    decomposed "café" (``e`` then U+0301) is four characters, as its composed form is.
-    """
-    words: list[_Word] = []
-    chars: list[str] = []
-    start = 0
-    for at, char in enumerate(question):
-        if char.isalpha():
-            if not chars:
-                start = at
-            chars.append(char)
-        elif chars and unicodedata.category(char)[0] == "M":
-            chars[-1] += char
-        elif chars:
-            words.append((start, at, chars))
-            chars = []
-    if chars:
-        words.append((start, len(question), chars))
-    return words
 
 
 def _rng(seed: int, question: str) -> random.Random:
@@ -176,7 +146,7 @@ class _CharacterEdit(Intervention):
         """The word ``chars`` (a letter and its marks each) with ``chars[position]`` edited."""
         raise NotImplementedError
 
-    def _apply(self, question: str, words: list[_Word], rng: random.Random) -> str:
+    def _apply(self, question: str, words: list[Word], rng: random.Random) -> str:
         eligible = [word for word in words if len(word[2]) > self.min_chars]
         chosen: set[int] | None = None
         if self.words == "exact":
@@ -196,7 +166,7 @@ class _CharacterEdit(Intervention):
     def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
         """Up to ``n`` edited copies of ``question`` (``n`` unless ``distinct`` runs out)."""
         rng = _rng(seed, question)
-        words = _words(question)
+        words = question_words(question)
         if not self.distinct:
             return [self._apply(question, words, rng) for _ in range(n)]
         seen, out = {question}, list[str]()
@@ -232,32 +202,6 @@ class SkipOneChar(_CharacterEdit):
         return "".join(chars[:position] + chars[position + 1 :])
 
 
-_KEYBOARD = [
-    "qwertyuiop",
-    "asdfghjkl",
-    "zxcvbnm",
-]
-
-
-def _keyboard_neighbours() -> dict[str, str]:
-    neighbours: dict[str, str] = {}
-    for row_index, row in enumerate(_KEYBOARD):
-        for col, char in enumerate(row):
-            near = [row[c] for c in (col - 1, col + 1) if 0 <= c < len(row)]
-            for other in (row_index - 1, row_index + 1):
-                if 0 <= other < len(_KEYBOARD):
-                    near += [
-                        _KEYBOARD[other][c]
-                        for c in (col - 1, col, col + 1)
-                        if 0 <= c < len(_KEYBOARD[other])
-                    ]
-            neighbours[char] = "".join(near)
-    return neighbours
-
-
-_NEIGHBOURS = _keyboard_neighbours()
-
-
 @strict
 @dataclass(frozen=True)
 class Typo(_CharacterEdit):
@@ -270,7 +214,7 @@ class Typo(_CharacterEdit):
 
     def _edit(self, chars: list[str], position: int, rng: random.Random) -> str:
         char = chars[position]
-        near = _NEIGHBOURS.get(char.lower(), "abcdefghijklmnopqrstuvwxyz")
+        near = NEIGHBOURS.get(char.lower(), "abcdefghijklmnopqrstuvwxyz")
         new = rng.choice(near)
         return "".join([*chars[:position], new.upper() if char.isupper() else new,
                         *chars[position + 1 :]])  # fmt: skip
