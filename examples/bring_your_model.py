@@ -6,7 +6,7 @@
 2. ``ESIGuard(llm=Llama(...))``: a llama.cpp model you already loaded; the guard scores
    with the same weights (no second copy). Here the embedded GGUF stands for yours.
 3. ``ESIGuard(llm=HuggingFacePipeline(...))``: a LangChain pipeline you already have, the
-   same way (transformers loads the GGUF here: 20-40 s on a CPU).
+   same way (its model here: the embedded one, as esi_guard keeps it for transformers).
 4. ``ESIGuard(llm=ChatOpenAI(...))``: a ChatOpenAI pointed at an OpenAI-compatible server
    (here a local llama.cpp server this script starts), streamed live: the answer's text
    as it is generated, then the score.
@@ -24,7 +24,7 @@ from langchain_core.prompts import ChatPromptTemplate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: integrations/
 
-from esi_guard import ESIGuard
+from esi_guard import ESIGuard, HFBackend
 from esi_guard.backends import embedded_gguf, load_llama
 from integrations.llamacpp.server import LlamaServer
 
@@ -51,11 +51,13 @@ def main() -> None:
     show("llama_cpp.Llama", (PROMPT | ESIGuard(llm=llama, threshold=0.3)).invoke(QUESTION))
 
     from langchain_huggingface import HuggingFacePipeline
-    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+    from transformers import pipeline
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    # Your pipeline's model and tokenizer (AutoModelForCausalLM.from_pretrained(...)); here
+    # the embedded model's, as esi_guard kept them from its first reading of the GGUF
+    # (transformers takes 20-40 s of a CPU to read a GGUF, every time).
+    loaded = HFBackend.default()
+    pipe = pipeline("text-generation", model=loaded.model, tokenizer=loaded.tokenizer)
     guard = ESIGuard(llm=HuggingFacePipeline(pipeline=pipe), threshold=0.3)
     show("HuggingFacePipeline", (PROMPT | guard).invoke(QUESTION))
 

@@ -97,7 +97,7 @@ PER_ENGINE = ("hidden_probe", "cascade", "sentences")
 """Groups whose modules make their calibrations once per engine (``white_box``): each
 engine's tests are a work unit of their own, so the two engines' halves may run side by side."""
 SECONDS = {
-    "llama_server": 370, "ray": 290, "hidden_probe": 190, "cascade": 165, "big_model": 150,
+    "llama_server": 370, "ray": 150, "hidden_probe": 90, "cascade": 70, "big_model": 150,
     "adapters": 130, "llamacpp_backend": 50, "sentences": 35, "agents": 10,
     "test_docs_pages.py": 340, "test_examples.py": 200, "test_readme.py": 180,
     "test_llamacpp_packing.py": 110, "test_stream_sentences.py": 60, "test_rag_on_squad.py": 60,
@@ -105,7 +105,8 @@ SECONDS = {
     "test_reference.py": 40, "test_serve_embedded.py": 40, "test_cli.py": 30,
 }  # fmt: skip
 """About how long each work unit of the model tier runs (a group's tests together; an
-ungrouped test, its module's): seconds in a fresh clone's run on a 2-core Xeon, 2026-11-27.
+ungrouped test, its module's): seconds in a fresh clone's run on a 2-core Xeon, 2026-11-27
+(Ray's, the hidden-state probe's per engine and the cascade's, llama.cpp only, since).
 Only their order matters: side by side (``--dist loadgroup --no-loadscope-reorder``) the
 longest units are handed out first and the short ones fill the end, so one worker does not
 run a long unit alone while the other waits (that tail was 150 s of one idle core)."""

@@ -43,8 +43,11 @@ def _file(path: Path) -> dict[str, Any]:
 
 def test_two_workers_write_the_file_one_process_writes(shared_data: Path, tmp_path: Path) -> None:
     data = str(shared_data / "sciq" / "test.jsonl")
+    # Short answers and four variants: what is compared is where each record is scored,
+    # not the scores' settings (the defaults' 64 tokens and 10 variants cost 3x as much).
     common = ["calibrate", "--data", data, "--limit", LIMIT, "--select", "coverage",
-              "--resamples", "100", "--batch-size", "2"]  # fmt: skip
+              "--resamples", "100", "--batch-size", "2", "--n-variants", "4",
+              "--max-new-tokens", "12"]  # fmt: skip
     _cli(*common, "--threads", "1", "--cache", str(tmp_path / "one.jsonl"),
          "--out", str(tmp_path / "one.json"))  # fmt: skip
     out = _cli(*common, "--workers", "2", "--cache", str(tmp_path / "two.jsonl"),

@@ -74,11 +74,11 @@ def reference_esi(
     return total / (len(variants) * len(answer))
 
 
-def test_library_matches_reference_on_ten_real_questions(
+def test_library_matches_reference_on_six_real_questions(
     hf_backend: HFBackend, sciq_questions: list[str]
 ) -> None:
     guard = ESIGuard(backend=hf_backend, threshold=0.5, max_new_tokens=12, top_k=K)
-    questions = sciq_questions[10:20]
+    questions = sciq_questions[10:16]  # each forced one variant at a time, unbatched
     inputs = [[("system", SYSTEM), ("human", q)] for q in questions]
     gaps = []
     for question, message in zip(questions, guard.batch(inputs), strict=True):
