@@ -1,6 +1,7 @@
 """A local llama.cpp OpenAI-compatible server (llama-cpp-python), for the API backend.
 
 ``LlamaServer`` starts ``python -m llama_cpp.server`` on loopback with ``--logits_all true``
+(through ``ranked.py``, which ranks its logprobs with numpy: the same ones, faster)
 (what makes echo logprobs possible), waits until it answers, and stops it again::
 
     from integrations.llamacpp.server import LlamaServer
@@ -71,9 +72,13 @@ def server_command(
     n_ctx: int = 2048,
     n_threads: int | None = None,
 ) -> list[str]:
-    """The ``llama_cpp.server`` command line serving ``model`` with logprobs for every token."""
+    """The ``llama_cpp.server`` command line serving ``model`` with logprobs for every token.
+
+    It runs through :mod:`integrations.llamacpp.ranked`, which ranks the logprobs with
+    numpy (llama-cpp-python ranks the vocabulary in Python for every token it reports).
+    """
     command = [
-        sys.executable, "-m", "llama_cpp.server",
+        sys.executable, str(Path(__file__).with_name("ranked.py")),
         "--model", str(model),
         "--host", host,
         "--port", str(port),
