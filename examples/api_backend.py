@@ -11,7 +11,7 @@ teacher forcing here (``approximate: false``); a chat-only API gets chat mode in
 
 llama-cpp-python ranks the whole vocabulary in Python for every echoed prompt token (about
 0.09 s a token on this project's 2-core CPUs; the launcher's ``ranked.py`` does it with numpy,
-the same logprobs in 1/4.7 of the time): this example uses L=4 variants and a short system
+the same logprobs in a third of the time): this example uses L=4 variants and a short system
 prompt. vLLM does the same work on the GPU (integrations/vllm/).
 """
 

@@ -36,6 +36,7 @@ SUBJECTS = {
     "server": "server",
     "ray": "ray",
     "llamacpp-build": "llamacpp_build",
+    "llamacpp-ranked": "llamacpp_ranked",
     "gpu": "gpu",
     "prefix": "prefix",
 }

@@ -71,14 +71,19 @@ def server_command(
     port: int = 8000,
     n_ctx: int = 2048,
     n_threads: int | None = None,
+    ranked: bool = True,
 ) -> list[str]:
     """The ``llama_cpp.server`` command line serving ``model`` with logprobs for every token.
 
     It runs through :mod:`integrations.llamacpp.ranked`, which ranks the logprobs with
-    numpy (llama-cpp-python ranks the vocabulary in Python for every token it reports).
+    numpy (llama-cpp-python ranks the vocabulary in Python for every token it reports);
+    ``ranked=False``: ``python -m llama_cpp.server`` as it is.
     """
+    launcher = (
+        [str(Path(__file__).with_name("ranked.py"))] if ranked else ["-m", "llama_cpp.server"]
+    )
     command = [
-        sys.executable, str(Path(__file__).with_name("ranked.py")),
+        sys.executable, *launcher,
         "--model", str(model),
         "--host", host,
         "--port", str(port),
@@ -113,18 +118,23 @@ class LlamaServer:
         n_ctx: int = 2048,
         n_threads: int | None = None,
         timeout: float = 180.0,
+        ranked: bool = True,
     ) -> LlamaServer:
         """Start a server on ``model`` (default: the embedded GGUF) and wait until it answers.
 
-        ``port=0`` picks a free port. Raises ``BackendError`` (with the server's last
-        output) if it exits or does not answer within ``timeout`` seconds.
+        ``port=0`` picks a free port; ``ranked=False`` serves without
+        :mod:`integrations.llamacpp.ranked` (llama-cpp-python's own ranking of logprobs).
+        Raises ``BackendError`` (with the server's last output) if it exits or does not
+        answer within ``timeout`` seconds.
         """
         path = Path(model).resolve() if model is not None else embedded_gguf().resolve()
         if not path.is_file():
             msg = f"no GGUF model file at {path}"
             raise BackendError(msg)
         port = port or free_port(host)
-        command = server_command(path, host=host, port=port, n_ctx=n_ctx, n_threads=n_threads)
+        command = server_command(
+            path, host=host, port=port, n_ctx=n_ctx, n_threads=n_threads, ranked=ranked
+        )
         # The server logs every request: to a file, since a pipe nobody reads would fill up
         # and stall it.
         log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()

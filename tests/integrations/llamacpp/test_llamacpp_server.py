@@ -40,6 +40,8 @@ def test_a_server_that_dies_reports_its_last_output(
 def test_the_command_asks_for_every_tokens_logprobs(tmp_path: Path) -> None:
     command = server_command(tmp_path / "m.gguf", port=1234, n_threads=2)
     assert Path(command[1]).name == "ranked.py" and Path(command[1]).is_file()
+    as_it_is = server_command(tmp_path / "m.gguf", port=1234, ranked=False)
+    assert as_it_is[1:3] == ["-m", "llama_cpp.server"] and as_it_is[3:] == command[2:-2]
     assert command[command.index("--logits_all") + 1] == "true"
     assert command[command.index("--port") + 1] == "1234"
     assert command[command.index("--n_threads") + 1] == "2"
