@@ -1,8 +1,8 @@
 """A local llama.cpp OpenAI-compatible server (llama-cpp-python), for the API backend.
 
 ``LlamaServer`` starts ``python -m llama_cpp.server`` on loopback with ``--logits_all true``
-(through ``ranked.py``, which ranks its logprobs with numpy: the same ones, faster)
-(what makes echo logprobs possible), waits until it answers, and stops it again::
+(what makes echo logprobs possible; through ``ranked.py``, which ranks its logprobs with
+numpy: the same ones, faster), waits until it answers, and stops it again::
 
     from integrations.llamacpp.server import LlamaServer
 
