@@ -100,8 +100,14 @@ _DECLINES = [
 ]
 
 
-def declined(text: str) -> bool:
-    """Whether a reply declines to answer (the module's decline rule)."""
+def declined(text: str, answers: Sequence[str] = ()) -> bool:
+    """Whether a reply declines to answer (the module's decline rule).
+
+    A reply equal to one of ``answers`` (after normalisation: SQuAD's gold ``None``)
+    states that answer: it is not a decline.
+    """
+    if any(normalise(text) == normalise(gold) for gold in answers):
+        return False
     reply = text.lower().replace("\u2019", "'").replace("\u2018", "'").strip()
     return any(pattern.search(reply) for pattern in _DECLINES)
 
@@ -335,10 +341,7 @@ class Declines(Labeller):
         incorrect: Sequence[Sequence[str]] | None = None,
     ) -> list[bool]:
         """Declines for the unanswerable; ``inner`` for the others (a decline is wrong)."""
-        said_no = [  # a reply equal to a gold answer ("None") states it, not a decline
-            declined(p) and not ExactMatch().right(p, gold)
-            for p, gold in zip(predictions, answers, strict=True)
-        ]
+        said_no = [declined(p, gold) for p, gold in zip(predictions, answers, strict=True)]
         rest = [i for i, gold in enumerate(answers) if gold and not said_no[i]]
         inner = self.inner.label(
             [questions[i] for i in rest], [predictions[i] for i in rest],

@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from esi_guard.calibration.data import Example
-from esi_guard.calibration.labels import Containment, ExactMatch, declined, normalise
+from esi_guard.calibration.labels import Containment, declined, normalise
 from esi_guard.calibration.metrics import Estimate, bootstrap
 from esi_guard.calibration.prompts import DECLINE_PHRASE
 from esi_guard.exceptions import InputError
@@ -295,7 +295,7 @@ def sentence_right(sentence: str, example: Example) -> bool:
     text = _body(sentence)
     if not example.answerable:
         return declined(text)
-    if declined(text) and not ExactMatch().right(text, example.answers):
+    if declined(text, example.answers):
         return False
     return Containment().right(text, example.answers)
 

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.shared_data import SharedDataMissing
 from benchmarks.shared_data import shared_data as find_shared_data
 from esi_guard.calibration.data import Example, load_examples
-from esi_guard.calibration.labels import Declines, LLMJudge
+from esi_guard.calibration.labels import Declines, LLMJudge, declined
 from esi_guard.calibration.long_answers import (
     CLOSED_BOOK_TEMPLATE,
     RAG_LONG_TEMPLATE,
@@ -84,6 +84,8 @@ def test_a_gold_none_answered_none_is_right() -> None:
     assert Declines().label(["How many?"], ["None"], [()]) == [True]  # unanswerable
     assert Declines().label(["How many?"], ["I don't know"], [("None",)]) == [False]
     assert sentence_right("3. None.", Example("How many?", ("None",), context="p")) is True
+    assert declined("None.") and not declined("None.", ["None"])  # the one rule both use
+    assert declined("I don't know.", ["None"])
 
 
 def test_squad_gold_none_is_labelled_right() -> None:
