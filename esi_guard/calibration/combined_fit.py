@@ -76,17 +76,30 @@ def _fit_path(
     probe's search fits every fold, PCA size and strength of each candidate, thousands of
     fits of a few dozen features, where one fit at a time spends its time in numpy's
     per-call overhead. A problem whose steps do not converge is finished by L-BFGS-B.
+    Problems on data of different widths, or too many for :data:`_BATCH_BYTES`, are fitted
+    in batches.
     """
-    d = xs[0].shape[1]
-    bounded = d if bounded is None else bounded
+    d = xs[problems[0][0]].shape[1]
     most = max(len(y) for y in ys)
-    which = np.array([i for i, _, _ in problems])
+    step = max(1, _BATCH_BYTES // (most * (d + 1) * 8))
+    rest = {n for n, (which, _, _) in enumerate(problems) if xs[which].shape[1] != d}
+    if rest or len(problems) > step:
+        # Each problem's fit is the same alone: fitted in batches of one data width (the
+        # first problem's here, the rest's by the same call) and of bounded size.
+        alike = [n for n in range(len(problems)) if n not in rest]
+        batches = [alike[i : i + step] for i in range(0, len(alike), step)]
+        by_problem: dict[int, tuple[np.ndarray, float]] = {}
+        for batch in batches + ([sorted(rest)] if rest else []):
+            found = _fit_path(xs, ys, [problems[n] for n in batch], bounded)
+            by_problem.update(zip(batch, found, strict=True))
+        return [by_problem[n] for n in range(len(problems))]
+    bounded = d if bounded is None else bounded
     # Every problem's data, padded to the longest with rows that weigh nothing.
-    xb = np.zeros((len(xs), most, d + 1))
-    yy, real = np.zeros((len(xs), most)), np.zeros((len(xs), most))
-    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+    xb = np.zeros((len(problems), most, d + 1))
+    yy, real = np.zeros((len(problems), most)), np.zeros((len(problems), most))
+    for i, (at_data, _, _) in enumerate(problems):
+        x, y = xs[at_data], ys[at_data]
         xb[i, : len(y), :d], xb[i, : len(y), d], yy[i, : len(y)], real[i, : len(y)] = x, 1, y, 1
-    xb, yy, real = xb[which], yy[which], real[which]
     count = real.sum(axis=1)
     columns = np.arange(d + 1)
     widths = np.array([width for _, width, _ in problems])
@@ -153,6 +166,8 @@ def _fit_path(
 
 _NEWTON_STEPS = 50
 """Most projected Newton steps :func:`_fit_path` takes before L-BFGS-B finishes a fit."""
+_BATCH_BYTES = 4 << 20
+"""Most bytes of padded data :func:`_fit_path` fits at once (more problems: in batches)."""
 _TOLERANCE = 1e-9
 """Largest projected-gradient entry at which :func:`_fit_path` stops a fit."""
 

@@ -240,34 +240,34 @@ def search_states(
     smallest = min(len(train) for train, _ in splits)
     sizes = sorted({min(k, max(1, smallest // 8)) for k in COMPONENTS})
     free = x.shape[1]
-    residuals: dict[tuple[int, tuple[Position, ...], int, float], np.ndarray] = {}
+    xas: list[np.ndarray] = []
+    yas: list[np.ndarray] = []
+    xbs: list[tuple[np.ndarray, np.ndarray]] = []  # each fit's held-out rows and their labels
+    asked: list[tuple[int, tuple[Position, ...], int, float]] = []
+    problems: list[tuple[int, int, float]] = []
     for li, layer in enumerate(layers):
         for chosen in POSITION_SETS:
             if not set(chosen) <= set(positions):
                 continue
             pi = [positions.index(p) for p in chosen]
             states = values[:, li, pi, :].reshape(len(y), -1)
-            out = {(k, c): np.empty_like(y) for k in sizes for c in strengths}
-            xas, yas, xbs = [], [], []
-            asked: list[tuple[int, int, float]] = []
-            problems: list[tuple[int, int, float]] = []
-            for fold, (train, test) in enumerate(splits):
+            for train, test in splits:
                 # The PCA sizes' components are the first of the largest's (as many as the
                 # states give).
                 fitted, held = _projected(hidden, train, test, states, (layer, chosen), max(sizes))
                 xas.append(np.hstack([x[train], fitted]))
-                xbs.append(np.hstack([x[test], held]))
+                xbs.append((np.hstack([x[test], held]), test))
                 yas.append(y[train])
                 for k in sizes:
                     for c in strengths:
-                        asked.append((fold, k, c))
-                        problems.append((fold, min(free + k, xas[-1].shape[1]), c))
-            fits = fit(xas, yas, problems)
-            for (fold, k, c), (_, width, _), (w, b) in zip(asked, problems, fits, strict=True):
-                test = splits[fold][1]
-                out[k, c][test] = error(y[test], xbs[fold][:, :width] @ w + b)
-            for (k, c), r in out.items():
-                residuals[layer, chosen, k, c] = r
+                        asked.append((layer, chosen, k, c))
+                        problems.append((len(xas) - 1, min(free + k, xas[-1].shape[1]), c))
+    # Every candidate's every fold in one call: the fit's per-call overhead paid once.
+    residuals = {key: np.empty_like(y) for key in asked}
+    fits = fit(xas, yas, problems)
+    for candidate, (which, width, _), (w, b) in zip(asked, problems, fits, strict=True):
+        held, test = xbs[which]
+        residuals[candidate][test] = error(y[test], held[:, :width] @ w + b)
     scores = {key: score(r) for key, r in residuals.items()}
     best = min(scores, key=scores.__getitem__)
     layer, chosen, k, strength = best
