@@ -87,26 +87,25 @@ demo: install-demo
 model-1.5b: install-demo
 	$(BIN)/esi-guard fetch-model qwen2.5-coder-1.5b-instruct-q4_k_m
 
-## The whole test suite: unit tests and integration tests on the embedded model.
-## The fast tier first, on every core (as test-fast), then every test that runs a model or a
-## server, side by side on every core (MODEL_WORKERS): each model at one thread, tests that
-## share a server, a loaded model or a local Ray in one xdist_group (docs/development.md).
-## Each tier's durations go to $(TIMES) (JUnit XML); the run ends with its ten slowest tests
-## and its time beside the 15-minute goal (tests/durations.py), passed or failed.
+## The whole test suite: unit tests and integration tests on the embedded model, in one
+## run side by side on every core (MODEL_WORKERS): each model at one thread, tests that
+## share a server, a loaded model or a local Ray in one xdist_group, the longest units
+## first and the fast tier's tests filling the end (docs/development.md); a fast-tier test
+## that loads a model fails, as in test-fast. The durations go to $(TIMES) (JUnit XML); the
+## run ends with its ten slowest tests and its time beside the 15-minute goal
+## (tests/durations.py), passed or failed.
 FAST := not integration and not server and not slow
 MODEL_WORKERS ?= auto
 TIMES := $(VENV)/test-times
 test: install-test install-litellm-proxy
-	rm -f $(TIMES)/fast.xml $(TIMES)/model.xml
-	ESI_GUARD_TEST_NO_MODEL=1 $(BIN)/python -m pytest -m "$(FAST)" -n auto \
-	  --junitxml=$(TIMES)/fast.xml
-	$(BIN)/python -m pytest -m "not ($(FAST))" -n $(MODEL_WORKERS) --dist loadgroup \
-	  --no-loadscope-reorder --junitxml=$(TIMES)/model.xml; status=$$?; \
-	  $(BIN)/python -m tests.durations $(TIMES)/fast.xml $(TIMES)/model.xml; exit $$status
+	rm -f $(TIMES)/tests.xml
+	$(BIN)/python -m pytest -n $(MODEL_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	  --junitxml=$(TIMES)/tests.xml; status=$$?; \
+	  $(BIN)/python -m tests.durations $(TIMES)/tests.xml; exit $$status
 
 ## The last `make test`'s ten slowest tests and its time beside the goal, again.
 test-times:
-	$(BIN)/python -m tests.durations $(TIMES)/fast.xml $(TIMES)/model.xml
+	$(BIN)/python -m tests.durations $(TIMES)/tests.xml
 
 ## The developer's loop: unit tests only, on every core, loading no model (a test that
 ## loads one fails there: mark it `integration`). Under 3 minutes on two cores.

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 NO_MODEL = "ESI_GUARD_TEST_NO_MODEL"
 """Set by ``make test-fast``: any test that loads a real model fails, naming the marker."""
+MODEL_MARKERS = ("integration", "server", "slow")
+"""A test with none of these is the fast tier's: it loads no real model, in any run."""
+MODEL_FIXTURES = {"hf_backend", "white_box", "big_model_path"}
+"""The real models' fixtures, which no fast-tier test may ask for."""
 ONE_THREAD = {"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "1"}
 """The environment of tests run side by side: OpenMP's thread limit caps every llama.cpp
 decode (it asks OpenMP for ``n_threads``, and takes what it gets) and torch's threads, in
@@ -50,14 +54,15 @@ def side_by_side(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Side by side, :data:`ONE_THREAD` (set here, before the workers start; a user's own
-    value kept). Under :data:`NO_MODEL`, loading a real model fails: a GGUF through
-    llama.cpp, or weights through transformers, from anywhere but a temporary folder (where
-    a test saves the tiny model it builds)."""
+    value kept). Under :data:`NO_MODEL`, or side by side (``make test`` runs both tiers in
+    one run), a fast-tier test (:data:`MODEL_MARKERS`) that loads a real model fails: a GGUF
+    through llama.cpp, or weights through transformers, from anywhere but a temporary
+    folder (where a test saves the tiny model it builds)."""
     if side_by_side(config):
         _check_groups(config)
         for name, value in ONE_THREAD.items():
             os.environ.setdefault(name, value)
-    if not os.environ.get(NO_MODEL):
+    elif not os.environ.get(NO_MODEL):
         return
     try:
         import llama_cpp
@@ -73,16 +78,52 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(_refused(model, "from_pretrained", lambda args, kw: args[1]))
 
 
+_RUNNING: list[pytest.Item] = []
+"""The test running in this process, while it runs (setup, call, teardown)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Any:
+    _RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        _RUNNING.remove(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A fast-tier test asking for a real model's fixture (:data:`MODEL_FIXTURES`) fails
+    before any is made (in a run of both tiers, another test may have made it already)."""
+    asked = sorted(MODEL_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if asked and not _model_test(item):
+        pytest.fail(f"a fast-tier test asks for a real model ({asked}): mark it `integration`")
+
+
+def _model_test(item: pytest.Item) -> bool:
+    """Whether a test is marked to run a model or a server (:data:`MODEL_MARKERS`)."""
+    return any(item.get_closest_marker(name) is not None for name in MODEL_MARKERS)
+
+
+def _loads_no_model() -> bool:
+    """Whether loading a real model now is refused: under :data:`NO_MODEL`, or in a
+    fast-tier test (a session fixture a model test made first is kept)."""
+    if os.environ.get(NO_MODEL):
+        return True
+    return bool(_RUNNING) and not _model_test(_RUNNING[-1])
+
+
 def _refused(
     owner: Any, name: str, path_of: Callable[[tuple[Any, ...], dict[str, Any]], Any]
 ) -> Callable[[], None]:
-    """``owner.name`` refusing a path outside the temporary folder; the function that undoes it."""
+    """``owner.name`` refusing a path outside the temporary folder while
+    :func:`_loads_no_model`; the function that undoes it."""
     old = owner.__dict__[name]
     call = old.__func__ if isinstance(old, classmethod) else old
 
     def refusing(*args: Any, **kwargs: Any) -> Any:
         path = Path(str(kwargs.get("model_path") or path_of(args, kwargs))).resolve()
-        if Path(tempfile.gettempdir()).resolve() not in path.parents:
+        if _loads_no_model() and Path(tempfile.gettempdir()).resolve() not in path.parents:
             if name == "__init__":  # what llama_cpp.Llama's __del__ closes
                 args[0].__dict__.setdefault("_stack", contextlib.ExitStack())
             msg = f"the fast tier loads no model ({path}): mark this test `integration`"

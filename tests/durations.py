@@ -1,13 +1,14 @@
 """The time a test run took, kept: its ten slowest tests and its whole time beside the goal.
 
-``make test`` writes each tier's JUnit XML (``--junitxml``, one ``testcase`` per test with
-its setup, call and teardown seconds; the ``testsuite``'s time is the tier's wall time)
+``make test`` writes its run's JUnit XML (``--junitxml``, one ``testcase`` per test with
+its setup, call and teardown seconds; the ``testsuite``'s time is the run's wall time)
 and ends with::
 
-    python -m tests.durations .venv/test-times/fast.xml .venv/test-times/model.xml
+    python -m tests.durations .venv/test-times/tests.xml
 
-which prints the ten slowest tests of the files and the tiers' total against
-:data:`GOAL` (``make test`` in 15 minutes on two cores), with the CPU it ran on, so growth
+which prints the ten slowest tests of the files (several files: their runs' times added)
+and the total against :data:`GOAL` (``make test`` in 15 minutes on two cores), with the
+CPU it ran on, so growth
 shows in the CI log the day it happens. It only prints: a slow machine is not a failure.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 __all__ = ["GOAL", "Timed", "cpu_name", "main", "read", "report"]
 
 GOAL = 15 * 60.0
-"""Seconds ``make test`` may take after its install: both tiers (issue 63)."""
+"""Seconds ``make test`` may take after its install: every test (issue 63)."""
 
 
 @dataclass(frozen=True)
