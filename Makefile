@@ -94,7 +94,7 @@ model-1.5b: install-demo
 ## that loads a model fails, as in test-fast. The durations go to $(TIMES) (JUnit XML); the
 ## run ends with its ten slowest tests and its time beside the 15-minute goal
 ## (tests/durations.py), passed or failed.
-FAST := not integration and not server and not slow
+FAST := not integration and not server and not slow and not gpu
 MODEL_WORKERS ?= auto
 TIMES := $(VENV)/test-times
 test: install-test install-litellm-proxy

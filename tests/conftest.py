@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 NO_MODEL = "ESI_GUARD_TEST_NO_MODEL"
 """Set by ``make test-fast``: any test that loads a real model fails, naming the marker."""
-MODEL_MARKERS = ("integration", "server", "slow")
+MODEL_MARKERS = ("integration", "server", "slow", "gpu")
 """A test with none of these is the fast tier's: it loads no real model, in any run."""
 MODEL_FIXTURES = {"hf_backend", "white_box", "big_model_path"}
 """The real models' fixtures, which no fast-tier test may ask for."""
@@ -91,10 +91,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Any:
         _RUNNING.remove(item)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A fast-tier test asking for a real model's fixture (:data:`MODEL_FIXTURES`) fails
-    before any is made (in a run of both tiers, another test may have made it already)."""
+    before any is made (in a run of both tiers, another test may have made it already);
+    after the skip marks (a test skipped here asks for nothing)."""
     asked = sorted(MODEL_FIXTURES & set(getattr(item, "fixturenames", ())))
     if asked and not _model_test(item):
         pytest.fail(f"a fast-tier test asks for a real model ({asked}): mark it `integration`")

@@ -39,6 +39,7 @@ SUBJECTS = {
     "llamacpp-ranked": "llamacpp_ranked",
     "gpu": "gpu",
     "prefix": "prefix",
+    "probe-search": "probe_search",
 }
 """Subject -> its module under ``benchmarks.timing``."""
 NO_RECORD = frozenset({"streaming", "rag"})
