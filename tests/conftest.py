@@ -57,12 +57,15 @@ def pytest_configure(config: pytest.Config) -> None:
     value kept). Under :data:`NO_MODEL`, or side by side (``make test`` runs both tiers in
     one run), a fast-tier test (:data:`MODEL_MARKERS`) that loads a real model fails: a GGUF
     through llama.cpp, or weights through transformers, from anywhere but a temporary
-    folder (where a test saves the tiny model it builds)."""
-    if side_by_side(config):
+    folder (where a test saves the tiny model it builds). Not in pytest-xdist's controller,
+    which runs no test."""
+    together = side_by_side(config)
+    if together:
         _check_groups(config)
         for name, value in ONE_THREAD.items():
             os.environ.setdefault(name, value)
-    elif not os.environ.get(NO_MODEL):
+    controller = together and not hasattr(config, "workerinput")
+    if controller or not (together or os.environ.get(NO_MODEL)):
         return
     try:
         import llama_cpp
