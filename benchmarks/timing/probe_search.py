@@ -78,24 +78,25 @@ def _search(hidden: list[HiddenStates], signals: list[dict[str, float]], wrong: 
     """The combined score's probe search, as ``fit_combined`` runs it, with ``fit``."""
     from sklearn.model_selection import StratifiedKFold
 
-    from esi_guard.calibration.combined_fit import STRENGTHS, _log_loss
+    from esi_guard.calibration.combined_fit import STRENGTHS
 
     raw = np.array([[s["nll"], s["entropy"], s["esi"]] for s in signals])
     mean, scale = probe_search.standard(raw)
     x, y = (raw - mean) / scale, wrong.astype(np.float64)
     splits = list(StratifiedKFold(FOLDS, shuffle=True, random_state=0).split(x, y))
     return probe_search.search_states(
-        x, y, splits, hidden, strengths=STRENGTHS, fit=fit, error=_log_loss,
+        x, y, splits, hidden, strengths=STRENGTHS, fit=fit,
+        error=lambda held, z: np.logaddexp(0.0, z) - held * z,
         score=lambda r: float(np.sum(r)) / len(y),
     )  # fmt: skip
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Time both arms on the same answers, round after round; print and return it."""
-    from esi_guard.calibration.combined_fit import _fit_path
+    from esi_guard.calibration.combined_fit import fit_path
 
     hidden, signals, wrong = _answers(args.answers, args.hidden, args.layers)
-    batched = lambda xs, ys, problems: _fit_path(xs, ys, problems, 3)  # noqa: E731
+    batched = lambda xs, ys, problems: fit_path(xs, ys, problems, 3)  # noqa: E731
     arms = {"batched": batched, "per candidate": _per_candidate(batched, FOLDS)}
     seconds: dict[str, list[float]] = {name: [] for name in arms}
     found: dict[str, probe_search.StateFit] = {}

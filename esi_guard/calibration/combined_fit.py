@@ -24,7 +24,7 @@ from esi_guard.calibration.probe_search import search_states, standard
 from esi_guard.combined import FEATURES, HIDDEN, SIGNALS, CombinedScore, HiddenProbe, _sigmoid
 from esi_guard.exceptions import ConfigurationError
 
-__all__ = ["STRENGTHS", "average", "fit_combined"]
+__all__ = ["STRENGTHS", "average", "fit_combined", "fit_path"]
 
 STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 """The L2 strengths (on the mean log-loss) that cross-validation chooses from."""
@@ -36,10 +36,10 @@ def _fit(
     """Weights and an intercept minimising mean log-loss + strength/2 * |w|^2.
 
     The first ``bounded`` weights (all by default) are >= 0; the others are free. Solved
-    by projected Newton steps (:func:`_fit_path`, one problem), with L-BFGS-B to finish
+    by projected Newton steps (:func:`fit_path`, one problem), with L-BFGS-B to finish
     should they not converge.
     """
-    ((w, b),) = _fit_path([x], [y], [(0, x.shape[1], strength)], bounded)
+    ((w, b),) = fit_path([x], [y], [(0, x.shape[1], strength)], bounded)
     return w, b
 
 
@@ -61,18 +61,21 @@ def _lbfgs(x: np.ndarray, y: np.ndarray, strength: float, bounded: int) -> tuple
     return out.x[:-1], float(out.x[-1])
 
 
-def _fit_path(
+def fit_path(
     xs: Sequence[np.ndarray],
     ys: Sequence[np.ndarray],
     problems: Sequence[tuple[int, int, float]],
     bounded: int | None = None,
 ) -> list[tuple[np.ndarray, float]]:
-    """:func:`_fit` for each ``(which, width, strength)`` of ``problems``, all together.
+    """The monotone logistic fit of each ``(which, width, strength)`` of ``problems``, together.
 
-    Each is fitted on the first ``width`` columns of ``xs[which]`` (labels ``ys[which]``)
-    at ``strength``, by the same projected Newton steps as :func:`_fit` taken for every
-    problem at once (stacked Hessians, one batched solve, a backtracking line search per problem; a
-    column past a problem's width is held at 0, a row past its data weighs nothing): a
+    Each problem's weights and intercept minimise the mean log-loss + ``strength``/2 *
+    |w|^2 on the first ``width`` columns of ``xs[which]`` (labels ``ys[which]``), the
+    first ``bounded`` weights >= 0 (all by default): the probe search's
+    :data:`~esi_guard.calibration.probe_search.Fit`. Projected Newton steps are taken for
+    every problem at once (stacked Hessians, one batched solve, a backtracking line search
+    per problem; a column past a problem's width is held at 0, a row past its data weighs
+    nothing): a
     probe's search fits every fold, PCA size and strength of each candidate, thousands of
     fits of a few dozen features, where one fit at a time spends its time in numpy's
     per-call overhead. A problem whose steps do not converge is finished by L-BFGS-B.
@@ -90,7 +93,7 @@ def _fit_path(
         batches = [alike[i : i + step] for i in range(0, len(alike), step)]
         by_problem: dict[int, tuple[np.ndarray, float]] = {}
         for batch in batches + ([sorted(rest)] if rest else []):
-            found = _fit_path(xs, ys, [problems[n] for n in batch], bounded)
+            found = fit_path(xs, ys, [problems[n] for n in batch], bounded)
             by_problem.update(zip(batch, found, strict=True))
         return [by_problem[n] for n in range(len(problems))]
     bounded = d if bounded is None else bounded
@@ -165,11 +168,11 @@ def _fit_path(
 
 
 _NEWTON_STEPS = 50
-"""Most projected Newton steps :func:`_fit_path` takes before L-BFGS-B finishes a fit."""
+"""Most projected Newton steps :func:`fit_path` takes before L-BFGS-B finishes a fit."""
 _BATCH_BYTES = 4 << 20
-"""Most bytes of padded data :func:`_fit_path` fits at once (more problems: in batches)."""
+"""Most bytes of padded data :func:`fit_path` fits at once (more problems: in batches)."""
 _TOLERANCE = 1e-9
-"""Largest projected-gradient entry at which :func:`_fit_path` stops a fit."""
+"""Largest projected-gradient entry at which :func:`fit_path` stops a fit."""
 
 
 def fit_combined(
@@ -227,7 +230,7 @@ def fit_combined(
     free = x.shape[1]
     found = search_states(
         x, y, splits, list(hidden), strengths=STRENGTHS,
-        fit=lambda xs, ys, problems: _fit_path(xs, ys, problems, free), error=_log_loss,
+        fit=lambda xs, ys, problems: fit_path(xs, ys, problems, free), error=_log_loss,
         score=lambda r: sum(float(np.sum(r[test])) for _, test in splits) / len(y),
     )  # fmt: skip
     return CombinedScore(**common, weights=tuple(float(max(v, 0.0)) for v in found.weights),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from esi_guard import ConfigurationError
-from esi_guard.calibration.combined_fit import STRENGTHS, _fit, _fit_path, fit_combined
+from esi_guard.calibration.combined_fit import STRENGTHS, _fit, fit_combined, fit_path
 from esi_guard.calibration.metrics import expected_calibration_error
 
 
@@ -93,7 +93,7 @@ def test_fits_solved_together_reach_each_one_s_own_optimum() -> None:
     folds[0][:5] = False
     xs, ys = [x[rows] for rows in folds], [y[rows] for rows in folds]
     problems = [(i, width, c) for i in range(3) for width in (d - 4, d) for c in STRENGTHS]
-    path = _fit_path(xs, ys, problems, bounded)
+    path = fit_path(xs, ys, problems, bounded)
     assert len(path) == len(problems)
     for (i, width, strength), (w, b) in zip(problems, path, strict=True):
         assert w.shape == (width,)
