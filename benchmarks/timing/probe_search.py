@@ -21,18 +21,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from esi_guard.backends.hidden import HiddenStates
+from esi_guard.backends.hidden import HiddenStates, Position
 from esi_guard.calibration import probe_search
 
 __all__ = ["add_arguments", "measure"]
 
-Fit = Callable[..., list[tuple[np.ndarray, float]]]
 FOLDS = 5
+Problem = tuple[int, int, float]  # (data, width, strength), as probe_search.Fit takes them
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def _answers(n: int, width: int, layers: int) -> tuple[list[HiddenStates], list[
                                                        np.ndarray]:  # fmt: skip
     rng = np.random.default_rng(0)
     names = (*range(layers - 1), -1)
-    positions = ("prompt_last", "answer_mean", "answer_last")
+    positions: tuple[Position, ...] = ("prompt_last", "answer_mean", "answer_last")
     hidden = [HiddenStates(names, positions, rng.normal(size=(layers, 3, width)).astype(np.float32))
               for _ in range(n)]  # fmt: skip
     signals = [{"nll": float(rng.normal()), "entropy": float(rng.normal()),
@@ -56,11 +56,12 @@ def _answers(n: int, width: int, layers: int) -> tuple[list[HiddenStates], list[
     return hidden, signals, (truth + rng.normal(size=n) > 0).astype(int)
 
 
-def _per_candidate(fit: Fit, folds: int) -> Fit:
+def _per_candidate(fit: probe_search.Fit, folds: int) -> probe_search.Fit:
     """``fit`` called once per candidate: the problems split by the data they use."""
 
-    def split(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
-              problems: Sequence[tuple[int, int, float]]) -> list[Any]:  # fmt: skip
+    def split(
+        xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], problems: Sequence[Problem]
+    ) -> list[tuple[np.ndarray, float]]:
         out: list[Any] = [None] * len(problems)
         for first in range(0, len(xs), folds):
             mine = [n for n, (at, _, _) in enumerate(problems) if first <= at < first + folds]
@@ -74,7 +75,7 @@ def _per_candidate(fit: Fit, folds: int) -> Fit:
 
 
 def _search(hidden: list[HiddenStates], signals: list[dict[str, float]], wrong: np.ndarray,
-            fit: Fit) -> probe_search.StateFit:  # fmt: skip
+            fit: probe_search.Fit) -> probe_search.StateFit:  # fmt: skip
     """The combined score's probe search, as ``fit_combined`` runs it, with ``fit``."""
     from sklearn.model_selection import StratifiedKFold
 
