@@ -8,8 +8,8 @@ and ends with::
 
 which prints the ten slowest tests of the files (several files: their runs' times added)
 and the total against :data:`GOAL` (``make test`` in 15 minutes on two cores), with the
-CPU it ran on, so growth
-shows in the CI log the day it happens. It only prints: a slow machine is not a failure.
+CPU it ran on, so growth shows in the CI log the day it happens. It only prints: a slow
+machine is not a failure.
 """
 
 from __future__ import annotations

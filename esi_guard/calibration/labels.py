@@ -106,7 +106,7 @@ def declined(text: str, answers: Sequence[str] = ()) -> bool:
     A reply equal to one of ``answers`` (after normalisation: SQuAD's gold ``None``)
     states that answer: it is not a decline.
     """
-    if any(normalise(text) == normalise(gold) for gold in answers):
+    if ExactMatch().right(text, answers):
         return False
     reply = text.lower().replace("\u2019", "'").replace("\u2018", "'").strip()
     return any(pattern.search(reply) for pattern in _DECLINES)

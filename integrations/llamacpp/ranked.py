@@ -1,4 +1,4 @@
-"""llama-cpp-python's server, its logprobs ranked by numpy: the same answers, 3-5x faster.
+"""llama-cpp-python's server, its logprobs ranked by numpy: the same answers, ~3x faster.
 
 For every token it reports logprobs of (each echoed prompt token, each generated one),
 llama-cpp-python 0.3's ``Llama`` ranks the whole vocabulary in Python:
