@@ -49,6 +49,7 @@ __all__ = [
     "SIGNALS",
     "CombinedScore",
     "HiddenProbe",
+    "answer_signals",
     "free_signals",
     "probe_window",
     "repetition",
@@ -117,6 +118,18 @@ def free_signals(
     if text is not None:
         signals["repetition"] = repetition(text)
     return signals
+
+
+def answer_signals(
+    topk: TopK | None, answer_ids: Sequence[int], kind: ValueKind, text: str
+) -> dict[str, float] | None:
+    """An answer's :func:`free_signals` from its own pass; None without tokens or finite top-k.
+
+    A top-k holding NaN or infinite values gives none: its rows would read as certain.
+    """
+    if topk is None or not answer_ids or not topk.finite:
+        return None
+    return free_signals(topk, answer_ids, kind, text=text)
 
 
 def probe_window(hidden_layers: Sequence[int]) -> HiddenSpec:

@@ -365,41 +365,34 @@ def assess(
     rule: Rule,
     kind: ValueKind,
 ) -> list[Outcome]:
-    """Score each planned item from its forced distributions; every item's outcome.
-
-    A guard without ESI decides each from its forced original row (:func:`early`).
-    """
+    """Score each planned item from its forced distributions; every item's outcome."""
     by_item = {id(item): out for (item, _), out in zip(planned, forced, strict=True)}
     for item in items:
         out = by_item.get(id(item))
         if isinstance(out, BackendError):
             item.outcome = rule.failure(item, out)
-        elif not rule.uses_esi and item.outcome is None:  # no tokens: out is None
-            early(item, None if out is None else out.original,
-                  None if out is None else out.hidden, rule, kind)  # fmt: skip
-        elif out is not None:
-            item.outcome = scored(item, out, rule, kind)
+        elif out is not None or (not rule.uses_esi and item.outcome is None):
+            item.outcome = scored(item, out, rule, kind)  # without ESI, no tokens: out is None
     for item in items:
         item.steps["score"] = item.outcome
     return [cast(Outcome, item.outcome) for item in items]
 
 
 def early(
-    item: Item, topk: TopK | None, hidden: HiddenStates | None, rule: Rule, kind: ValueKind
+    item: Item,
+    topk: TopK | None,
+    hidden: HiddenStates | None,
+    rule: Rule,
+    signals: dict[str, float] | None,
 ) -> None:
     """Decide ``item`` without ESI where the rule can (a cascade, or a guard without ESI).
 
-    Its free signals are read from ``topk`` (the answer's own pass) and kept on the item
-    for ESI's stage when none decides.
+    ``signals`` are its free signals read from ``topk`` (the answer's own pass,
+    :func:`~esi_guard.combined.answer_signals`); None where it has none.
     """
-    signals = None
     broken = None
-    if topk is not None and item.answer_ids:
-        if topk.finite:
-            signals = free_signals(topk, item.answer_ids, kind, text=item.answer)
-            item.signals = signals if topk is item.original else None
-        else:  # NaN rows would read as certain (entropy 0): never decided on
-            broken = "the answer's top-k"
+    if topk is not None and item.answer_ids and not topk.finite:
+        broken = "the answer's top-k"  # NaN rows would read as certain: never decided on
     if hidden is not None and not hidden.finite:
         broken, hidden = broken or "the answer's hidden states", None
     if broken is not None and not rule.uses_esi:
@@ -410,18 +403,28 @@ def early(
         item.steps["score"] = item.outcome
 
 
-def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult:
-    """The item's result from its forced variants (one result, made at the end).
+def scored(item: Item, forced: Forced | None, rule: Rule, kind: ValueKind) -> ESIResult:
+    """The item's result from its forced rows (one result, made at the end).
 
-    An answer its forced rows cannot score (no states for the probe, no original rows,
-    no sentence for a guard judging sentences...) is unscored, with the rows it cost.
+    A guard without ESI decides on the free signals of the answer's original row
+    (:func:`early`). An answer its forced rows cannot score (no states for the probe, no
+    original rows, no sentence for a guard judging sentences...) is unscored, with the
+    rows it cost.
     """
-    rows = len(item.changed) + (forced.original is not None)
-    hidden = item.hidden if item.hidden is not None else forced.hidden
+    base = item.original
+    if forced is not None and forced.original is not None:
+        # A forced original is on the variants' own numbers (a backend that forces on
+        # other weights than it generates with returns one unasked): ESI's base.
+        base = forced.original
+    hidden = item.hidden if item.hidden is not None or forced is None else forced.hidden
+    rows = 0 if forced is None else len(item.changed) + (forced.original is not None)
     try:
-        esi, signals, sentences = _scores(item, forced, hidden, rule, kind)
+        esi, signals, sentences = _scores(item, forced, base, hidden, rule, kind)
     except ScoringError as exc:
         return rule.result(item, None, reason(exc), forced=rows)
+    if esi is None:  # a guard without ESI
+        early(item, base, hidden, rule, signals)
+        return cast(ESIResult, item.outcome)
     result = rule.result(
         item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
         sentences,
@@ -431,30 +434,39 @@ def scored(item: Item, forced: Forced, rule: Rule, kind: ValueKind) -> ESIResult
 
 
 def _scores(
-    item: Item, forced: Forced, hidden: HiddenStates | None, rule: Rule, kind: ValueKind
-) -> tuple[ESIScore, dict[str, float], list[SentenceScore] | None]:
-    """ESI, the free signals and the sentences' scores; a ScoringError where it cannot."""
-    if rule.needs_probe_states and hidden is None:  # asked with the original row, not given
-        raise ScoringError(HIDDEN_MISSING, code="hidden_states_missing")
-    if rule.needs_probe_states and hidden is not None and not hidden.finite:
-        msg = "the answer's hidden states hold NaN or infinite values"
-        raise ScoringError(msg)
-    # A forced original is on the variants' own numbers (a backend that forces on
-    # other weights than it generates with returns one unasked): it wins.
-    base = forced.original if forced.original is not None else item.original
-    esi = _esi(item, forced, base, rule, kind)
-    assert base is not None  # _esi's
+    item: Item,
+    forced: Forced | None,
+    base: TopK | None,
+    hidden: HiddenStates | None,
+    rule: Rule,
+    kind: ValueKind,
+) -> tuple[ESIScore | None, dict[str, float] | None, list[SentenceScore] | None]:
+    """ESI (None without it), the free signals and the sentences' scores.
+
+    A ScoringError where ESI cannot be scored.
+    """
+    esi = None
+    if rule.uses_esi:
+        if rule.needs_probe_states and hidden is None:  # asked with the original row
+            raise ScoringError(HIDDEN_MISSING, code="hidden_states_missing")
+        if rule.needs_probe_states and hidden is not None and not hidden.finite:
+            msg = "the answer's hidden states hold NaN or infinite values"
+            raise ScoringError(msg)
+        assert forced is not None  # planned
+        esi = _esi(item, forced, base, rule, kind)
     # The free signals from the answer's own pass where it has one: what a guard that
     # decides without ESI reads (a forcing copy's numbers differ from the generator's).
     own = item.original if item.original is not None else base
-    entropies = esi.alphas if own is base else truncated_entropy(own)
-    logprobs = token_logprobs(own, item.answer_ids, kind)
     signals = item.signals  # read at generation by a stage before ESI, on the same numbers
+    if own is None or not item.answer_ids or (esi is None and not own.finite):
+        return esi, signals, None  # no distributions (or NaN rows): no signal, unscored
+    entropies = esi.alphas if esi is not None and own is base else truncated_entropy(own)
+    logprobs = token_logprobs(own, item.answer_ids, kind)
     if signals is None:
         signals = free_signals(own, item.answer_ids, kind, entropies, text=item.answer,
                                logprobs=logprobs)  # fmt: skip
     sentences = None
-    if item.token_ends is not None:
+    if esi is not None and item.token_ends is not None:
         sentences = score_sentences(
             item.answer, item.token_ends, esi.token_scores, logprobs, entropies
         )

@@ -38,6 +38,7 @@ from esi_guard._pipeline.items import Item, Outcome
 from esi_guard.backends._types import Forced, ForcingRequest, Generation
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import HiddenSpec, merged
+from esi_guard.combined import answer_signals
 from esi_guard.exceptions import (
     BackendError,
     ConfigurationError,
@@ -268,7 +269,9 @@ class Pipeline:
             if isinstance(failed, BackendError):  # variants came first: decided with its answer
                 item.outcome = self.rule.failure(item, failed)
             elif self.rule.decides_early:
-                early(item, gen.topk, gen.hidden, self.rule, self.backend.values_kind)
+                kind = self.backend.values_kind
+                item.signals = answer_signals(gen.topk, item.answer_ids, kind, item.answer)
+                early(item, gen.topk, gen.hidden, self.rule, item.signals)
         return [item for item in items if item.outcome is None]
 
     async def _apieces(self, item: Item, done: list[Any]) -> AsyncIterator[str]:
