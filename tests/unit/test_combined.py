@@ -16,7 +16,7 @@ from esi_guard import ConfigurationError, ESIGuard, FakeBackend
 from esi_guard.calibration.file import ThresholdFile
 from esi_guard.cli import build
 from esi_guard.cli import commands as cli_module
-from esi_guard.combined import CombinedScore, free_signals
+from esi_guard.combined import CombinedScore, answer_signals, free_signals
 from esi_guard.scoring import TopK, truncated_entropy
 
 
@@ -32,6 +32,16 @@ def test_free_signals_match_the_formula() -> None:
     assert free_signals(topk, [3, 6], "logits", truncated_entropy(topk)) == got  # given alphas
     # A token outside the top-k gets ESI's fill value: less likely than every kept one.
     assert free_signals(topk, [9, 6], "logits")["nll"] > got["nll"]
+
+
+def test_an_answer_without_tokens_or_finite_rows_has_no_free_signals() -> None:
+    topk = TopK(np.array([[3, 4], [5, 6]]), np.array([[2.0, 1.0], [1.0, 1.0]]))
+    got = answer_signals(topk, [3, 6], "logits", "Paris.")
+    assert got == {**free_signals(topk, [3, 6], "logits"), "repetition": 0.0}
+    assert answer_signals(None, [3, 6], "logits", "Paris.") is None
+    assert answer_signals(topk, [], "logits", "") is None
+    nan = TopK(topk.ids, np.array([[np.nan, 1.0], [1.0, 1.0]]))
+    assert answer_signals(nan, [3, 6], "logits", "Paris.") is None  # would read as certain
 
 
 SURE, UNSURE = "What is the capital city of France?", "Who won the chess tournament of 1911?"
