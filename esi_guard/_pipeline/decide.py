@@ -406,24 +406,25 @@ def early(
 def scored(item: Item, forced: Forced | None, rule: Rule, kind: ValueKind) -> ESIResult:
     """The item's result from its forced rows (one result, made at the end).
 
-    A guard without ESI decides on the free signals of the answer's original row
-    (:func:`early`). An answer its forced rows cannot score (no states for the probe, no
-    original rows, no sentence for a guard judging sentences...) is unscored, with the
-    rows it cost.
+    A guard without ESI decides on the answer's free signals (:func:`early`). An answer
+    its forced rows cannot score (no states for the probe, no original rows, no sentence
+    for a guard judging sentences...) is unscored, with the rows it cost.
     """
     base = item.original
     if forced is not None and forced.original is not None:
-        # A forced original is on the variants' own numbers (a backend that forces on
-        # other weights than it generates with returns one unasked): ESI's base.
+        # On the variants' own numbers (a forcing copy returns one unasked): ESI's base.
         base = forced.original
-    hidden = item.hidden if item.hidden is not None or forced is None else forced.hidden
+    own = item.original if item.original is not None else base  # the generator's numbers
+    hidden = item.hidden
+    if hidden is None and forced is not None:
+        hidden = forced.hidden
     rows = 0 if forced is None else len(item.changed) + (forced.original is not None)
     try:
-        esi, signals, sentences = _scores(item, forced, base, hidden, rule, kind)
+        esi, signals, sentences = _scores(item, forced, base, own, hidden, rule, kind)
     except ScoringError as exc:
         return rule.result(item, None, reason(exc), forced=rows)
     if esi is None:  # a guard without ESI
-        early(item, base, hidden, rule, signals)
+        early(item, own, hidden, rule, signals)
         return cast(ESIResult, item.outcome)
     result = rule.result(
         item, esi.score, None, [float(x) for x in esi.token_scores], rows, signals, hidden,
@@ -437,13 +438,15 @@ def _scores(
     item: Item,
     forced: Forced | None,
     base: TopK | None,
+    own: TopK | None,
     hidden: HiddenStates | None,
     rule: Rule,
     kind: ValueKind,
 ) -> tuple[ESIScore | None, dict[str, float] | None, list[SentenceScore] | None]:
-    """ESI (None without it), the free signals and the sentences' scores.
+    """ESI on ``base`` (None without it), the free signals and sentences' scores on ``own``.
 
-    A ScoringError where ESI cannot be scored.
+    ``own`` is the generator's pass (a forcing copy's numbers differ from it); a
+    ScoringError where ESI cannot be scored.
     """
     esi = None
     if rule.uses_esi:
@@ -454,9 +457,6 @@ def _scores(
             raise ScoringError(msg)
         assert forced is not None  # planned
         esi = _esi(item, forced, base, rule, kind)
-    # The free signals from the answer's own pass where it has one: what a guard that
-    # decides without ESI reads (a forcing copy's numbers differ from the generator's).
-    own = item.original if item.original is not None else base
     signals = item.signals  # read at generation by a stage before ESI, on the same numbers
     if own is None or not item.answer_ids or (esi is None and not own.finite):
         return esi, signals, None  # no distributions (or NaN rows): no signal, unscored
