@@ -1,10 +1,10 @@
 """Baseline uncertainty scores ESI is compared with, as pure functions of samples.
 
 Every score is an *uncertainty*: higher means "less likely right", like ESI, so one AUROC
-convention serves all. The sampling baselines need a backend that is also a
-:class:`~esi_guard.backends.Sampler` (``HFBackend`` is), whose ``sample`` gives per
-sample the answer text and the log-probabilities of its tokens; semantic scores also take
-a similarity function over texts (the benchmark uses the packaged all-MiniLM-L6-v2 embeddings).
+convention serves all. The sampling baselines take the answers
+:func:`benchmarks.sampling.sample` draws (each one's text and its tokens' log-probabilities);
+semantic scores also take a similarity function over texts (the benchmark uses the packaged
+all-MiniLM-L6-v2 embeddings).
 
 Configured as in the ESI paper's appendix ("Baseline Implementation Details"):
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from esi_guard.backends import Sample
+from benchmarks.sampling import Sample
 from esi_guard.exceptions import ConfigurationError, ScoringError
 
 __all__ = [

@@ -29,8 +29,9 @@ from benchmarks.baselines import (
 from benchmarks.cache import Cache
 from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
 from benchmarks.nli import NLIModel
+from benchmarks.sampling import Sample, can_sample, sample
 from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ChatMessage, ForcingRequest, Generation, Sample, Sampler
+from esi_guard.backends import ChatMessage, ForcingRequest, Generation
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
@@ -326,7 +327,8 @@ def _sampling(
 ) -> None:
     """The sampling baselines and P(True)."""
     with clock.stage("sample"):
-        samples = backend.sample(
+        samples = sample(
+            backend,
             [answering.messages(e.question) for e in examples], n=N_SAMPLES,
             temperature=TEMPERATURE, max_new_tokens=answering.max_new_tokens, stop=answering.stop,
         )  # fmt: skip
@@ -369,8 +371,8 @@ def run_closed(
     answering = answering or Answering()
     parts = parts or Parts()
     judges = Judges(semantic.similarity, nli)
-    if not isinstance(backend, Sampler):  # the sampling baselines need one
-        msg = f"{type(backend).__name__} cannot sample: the baselines need a Sampler backend"
+    if not can_sample(backend):  # the sampling baselines need one
+        msg = f"{type(backend).__name__} cannot sample: the baselines need an HF or llama.cpp one"
         raise ConfigurationError(msg)
     examples = load_examples(path, limit=limit, seed=0)
     dataset = path.parent.name

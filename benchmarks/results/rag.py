@@ -48,8 +48,9 @@ from benchmarks.baselines import (
 )
 from benchmarks.cache import Cache
 from benchmarks.common import Clock, token_logprobs
+from benchmarks.sampling import Sample, sample
 from esi_guard import HFBackend, SkipOneChar, esi_score
-from esi_guard.backends import ChatMessage, ForcingRequest, Sample
+from esi_guard.backends import ChatMessage, ForcingRequest
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference
@@ -129,9 +130,9 @@ def _score_batch(
         assert b.original is not None and not isinstance(out, Exception)
         reliance[b.index] = esi_score(b.original, out.variants).score
     with clock.stage("sample"):
-        samples = backend.sample([p.messages for p in prompts], n=N_SAMPLES,
-                                 temperature=TEMPERATURE,
-                                 max_new_tokens=pipeline.config.max_new_tokens)  # fmt: skip
+        samples = sample(backend, [p.messages for p in prompts], n=N_SAMPLES,
+                         temperature=TEMPERATURE,
+                         max_new_tokens=pipeline.config.max_new_tokens)  # fmt: skip
     records = []
     n = len(chunk)
     for (index, example), b, w, per in zip(chunk, items, whole, samples, strict=True):

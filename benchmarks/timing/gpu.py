@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.sampling import sample
 from esi_guard import ESIGuard, HFBackend
 from esi_guard.backends.hidden import FINAL
 from esi_guard.cascade import Band
@@ -252,8 +253,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "generate": _timed(lambda m=messages: backend.generate(
                     m, max_new_tokens=5, top_k=100), sync),
                 "full": _timed(lambda b=batch: full.batch(b), sync),
-                "sample": _timed(lambda m=messages: backend.sample(
-                    m, n=10, temperature=1.0, max_new_tokens=5), sync),
+                "sample": _timed(lambda m=messages: sample(
+                    backend, m, n=10, temperature=1.0, max_new_tokens=5), sync),
             }  # fmt: skip
             kept: list[Any] = []
             for arm, guard in cheap.items():

@@ -22,9 +22,8 @@ from esi_guard.backends._types import (
     ForcingRequest,
     Generation,
     Messages,
-    Sample,
 )
-from esi_guard.backends.base import Backend, Sampler
+from esi_guard.backends.base import Backend
 from esi_guard.backends.embedded import embedded_gguf
 from esi_guard.backends.fake import FakeBackend
 from esi_guard.backends.hf import HFBackend
@@ -53,8 +52,6 @@ __all__ = [
     "ModelPart",
     "OpenAIBackend",
     "RequestStats",
-    "Sample",
-    "Sampler",
     "embedded_gguf",
     "file_sha256",
     "known_model_path",

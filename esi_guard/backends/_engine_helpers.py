@@ -1,4 +1,4 @@
-"""What the engines' backends share: answers cut at stop sequences, samples, streamed text.
+"""What the engines' backends share: answers cut at stop sequences, streamed text.
 
 Pure helpers over tokens and a ``decode`` function, for the white-box backends (HF,
 llama.cpp) and, for stop sequences and streamed text, the API one: no engine imported.
@@ -11,16 +11,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from esi_guard.backends._types import AnswerPiece, Generation, Sample
-from esi_guard.exceptions import BackendError, ConfigurationError
+from esi_guard.backends._types import AnswerPiece, Generation
+from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 
 __all__ = [
     "MIN_SHARED_PREFIX",
     "StreamedText",
-    "check_sampling",
     "finish_greedy",
-    "make_sample",
     "non_finite",
     "shared_prefix",
     "stopped_length",
@@ -59,27 +57,6 @@ def stopped_length(
     return None
 
 
-def make_sample(
-    tokens: Sequence[Tok],
-    logprobs: Sequence[float],
-    *,
-    decode: Callable[[Sequence[Tok]], str],
-    stop: Sequence[str] = (),
-) -> Sample:
-    """A sampled answer's tokens (end-of-sequence already cut) made into a :class:`Sample`.
-
-    The answer ends before the first stop sequence, as a greedy one does
-    (:func:`stopped_length`), its log-probabilities and token texts cut with it.
-    """
-    kept = stopped_length(tokens, decode, stop)
-    end = len(tokens) if kept is None else kept
-    return Sample(
-        text=decode(tokens[:end]).strip(),
-        token_logprobs=tuple(float(lp) for lp in logprobs[:end]),
-        tokens=tuple(decode([one]) for one in tokens[:end]),
-    )
-
-
 def shared_prefix(rows: Sequence[Sequence[int]], reuse: bool = True) -> int:
     """How many leading tokens all ``rows`` share and a backend computes once.
 
@@ -101,13 +78,6 @@ def shared_prefix(rows: Sequence[Sequence[int]], reuse: bool = True) -> int:
 def non_finite(model_id: str) -> BackendError:
     """The error of a request whose distributions hold NaN or infinite logits."""
     return BackendError(f"model {model_id!r} produced NaN or infinite logits")
-
-
-def check_sampling(n: int, temperature: float) -> None:
-    """A :class:`ConfigurationError` unless ``n >= 1`` and ``temperature > 0``."""
-    if n < 1 or temperature <= 0:
-        msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
-        raise ConfigurationError(msg)
 
 
 def finish_greedy(

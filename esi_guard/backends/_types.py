@@ -2,9 +2,8 @@
 
 Prompts are plain chat messages (role + content), so backends never see LangChain types;
 :class:`Generation` is a greedy answer with its top-k, :class:`ForcingRequest` and
-:class:`Forced` are teacher forcing's question and answer, :class:`Sample` one sampled
-answer (for the sampling baselines). The interface that takes and returns them is
-:class:`~esi_guard.backends.base.Backend`.
+:class:`Forced` are teacher forcing's question and answer. The interface that takes and returns
+them is :class:`~esi_guard.backends.base.Backend`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ __all__ = [
     "ForcingRequest",
     "Generation",
     "Messages",
-    "Sample",
 ]
 
 
@@ -55,26 +53,6 @@ class Generation:
     """How many tokens the prompt took (the answer's usage), when the backend knows."""
     hidden: HiddenStates | None = None
     """The answer's hidden states, when ``generate`` was asked for them (``hidden=``)."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sampled answer: its text and the model's log-probability of each of its tokens."""
-
-    text: str
-    token_logprobs: tuple[float, ...]
-    tokens: tuple[str, ...] = ()
-    """Each token's text, in order (for token-level SAR); empty when a backend gives none."""
-
-    @property
-    def logprob(self) -> float:
-        """Log-probability of the whole answer."""
-        return float(sum(self.token_logprobs))
-
-    @property
-    def mean_logprob(self) -> float:
-        """Length-normalised log-probability."""
-        return self.logprob / max(len(self.token_logprobs), 1)
 
 
 @dataclass(frozen=True)

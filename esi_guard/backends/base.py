@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Generator, Sequence
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar
 
 from esi_guard.backends._engine_helpers import token_offsets
 from esi_guard.backends._session import ForcingSession
@@ -29,13 +29,12 @@ from esi_guard.backends._types import (
     ForcingRequest,
     Generation,
     Messages,
-    Sample,
 )
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.exceptions import BackendError, ConfigurationError
 from esi_guard.scoring import ValueKind
 
-__all__ = ["Backend", "Sampler", "states_engine"]
+__all__ = ["Backend", "states_engine"]
 
 _ENGINES = {"huggingface": "transformers"}
 
@@ -276,29 +275,3 @@ class Backend(ABC):
     ) -> Sequence[Forced | BackendError]:
         """Async :meth:`teacher_force`; a worker thread by default."""
         return await asyncio.to_thread(self.teacher_force, requests, top_k=top_k)
-
-
-@runtime_checkable
-class Sampler(Protocol):
-    """A backend that can also sample answers, for the sampling baselines (not for ESI).
-
-    ESI needs only :class:`Backend`; semantic entropy, ROUGE-L similarity and SAR need
-    ``n`` sampled answers per prompt as well. :class:`~esi_guard.HFBackend` implements it.
-    """
-
-    def sample(
-        self,
-        prompts: Sequence[Messages],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int = 0,
-        stop: Sequence[str] = (),
-    ) -> Sequence[list[Sample] | BackendError]:
-        """``n`` sampled answers per prompt, each ending before the first of ``stop``.
-
-        Token log-probabilities are the model's own (temperature 1), whatever
-        ``temperature`` the sampling used.
-        """
-        ...

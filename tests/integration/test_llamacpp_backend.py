@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.sampling import sample
 from esi_guard import ConfigurationError, ContextLengthError, ESIGuard, ModelLoadError
 from esi_guard.backends import FINAL, ChatMessage, Forced, ForcingRequest, Generation, HiddenSpec
 from esi_guard.backends.llamacpp import LlamaCppBackend
@@ -174,18 +175,18 @@ def test_stop_sequences_and_streaming(backend: LlamaCppBackend) -> None:
 
 def test_sampling_is_seeded_with_the_models_logprobs(backend: LlamaCppBackend) -> None:
     prompt = ask("Name a fruit.")
-    (a,) = backend.sample([prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1)
-    (b,) = backend.sample([prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1)
+    (a,) = sample(backend, [prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1)
+    (b,) = sample(backend, [prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1)
     assert isinstance(a, list) and len(a) == 3
     assert [s.text for s in a] == [s.text for s in b]
     assert all(s.token_logprobs and max(s.token_logprobs) <= 0 for s in a)
-    (c,) = backend.sample([prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1, stop=[" "])
+    (c,) = sample(backend, [prompt], n=3, temperature=1.0, max_new_tokens=6, seed=1, stop=[" "])
     assert isinstance(c, list)
     for whole, cut in zip(a, c, strict=True):  # the same draws, cut before the first space
         assert " " not in cut.text and whole.text.startswith(cut.text)
         assert cut.token_logprobs == whole.token_logprobs[: len(cut.token_logprobs)]
     with pytest.raises(ConfigurationError, match="temperature"):
-        backend.sample([prompt], n=2, temperature=0, max_new_tokens=4)
+        sample(backend, [prompt], n=2, temperature=0, max_new_tokens=4)
 
 
 def test_the_langchain_llama_objects_share_their_model(backend: LlamaCppBackend) -> None:

@@ -15,7 +15,7 @@ without ``hidden`` registers no hook.
 
 One lock serialises calls into the model, so one backend can serve many threads. The
 model, its tokenizer and that lock live in an ``Engine`` (``_engine.py``), which the
-forcing, sampling and streaming helpers take; the backend keeps the batching settings and
+forcing and streaming helpers take; the backend keeps the batching settings and
 where the weights came from.
 """
 
@@ -33,13 +33,12 @@ from esi_guard.backends._identity import (
     file_sha256,
     gguf_model_id,
 )
-from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages, Sample
+from esi_guard.backends._types import Forced, ForcingRequest, Generation, Messages
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hf._converted import keep, kept_folder, read_kept
 from esi_guard.backends.hf._engine import Engine, import_torch, split_on_oom
 from esi_guard.backends.hf._force import Rendered, force_group, pack
 from esi_guard.backends.hf._hidden import decoder_parts
-from esi_guard.backends.hf._sample import sample_answers
 from esi_guard.backends.hf._stream import stream_answer
 from esi_guard.backends.hidden import FINAL, HiddenSpec
 from esi_guard.exceptions import BackendError, ConfigurationError, ModelLoadError
@@ -376,28 +375,6 @@ class HFBackend(Backend):
         """
         self.check_hidden(hidden)
         return stream_answer(self._engine, prompt, max_new_tokens, top_k, stop, hidden)
-
-    def sample(
-        self,
-        prompts: Sequence[Messages],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int = 0,
-        stop: Sequence[str] = (),
-    ) -> list[list[Sample] | BackendError]:
-        """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
-
-        Each token's log-probability is the model's own (raw logits, temperature 1).
-        ``seed`` seeds torch's global generator for the call (under the backend's lock).
-        An answer ends before the first of ``stop``, as a greedy one does. A prompt whose
-        answers the window cannot hold gets a :class:`ContextLengthError` in place.
-        """
-        return sample_answers(
-            self._engine, prompts, n, temperature, max_new_tokens, seed, stop,
-            reuse_prefix=self.reuse_prefix, max_rows=self.max_batch_rows,
-        )  # fmt: skip
 
     def teacher_force(
         self, requests: Sequence[ForcingRequest], *, top_k: int

@@ -1,4 +1,4 @@
-"""Token-by-token decoding on an :class:`~._engine.Engine`: greedy answers and samples.
+"""Token-by-token decoding on an :class:`~._engine.Engine`: greedy answers.
 
 The loops alone, on a context the caller holds (its lock taken, its KV cache cleared
 afterwards): :class:`~.backend.LlamaCppBackend` renders, checks lengths and turns what
@@ -8,7 +8,6 @@ these return into its results.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -22,8 +21,6 @@ __all__ = [
     "greedy",
     "greedy_group",
     "groups",
-    "sample_group",
-    "sample_prompt",
 ]
 
 GROUP_CELLS = 2048
@@ -144,68 +141,3 @@ def groups(sizes: Sequence[int], *, most: int, cells: int) -> list[list[int]]:
         out[-1].append(index)
         used += size
     return out
-
-
-def sample_group(
-    engine: Engine,
-    row: Sequence[int],
-    n: int,
-    temperature: float,
-    room: int,
-    rng: Any,
-    is_end: Callable[[int], bool],
-) -> list[tuple[list[int], list[float]]]:
-    """``n`` answers after ``row`` sampled at ``temperature``, decoded together.
-
-    The prompt is decoded once, its KV cells shared by the ``n`` sequences. Each token's
-    log-probability is the model's own (raw logits, temperature 1).
-    """
-    seqs = list(range(n))
-    shared = [(row[:-1], seqs)] if len(row) > 1 else []
-    logits = engine.decode(shared, [Row(s, [row[-1]], len(row) - 1, [0]) for s in seqs])
-    tokens: list[list[int]] = [[] for _ in seqs]
-    logprobs: list[list[float]] = [[] for _ in seqs]
-    live = seqs
-    for step in range(room):
-        scaled = logits.astype(np.float64)
-        logp = scaled - scaled.max(axis=1, keepdims=True)
-        logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
-        hot = np.exp((scaled - scaled.max(axis=1, keepdims=True)) / temperature)
-        hot /= hot.sum(axis=1, keepdims=True)
-        nxt = []
-        for i, seq in enumerate(live):
-            token = int(rng.choice(hot.shape[1], p=hot[i]))
-            if is_end(token):
-                continue
-            tokens[seq].append(token)
-            logprobs[seq].append(float(logp[i, token]))
-            nxt.append(seq)
-        live = nxt
-        if not live or step == room - 1:
-            break
-        position = len(row) + step
-        logits = engine.decode([], [Row(seq, [tokens[seq][-1]], position, [0]) for seq in live])
-    return list(zip(tokens, logprobs, strict=True))
-
-
-def sample_prompt(
-    engine: Engine,
-    row: Sequence[int],
-    n: int,
-    temperature: float,
-    room: int,
-    rng: Any,
-    is_end: Callable[[int], bool],
-) -> list[tuple[list[int], list[float]]]:
-    """``n`` answers after ``row``: :func:`sample_group` over groups of ``n_seq_max``.
-
-    The KV cache is emptied after each group (the caller holds the engine's lock).
-    """
-    drawn: list[tuple[list[int], list[float]]] = []
-    for start in range(0, n, engine.n_seq_max):
-        try:
-            count = min(engine.n_seq_max, n - start)
-            drawn += sample_group(engine, row, count, temperature, room, rng, is_end)
-        finally:
-            engine.clear()
-    return drawn

@@ -1,10 +1,9 @@
-"""Greedy answers and samples for :class:`~.backend.LlamaCppBackend`, from rendered prompts.
+"""Greedy answers for :class:`~.backend.LlamaCppBackend`, from rendered prompts.
 
 :func:`greedy_rows` runs :mod:`._decoding`'s group loop over every prompt, each group
 under the engine's lock and with its KV cache emptied after it; :func:`finish` makes a
 greedy answer its :class:`~esi_guard.backends.Generation` (cut at the end and stop
-sequences, its hidden states reduced); :func:`sample_rows` samples each prompt's answers
-(for the sampling baselines).
+sequences, its hidden states reduced).
 """
 
 from __future__ import annotations
@@ -15,23 +14,21 @@ from dataclasses import replace
 
 import numpy as np
 
-from esi_guard.backends._engine_helpers import finish_greedy, make_sample
-from esi_guard.backends._types import Generation, Sample
+from esi_guard.backends._engine_helpers import finish_greedy
+from esi_guard.backends._types import Generation
 from esi_guard.backends.hidden import HiddenSpec, reduce_hidden
-from esi_guard.backends.llamacpp._chat import Tokens
 from esi_guard.backends.llamacpp._decoding import (
     GROUP_CELLS,
     Greedy,
     greedy_group,
     groups,
-    sample_prompt,
 )
 from esi_guard.backends.llamacpp._engine import Engine
 from esi_guard.backends.llamacpp._tap import tensor_name
 from esi_guard.exceptions import BackendError
 from esi_guard.scoring import TopK
 
-__all__ = ["finish", "greedy_rows", "sample_rows"]
+__all__ = ["finish", "greedy_rows"]
 
 
 def greedy_rows(
@@ -97,35 +94,3 @@ def finish(
         layers = {layer: np.stack(states[tensor_name(layer)]) for layer in hidden.layers}
         gen = replace(gen, hidden=reduce_hidden(hidden, layers, len(gen.token_ids)))
     return gen
-
-
-def sample_rows(
-    engine: Engine,
-    lock: threading.Lock,
-    tokens: Tokens,
-    rows: Sequence[list[int]],
-    *,
-    n: int,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-    stop: Sequence[str],
-) -> list[list[Sample] | BackendError]:
-    """``n`` answers after each of ``rows`` (:func:`._decoding.sample_prompt`, under ``lock``).
-
-    One generator seeded with ``seed`` draws every prompt's answers, in order; a prompt
-    whose answers the context cannot hold gets a :class:`ContextLengthError` in place.
-    """
-    rng = np.random.default_rng(seed)
-    results: list[list[Sample] | BackendError] = []
-    for row in rows:
-        need = len(row) + min(n, engine.n_seq_max) * max_new_tokens
-        too_long = engine.too_long(need, f"the prompt plus {n} sampled answers")
-        if too_long is not None:
-            results.append(too_long)
-            continue
-        room = min(max_new_tokens, engine.n_ctx - len(row) - 1)
-        with lock:
-            drawn = sample_prompt(engine, row, n, temperature, room, rng, tokens.is_end)
-        results.append([make_sample(t, lp, decode=tokens.decode, stop=stop) for t, lp in drawn])
-    return results

@@ -16,7 +16,7 @@ from typing import Any
 
 from esi_guard._keywords import strict_keywords
 from esi_guard.backends._embedded_files import EMBEDDED_MODEL_ID, embedded_gguf
-from esi_guard.backends._engine_helpers import check_sampling, shared_prefix, text_pieces
+from esi_guard.backends._engine_helpers import shared_prefix, text_pieces
 from esi_guard.backends._identity import file_sha256, gguf_model_id
 from esi_guard.backends._session import ForcingSession, check_opening
 from esi_guard.backends._template import ChatTemplate
@@ -27,7 +27,6 @@ from esi_guard.backends._types import (
     ForcingRequest,
     Generation,
     Messages,
-    Sample,
 )
 from esi_guard.backends.base import Backend
 from esi_guard.backends.hidden import FINAL, HiddenSpec
@@ -35,7 +34,7 @@ from esi_guard.backends.llamacpp._chat import COMPLETION_TEMPLATE, Tokens, gguf_
 from esi_guard.backends.llamacpp._copy import check_precision, forcing_llama, resolve_precision
 from esi_guard.backends.llamacpp._decoding import Greedy, greedy
 from esi_guard.backends.llamacpp._engine import PREFIX_CACHE_BYTES, Engine
-from esi_guard.backends.llamacpp._generation import finish, greedy_rows, sample_rows
+from esi_guard.backends.llamacpp._generation import finish, greedy_rows
 from esi_guard.backends.llamacpp._loading import check_arguments, open_gguf
 from esi_guard.backends.llamacpp._pack import Job, force, forced
 from esi_guard.backends.llamacpp._runtime import close_at_exit, import_llama_cpp
@@ -70,7 +69,7 @@ class LlamaCppBackend(Backend):
             ``n_threads`` (one-token decodes) and ``n_threads_batch`` (forcing). Give
             fewer where several processes share the cores: llama.cpp's worker threads
             spin while they wait, so two processes on every core slow each other badly.
-        n_seq_max: Most rows forced in one decode, and most answers sampled together.
+        n_seq_max: Most rows forced in one decode.
         reuse_prefix: Compute the prefix a request's rows share once, and keep what the
             chat template writes before the question (system prompt, role headers) for
             the next calls. Off: every row in full (the same scores up to rounding).
@@ -473,28 +472,6 @@ class LlamaCppBackend(Backend):
 
     def _with_original(self, request: ForcingRequest) -> bool:
         return request.include_original or self.forces_original
-
-    def sample(
-        self,
-        prompts: Sequence[Messages],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int = 0,
-        stop: Sequence[str] = (),
-    ) -> list[list[Sample] | BackendError]:
-        """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut).
-
-        Each token's log-probability is the model's own (raw logits, temperature 1). The
-        prompt runs once; the ``n`` answers are decoded together. An answer ends before
-        the first of ``stop``, as a greedy one does.
-        """
-        check_sampling(n, temperature)
-        rows = [self.render(prompt) for prompt in prompts]
-        return sample_rows(self._engine, self._lock, self._tokens, rows, n=n,
-                           temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                           stop=stop)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"LlamaCppBackend({self.model_id!r}, n_ctx={self.context_length})"

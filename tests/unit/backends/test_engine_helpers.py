@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from esi_guard.backends import Sampler
-from esi_guard.backends._engine_helpers import StreamedText, make_sample, stopped_length
+from esi_guard.backends._engine_helpers import StreamedText, stopped_length
 
 PIECES = {1: "Mich", 2: "el", 3: "angelo", 4: " y", 5: "ou", 6: " know"}
 
@@ -27,22 +26,6 @@ def decode(ids: object) -> str:
 )
 def test_stopped_length(stop: list[str], kept: int | None) -> None:
     assert stopped_length([1, 2, 3, 4, 5, 6], decode, stop) == kept
-
-
-def test_a_sampled_answer_ends_before_its_stop_sequence_with_its_logprobs() -> None:
-    whole = make_sample([1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4], decode=decode)
-    assert whole.text == "Michelangelo y" and whole.tokens == ("Mich", "el", "angelo", " y")
-    cut = make_sample([1, 2, 3, 4, 5], [-0.1, -0.2, -0.3, -0.4, -0.5], decode=decode,
-                      stop=["you"])  # fmt: skip
-    assert cut.text == "Michelangelo" and cut.token_logprobs == (-0.1, -0.2, -0.3)
-    assert cut.tokens == ("Mich", "el", "angelo")
-
-
-def test_sampling_is_a_protocol_the_fake_does_not_claim() -> None:
-    from esi_guard import FakeBackend, HFBackend
-
-    assert not isinstance(FakeBackend(), Sampler)
-    assert issubclass(HFBackend, Sampler)
 
 
 WORDS = {1: "The", 2: " capital", 3: " is", 4: " Par", 5: "is", 6: ".", 7: " "}

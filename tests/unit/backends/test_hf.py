@@ -204,49 +204,6 @@ def test_the_shared_prefix_runs_once_and_changes_nothing(
             assert x.values == pytest.approx(y.values, abs=1e-5)
 
 
-def test_samples_carry_the_models_own_token_logprobs(backend: HFBackend) -> None:
-    prompts = [user("Name a colour."), user("Name a much longer thing, please?")]
-    first = backend.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=7)
-    assert [len(s) for s in first] == [3, 3]
-    again = backend.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=7)
-    assert first == again  # seeded
-    texts = {s.text for per_prompt in first for s in per_prompt}
-    assert len(texts) > 1  # really sampled (random weights spread the mass)
-    for prompt, samples in zip(prompts, first, strict=True):
-        for sample in samples:
-            ids = [int(t) for t in sample.text.split()] if sample.text else []
-            assert len(ids) == len(sample.token_logprobs)
-            if not ids:
-                continue
-            expected = lone_logits(backend, prompt, ids).log_softmax(-1)
-            picked = expected[torch.arange(len(ids)), torch.tensor(ids)]
-            assert sample.token_logprobs == pytest.approx(picked.tolist(), abs=1e-5)
-    cut = backend.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=7, stop=[" "])
-    pairs = [p for a, b in zip(first, cut, strict=True) for p in zip(a, b, strict=True)]
-    for whole, short in pairs:  # the same draws, cut before the first space
-        assert short.text == whole.text.split(" ")[0]
-        assert short.token_logprobs == whole.token_logprobs[: len(short.token_logprobs)]
-
-
-@pytest.mark.parametrize(("rows", "reuse"), [(3, True), (64, False)])
-def test_samples_batched_or_alone_carry_the_models_own_token_logprobs(
-    backend: HFBackend, rows: int, reuse: bool
-) -> None:
-    """Prompts of different lengths share a pass (padded on the left), or each has its own."""
-    other = HFBackend(backend.model, backend.tokenizer, max_batch_rows=rows, reuse_prefix=reuse)
-    prompts = [user("Name a colour."), user("Name a much longer thing, please?"), user("Hi")]
-    drawn = other.sample(prompts, n=3, temperature=1.0, max_new_tokens=6, seed=3)
-    assert [len(s) for s in drawn] == [3, 3, 3]
-    for prompt, samples in zip(prompts, drawn, strict=True):
-        for sample in samples:
-            ids = [int(t) for t in sample.text.split()] if sample.text else []
-            if not ids:
-                continue
-            expected = lone_logits(backend, prompt, ids).log_softmax(-1)
-            picked = expected[torch.arange(len(ids)), torch.tensor(ids)]
-            assert sample.token_logprobs == pytest.approx(picked.tolist(), abs=1e-5)
-
-
 def test_prompts_past_the_context_window_are_refused_alone(backend: HFBackend) -> None:
     assert backend.context_length == 512
     fits, too_long = user("short question?"), user("x" * 600)

@@ -21,12 +21,3 @@ def test_a_long_prompt_does_not_shorten_the_answers_batched_with_it(backend) -> 
     assert together[0].token_ids == alone.token_ids
     assert together[0].finish_reason == alone.finish_reason
     assert isinstance(together[1], Generation) and len(together[1].token_ids) <= 2
-
-
-def test_sampling_refuses_a_prompt_past_the_window_alone(backend) -> None:  # noqa: F811
-    from esi_guard import ContextLengthError
-
-    fits, too_long = user("short question?"), user("x" * 600)
-    drawn = backend.sample([fits, too_long, fits], n=2, temperature=1.0, max_new_tokens=4)
-    assert isinstance(drawn[1], ContextLengthError)  # as generate and llama.cpp's sample do
-    assert isinstance(drawn[0], list) and isinstance(drawn[2], list) and len(drawn[0]) == 2
