@@ -1,8 +1,8 @@
 """Baseline uncertainty scores ESI is compared with, as pure functions of samples.
 
 Every score is an *uncertainty*: higher means "less likely right", like ESI, so one AUROC
-convention serves all. The sampling baselines take the answers
-:func:`benchmarks.sampling.sample` draws (each one's text and its tokens' log-probabilities);
+convention serves all. The sampling baselines take the answers that
+:func:`esi_guard.backends.sampling.sample` draws (each one's text and its tokens' logprobs);
 semantic scores also take a similarity function over texts (the benchmark uses the packaged
 all-MiniLM-L6-v2 embeddings).
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from benchmarks.sampling import Sample
+from esi_guard.backends.sampling import Sample
 from esi_guard.exceptions import ConfigurationError, ScoringError
 
 __all__ = [

@@ -48,9 +48,9 @@ from benchmarks.baselines import (
 )
 from benchmarks.cache import Cache
 from benchmarks.common import Clock, token_logprobs
-from benchmarks.sampling import Sample, sample
 from esi_guard import HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest
+from esi_guard.backends.sampling import Sample, sample
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Declines, Semantic, declined
 from esi_guard.calibration.metrics import auroc, bootstrap, paired_difference

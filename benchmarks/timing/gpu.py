@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sampling import sample
 from esi_guard import ESIGuard, HFBackend
 from esi_guard.backends.hidden import FINAL
+from esi_guard.backends.sampling import sample
 from esi_guard.cascade import Band
 from esi_guard.combined import CombinedScore, HiddenProbe
 

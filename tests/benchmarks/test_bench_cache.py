@@ -49,9 +49,6 @@ class _Sampling:
 
     model_id = "stub"
 
-    def sample(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the stubbed scorer never samples")
-
 
 class _Killed(Exception):
     pass
@@ -96,6 +93,7 @@ def _run(data: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, *, shard: tup
         sampled.append([r["index"] for r in rows if "sampled" in r["scores"]])
         return [{"dataset": "set"}]
 
+    monkeypatch.setattr(closed_book, "SAMPLERS", (_Sampling,))
     monkeypatch.setattr(closed_book, "score_batch", score_batch)
     monkeypatch.setattr(closed_book, "top_up", top_up)
     monkeypatch.setattr(closed_book, "report", report)

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.baselines import sar, semantic_entropy, sentence_sar
 from esi_guard import ConfigurationError
-from esi_guard.backends import Sample
+from esi_guard.backends.sampling import Sample
 from esi_guard.exceptions import ScoringError
 
 torch = pytest.importorskip("torch")

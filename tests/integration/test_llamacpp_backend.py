@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.sampling import sample
 from esi_guard import ConfigurationError, ContextLengthError, ESIGuard, ModelLoadError
 from esi_guard.backends import FINAL, ChatMessage, Forced, ForcingRequest, Generation, HiddenSpec
 from esi_guard.backends.llamacpp import LlamaCppBackend
+from esi_guard.backends.sampling import sample
 
 # Side by side (pytest -n), the module's loaded model on one worker.
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("llamacpp_backend")]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from benchmarks.common import Clock
 from benchmarks.results import rag
-from esi_guard import FakeBackend
+from esi_guard import ConfigurationError, FakeBackend
 from esi_guard.calibration.data import Example
 from esi_guard.guard import Item
 from esi_guard.result import ESIResult
@@ -17,19 +15,10 @@ EXAMPLE = Example(question="Where is the Eiffel Tower located?", answers=("Paris
                   context="The Eiffel Tower stands in Paris, France.")  # fmt: skip
 
 
-class _Sampled(Exception):
-    """Raised where the batch reaches sampling: every ESI step before it ran."""
-
-
-class NoSampling(FakeBackend):
-    def sample(self, prompts: Any, **kwargs: Any) -> Any:
-        raise _Sampled
-
-
 def test_a_rag_batch_generates_intervenes_and_forces_through_the_pipeline() -> None:
-    backend = NoSampling(default_answer="It is in Paris.", default_sensitivity=0.3)
+    backend = FakeBackend(default_answer="It is in Paris.", default_sensitivity=0.3)
     pipeline = rag._pipeline(backend, 16)  # type: ignore[arg-type]
-    with pytest.raises(_Sampled):  # was AttributeError: no Pipeline.generate/intervene/force
+    with pytest.raises(ConfigurationError, match="FakeBackend cannot sample"):  # every ESI step ran
         rag._score_batch(pipeline, backend, [(0, EXAMPLE)], similarity=None)  # type: ignore[arg-type]
     methods = [method for method, _ in backend.calls]
     assert methods == ["generate", "teacher_force", "teacher_force", "teacher_force"]

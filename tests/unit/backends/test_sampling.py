@@ -1,17 +1,15 @@
-"""Sampled answers for the baselines: seeded, the model's own log-probabilities, cut at stops.
+"""Sampled answers (the benchmarks' baselines): seeded, the model's own logprobs, cut at stops.
 
-The HF checks run on the tiny random Llama of tests/unit/backends/test_hf.py; llama.cpp's sampling
-is checked on the embedded model in tests/integration/test_llamacpp_backend.py.
+The HF checks run on test_hf.py's tiny random Llama; llama.cpp's sampling is checked on the
+embedded model in tests/integration/test_llamacpp_backend.py.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from benchmarks.sampling import Sample, can_sample, make_sample, sample
 from esi_guard import ConfigurationError, ContextLengthError, FakeBackend, HFBackend
+from esi_guard.backends.sampling import make_sample, sample
 
 PIECES = {1: "Mich", 2: "el", 3: "angelo", 4: " y", 5: "ou", 6: " know"}
 
@@ -30,21 +28,11 @@ def test_a_sampled_answer_ends_before_its_stop_sequence_with_its_logprobs() -> N
     assert cut.logprob == pytest.approx(-0.6) and cut.mean_logprob == pytest.approx(-0.2)
 
 
-class _Own:
-    """Samples answers itself (as a stub or another engine would)."""
-
-    def sample(self, prompts: Any, **kwargs: Any) -> list[list[Sample]]:
-        return [[Sample("x", (-1.0,))] * kwargs["n"] for _ in prompts]
-
-
-def test_what_cannot_sample_is_refused_by_name_and_bad_settings_before_any_work() -> None:
-    assert not can_sample(FakeBackend()) and can_sample(_Own())
+def test_other_backends_and_bad_settings_are_refused_before_any_work() -> None:
     with pytest.raises(ConfigurationError, match="FakeBackend cannot sample"):
         sample(FakeBackend(), [[]], n=2, temperature=1.0, max_new_tokens=4)
     with pytest.raises(ConfigurationError, match="temperature"):
-        sample(_Own(), [[]], n=2, temperature=0, max_new_tokens=4)
-    drawn = sample(_Own(), [[], []], n=2, temperature=1.0, max_new_tokens=4)
-    assert [len(d) for d in drawn] == [2, 2]  # type: ignore[arg-type]
+        sample(FakeBackend(), [[]], n=2, temperature=0, max_new_tokens=4)
 
 
 torch = pytest.importorskip("torch")

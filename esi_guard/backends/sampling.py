@@ -1,27 +1,31 @@
-"""Sampled answers for the sampling baselines (semantic entropy, LN-PE, ROUGE-L, SAR).
+"""Sampled answers, for the benchmarks' sampling baselines (ESI never samples; not top-level API).
 
-ESI never samples, so the guard's backends do not: this module draws ``n`` answers per prompt
-from an :class:`~esi_guard.HFBackend` or a :class:`~esi_guard.LlamaCppBackend` by reaching their
-engines (benchmark code, versioned with the package). Any other object with a ``sample`` method of
-the same signature (a :class:`Sampler`) is called as it is. Each token's log-probability is the
-model's own (raw logits, temperature 1), whatever ``temperature`` the sampling used; an answer ends
-before the first of ``stop``, as a greedy one does; a prompt whose answers the context window
-cannot hold gets a :class:`~esi_guard.ContextLengthError` in its place.
+:func:`sample` draws ``n`` answers per prompt from an :class:`~esi_guard.HFBackend` or a
+:class:`~esi_guard.LlamaCppBackend` on its own engine. Each token's log-probability is the model's
+own (raw logits, temperature 1); an answer ends before the first of ``stop``, as a greedy one does;
+a prompt whose answers the context window cannot hold gets a
+:class:`~esi_guard.ContextLengthError` in its place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from esi_guard.backends import Messages
 from esi_guard.backends._engine_helpers import Tok, stopped_length
+from esi_guard.backends._types import Messages
+from esi_guard.backends.hf import HFBackend
+from esi_guard.backends.llamacpp import LlamaCppBackend
 from esi_guard.exceptions import BackendError, ConfigurationError
 
-__all__ = ["Sample", "Sampler", "can_sample", "make_sample", "sample"]
+if TYPE_CHECKING:
+    from esi_guard.backends.hf._engine import Engine as HFEngine
+    from esi_guard.backends.llamacpp._engine import Engine as LlamaEngine
+
+__all__ = ["Sample", "make_sample", "sample"]
 
 
 @dataclass(frozen=True)
@@ -47,31 +51,6 @@ class Sample:
 Drawn = list[list[Sample] | BackendError]
 
 
-@runtime_checkable
-class Sampler(Protocol):
-    """An object that samples answers itself (a stub, another engine)."""
-
-    def sample(
-        self,
-        prompts: Sequence[Messages],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int = 0,
-        stop: Sequence[str] = (),
-    ) -> Drawn:
-        """``n`` sampled answers per prompt, as :func:`sample` gives them."""
-        ...
-
-
-def can_sample(backend: object) -> bool:
-    """Whether :func:`sample` can draw answers from ``backend``."""
-    from esi_guard import HFBackend, LlamaCppBackend
-
-    return isinstance(backend, HFBackend | LlamaCppBackend | Sampler)
-
-
 def sample(
     backend: object,
     prompts: Sequence[Messages],
@@ -85,10 +64,8 @@ def sample(
     """``n`` answers per prompt sampled at ``temperature`` (no top-k/top-p cut), seeded by ``seed``.
 
     Raises:
-        ConfigurationError: ``n < 1``, ``temperature <= 0``, or a backend that cannot sample.
+        ConfigurationError: ``n < 1``, ``temperature <= 0``, or another backend.
     """
-    from esi_guard import HFBackend, LlamaCppBackend
-
     if n < 1 or temperature <= 0:
         msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
         raise ConfigurationError(msg)
@@ -96,9 +73,6 @@ def sample(
         return _hf(backend, prompts, n, temperature, max_new_tokens, seed, stop)
     if isinstance(backend, LlamaCppBackend):
         return _llamacpp(backend, prompts, n, temperature, max_new_tokens, seed, stop)
-    if isinstance(backend, Sampler):
-        return backend.sample(prompts, n=n, temperature=temperature,
-                              max_new_tokens=max_new_tokens, seed=seed, stop=stop)  # fmt: skip
     name = type(backend).__name__
     msg = f"{name} cannot sample: the sampling baselines need an HFBackend or a LlamaCppBackend"
     raise ConfigurationError(msg)
@@ -111,7 +85,7 @@ def make_sample(
     decode: Callable[[Sequence[Tok]], str],
     stop: Sequence[str] = (),
 ) -> Sample:
-    """A sampled answer's tokens (end-of-sequence already cut), cut before its first stop."""
+    """A sampled answer's tokens (end of sequence already cut), cut before its first stop."""
     kept = stopped_length(tokens, decode, stop)
     end = len(tokens) if kept is None else kept
     return Sample(
@@ -122,14 +96,9 @@ def make_sample(
 
 
 def _hf(
-    backend: Any,
-    prompts: Sequence[Messages],
-    n: int,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-    stop: Sequence[str],
-) -> Drawn:
+    backend: HFBackend, prompts: Sequence[Messages], n: int, temperature: float,
+    max_new_tokens: int, seed: int, stop: Sequence[str],
+) -> Drawn:  # fmt: skip
     """Prompts sampled together, ``n`` rows each, in passes of at most ``max_batch_rows`` rows.
 
     One ``generate`` per pass; with ``reuse_prefix`` each prompt's KV cache is copied over its rows.
@@ -161,7 +130,7 @@ def _hf(
 
 
 def _hf_pass(
-    engine: Any, rows: list[list[int]], n: int, config: Any, stop: Sequence[str], *,
+    engine: HFEngine, rows: list[list[int]], n: int, config: Any, stop: Sequence[str], *,
     reuse_prefix: bool,
 ) -> list[list[Sample]]:  # fmt: skip
     """``n`` samples of each prompt row in one ``generate`` (rows padded on the left)."""
@@ -192,14 +161,9 @@ def _hf_pass(
 
 
 def _llamacpp(
-    backend: Any,
-    prompts: Sequence[Messages],
-    n: int,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-    stop: Sequence[str],
-) -> Drawn:
+    backend: LlamaCppBackend, prompts: Sequence[Messages], n: int, temperature: float,
+    max_new_tokens: int, seed: int, stop: Sequence[str],
+) -> Drawn:  # fmt: skip
     """Each prompt decoded once, its ``n`` answers together in groups of ``n_seq_max``.
 
     One generator seeded with ``seed`` draws every prompt's answers, in order.
@@ -228,14 +192,9 @@ def _llamacpp(
 
 
 def _llamacpp_group(
-    engine: Any,
-    row: Sequence[int],
-    n: int,
-    temperature: float,
-    room: int,
-    rng: np.random.Generator,
-    is_end: Callable[[int], bool],
-) -> list[tuple[list[int], list[float]]]:
+    engine: LlamaEngine, row: Sequence[int], n: int, temperature: float, room: int,
+    rng: np.random.Generator, is_end: Callable[[int], bool],
+) -> list[tuple[list[int], list[float]]]:  # fmt: skip
     """``n`` answers after ``row``, the prompt's KV cells shared by the ``n`` sequences."""
     from esi_guard.backends.llamacpp._engine import Row
 
