@@ -1,7 +1,6 @@
 """esi_guard: flag, withhold or re-route LLM answers that the ESI uncertainty score distrusts.
 
-``import esi_guard`` never imports torch, transformers or llama-cpp-python; they load with a
-model.
+``import esi_guard`` never imports torch, transformers or llama-cpp-python; they load with a model.
 """
 
 import importlib.metadata

@@ -1,8 +1,4 @@
-"""Reading the package's JSON files (a threshold file, an ESI probe): one reader for all.
-
-Each file is plain JSON with a ``format`` tag, validated by its pydantic model; every
-problem is a :class:`~esi_guard.exceptions.ConfigurationError` naming the file.
-"""
+"""One reader for the package's JSON files (threshold file, ESI probe), each ``format``-tagged."""
 
 from __future__ import annotations
 
@@ -24,9 +20,7 @@ def read_model(
 ) -> M:
     """``path`` read as ``model``; a ConfigurationError naming the file says what is wrong.
 
-    ``name``: what the messages call the file (``threshold file``); ``kind``: what it is
-    not when its ``format`` is not ``file_format`` (``an esi-guard threshold file``);
-    ``hint``: appended to that message (``; `esi-guard distill` writes one``).
+    ``name`` names it in messages; ``kind`` and ``hint`` fill the one for a wrong ``format``.
     """
     where = Path(path)
     try:

@@ -1,8 +1,7 @@
 """No silently ignored settings: an unknown keyword is a ConfigurationError naming it.
 
-A misspelled option that is dropped leaves the guard doing something the user did not ask
-for (``actoin="abstain"`` would leave it flagging), so every public configuration object
-refuses keywords it does not know, and says which valid one was probably meant.
+A dropped misspelling (``actoin="abstain"``) would leave the guard doing what was not asked, so
+every public configuration object refuses unknown keywords and suggests the one probably meant.
 """
 
 from __future__ import annotations
@@ -38,10 +37,7 @@ def check_keywords(owner: str, given: Iterable[str], valid: Iterable[str]) -> No
 
 
 def strict_keywords(function: F) -> F:
-    """Make ``function`` (an ``__init__`` or factory) refuse keywords it does not name.
-
-    Functions that pass ``**kwargs`` on (to transformers, say) check nothing here.
-    """
+    """Make ``function`` refuse keywords it does not name (unless it passes ``**kwargs`` on)."""
     signature = inspect.signature(function)
     if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         return function

@@ -1,11 +1,8 @@
 """What was retired, in which release, and what replaces it: one table, one error.
 
-Modes the project's own measurements showed not to pay were taken out of the package
-(CHANGELOG.md, "Removed"). A guard given one of their settings, a threshold file that
-still uses one, or a command given one of their options gets a one-line
-:class:`~esi_guard.exceptions.ConfigurationError` naming the release that retired it and
-what to use instead; a file that carries such a field unset (``null``, as every file
-written before the release does) reads as before.
+A retired mode's setting, file field or CLI option gets a one-line
+:class:`~esi_guard.exceptions.ConfigurationError` naming the release and what to use instead; a
+file that carries such a field unset (``null``, as older files do) reads as before.
 """
 
 from __future__ import annotations
@@ -57,10 +54,7 @@ def retired(name: str, where: str = "") -> ConfigurationError:
 
 
 def check(values: Mapping[str, Any], names: tuple[str, ...], where: str = "") -> dict[str, Any]:
-    """``values`` without the retired ``names`` that are unset; an error for one that is set.
-
-    Unset is absent or None (what every file written before the release holds).
-    """
+    """``values`` less its unset (absent or None) retired ``names``; an error for a set one."""
     for name in names:
         if values.get(name) is not None:
             raise retired(name, where)

@@ -1,8 +1,4 @@
-"""Text helpers: a message's plain text, a question's words, a keyboard's neighbours.
-
-A message's text is read off the object's ``content`` (no LangChain import); the words
-and keys are what the character edits (:mod:`esi_guard.interventions`) read.
-"""
+"""Text helpers: a message's plain text (no LangChain import), a question's words, QWERTY keys."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ __all__ = ["NEIGHBOURS", "Word", "message_text", "question_words"]
 def message_text(message: Any, *, skip_other_blocks: bool = False) -> str:
     """Plain text of a message's content (a string or text content blocks).
 
-    A non-text block (image, reasoning...) is an :class:`InputError`, or is left out
-    with ``skip_other_blocks=True`` (for model outputs, whose text is all we read).
+    A non-text block is an :class:`InputError`, or left out with ``skip_other_blocks`` (outputs).
     """
     content = getattr(message, "content", message)
     if isinstance(content, str):
@@ -44,12 +39,7 @@ Word = tuple[int, int, list[str]]
 
 
 def question_words(question: str) -> list[Word]:
-    """Each word's ``(start, end)`` and characters: a letter with the marks that follow it.
-
-    A word is a run of letters (``str.isalpha``: superscripts, fractions and other numbers
-    are not letters); a combining mark (Unicode category M) after a letter joins it, so
-    decomposed "café" (``e`` then U+0301) is four characters, as its composed form is.
-    """
+    """Each word's ``(start, end)`` and characters: a letter (``str.isalpha``) with its marks."""
     words: list[Word] = []
     chars: list[str] = []
     start = 0

@@ -1,36 +1,18 @@
 """ESI as LangChain agent middleware: score the final answer of a ``create_agent`` agent.
 
-::
+Use ``create_agent(model, tools, middleware=[ESIMiddleware(threshold=0.3)])``. A tool-calling turn
+passes on unscored (``response_metadata["esi"]["decision"] == "pass"``); a final answer is scored
+like one handed to ``ESIGuard.score``, the last human message as the question. The system message,
+earlier turns, tool calls and tool results are context, never intervened on, folded into text alike
+for every backend (:func:`esi_guard.guard._inputs.fold_tools`); tool schemas are not scored.
 
-    from langchain.agents import create_agent
-    from esi_guard.agents import ESIMiddleware
-
-    agent = create_agent(model, tools, middleware=[ESIMiddleware(threshold=0.3)])
-
-Every model call of the agent runs as it would without the middleware. A response that
-calls tools passes on unscored (``response_metadata["esi"]["decision"] == "pass"``); a
-final answer is scored the way ``ESIGuard.score`` scores an answer it is handed: the
-answer is teacher-forced after the prompt the model saw and after L variants of the
-question, the last human message. The system message, earlier turns, the tool calls and
-the tool results are context and never intervened on; they reach the backend's chat
-template folded into text (:func:`esi_guard.guard._inputs.fold_tools`: ``Tool call: name({...})``
-in the assistant turn, ``Tool result (name): ...`` as a user turn), the same way for every
-backend. The tools' schemas are not part of the scored prompt.
-
-Then the middleware acts like the guard: ``flag`` (the score in
-``response_metadata["esi"]``), ``abstain`` (the content replaced; the loop ends, since
-a final answer has no tool calls), ``route`` (the same request re-run on ``fallback``)
-or ``raise`` (:class:`~esi_guard.UncertainAnswerError`, for a middleware listed before
-this one, such as LangChain's ``ModelFallbackMiddleware``; the answer that middleware
-gets from its fallback model comes back marked ``fallback_used``, unscored, as a routed
-answer does). An answer that cannot be scored follows ``on_error`` and never passes as
-trusted.
-
-With ``stream_mode="messages"`` the model's tokens are held back (the model call runs
-with LangGraph's ``nostream`` tag) and each response is streamed once decided, so a
-withheld answer is never shown.
-
-Needs the ``agents`` extra (``langchain`` 1.x and ``langgraph``).
+Like the guard it can ``flag`` (the score in ``response_metadata["esi"]``), ``abstain`` (content
+replaced; the loop ends) or ``route`` (the request re-run on ``fallback``); or it raises
+:class:`~esi_guard.UncertainAnswerError` for a middleware listed before it (LangChain's
+``ModelFallbackMiddleware``), whose answer comes back unscored, marked ``fallback_used``. An
+unscorable answer follows ``on_error``, never trusted. With ``stream_mode="messages"``, tokens are
+held until decided (``nostream`` tag): a withheld answer never shows. Needs the ``agents`` extra
+(``langchain`` 1.x and ``langgraph``).
 """
 
 from __future__ import annotations
@@ -94,19 +76,17 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
     Args:
         threshold: Scores strictly above it are untrusted (or use :meth:`from_calibration`).
         action: ``flag``, ``abstain``, ``route`` (needs ``fallback``) or ``raise``.
-        on_error: An answer that cannot be scored is withheld (``abstain``, default),
-            flagged (``flag``) or its error raised (``raise``).
+        on_error: For an unscorable answer: ``abstain`` (withheld, default), ``flag`` or ``raise``.
         fallback: The chat model a routed request is re-run on.
         abstain_message: The content of a withheld answer.
-        backend: The backend that scores answers. Default: built from the request's
-            model through the same adapters as ``ESIGuard(llm=...)``, once per model object.
+        backend: Scores answers; default: built from the request's model, as ``ESIGuard(llm=...)``.
         llm: A model object to build that backend from, instead of the request's model.
         **scoring: ``intervention``, ``n_variants``, ``top_k``, ``distance``, ``support``, ``seed``:
             as :class:`~esi_guard.ESIGuard`'s.
 
     Raises:
-        ConfigurationError: An invalid or unknown setting; at the first model call, a
-            model it cannot score (naming its type).
+        ConfigurationError: An invalid or unknown setting; at the first model call, a model it
+            cannot score (naming its type).
     """
 
     def __init__(
@@ -152,11 +132,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
 
     @classmethod
     def from_calibration(cls, path: str | Path, **kwargs: Any) -> ESIMiddleware:
-        """A middleware with the threshold and scoring settings of a threshold file.
-
-        The file is checked against the scoring backend at the first model call, as
-        ``ESIGuard.from_calibration`` checks it (model, value kind, scoring options).
-        """
+        """A middleware from a threshold file, checked against the backend at the first call."""
         calibrated = ThresholdFile.read(path)
         middleware = cls(threshold=calibrated.threshold, **kwargs)
         middleware.calibration = Path(path)
@@ -206,11 +182,10 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
     # -- the guard per model -------------------------------------------------------------------
 
     def guard_for(self, model: Any) -> ESIGuard:
-        """The guard that scores ``model``'s answers: built once per model object, then reused.
+        """The guard that scores ``model``'s answers, built once per model object.
 
         Raises:
-            ConfigurationError: No backend can be built from ``model`` (naming its type),
-                or a threshold file does not match the backend.
+            ConfigurationError: No backend can be built from ``model``, or a threshold file differs.
         """
         with self._lock:
             kept = self._guards.get(id(model))
@@ -290,10 +265,7 @@ class ESIMiddleware(AgentMiddleware[Any, Any, Any]):
         return _with(routed, message, _meta(result, fallback_used=True), usage=usage)
 
     def _handed_over(self, request: ModelRequest[Any]) -> ESIResult | None:
-        """The result raised on, when ``request`` re-runs that request on another model.
-
-        Middleware hooks run in copies of the context, so this is kept on the instance.
-        """
+        """The result raised on, if ``request`` re-runs it on another model (hooks copy context)."""
         with self._lock:
             raised = self._raised.get(id(request.messages))
             if raised is None or raised.messages is not request.messages:
@@ -331,11 +303,7 @@ def _answer(response: ModelResponse[Any]) -> AIMessage | None:
 
 
 def _tool_turn(response: ModelResponse[Any], message: AIMessage) -> bool:
-    """Whether the model called tools to go on.
-
-    Not a structured final answer: its tool call to the response format ends the agent
-    with ``structured_response``.
-    """
+    """Whether the model called tools to go on (not a structured answer's response-format call)."""
     return bool(message.tool_calls) and response.structured_response is None
 
 
@@ -363,10 +331,7 @@ def _with(
     finish_reason: str | None = None,
     usage: Any = None,
 ) -> ModelResponse[Any]:
-    """``response`` with ``message`` carrying ``esi`` (and what replaced its own).
-
-    ``content``, ``finish_reason`` and ``usage``: left as they are when None.
-    """
+    """``response`` with ``message`` carrying ``esi`` (and any content, finish reason, usage)."""
     if message is None:
         return response
     meta = {**message.response_metadata, "esi": esi}
@@ -389,11 +354,7 @@ def _with(
 
 
 def _ended(response: ModelResponse[Any]) -> ModelResponse[Any]:
-    """``response``, and the agent's loop ended after it (where langchain can say so).
-
-    An ``ExtendedModelResponse``, which the agent takes wherever a middleware returns a
-    model response; typed as one.
-    """
+    """``response``, and the agent's loop ended after it (where langchain can say so)."""
     try:
         from langchain.agents.middleware.types import ExtendedModelResponse
         from langgraph.types import Command

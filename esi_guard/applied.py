@@ -1,11 +1,8 @@
 """A decided answer applied: what the caller is sent in its place, in one vocabulary.
 
-:func:`apply` turns an :class:`~esi_guard.ESIResult` (and, for ``route``, the fallback's
-answer) into an :class:`Applied`: the content, the finish reason, the token usage and the
-``esi`` metadata. Every front end translates it to its own format and does nothing else
-with the decision: the chat model into an ``AIMessage``, ``esi-guard serve`` into an
-OpenAI chat completion. Pure: no model, no LangChain import (the fallback's answer is read
-by duck typing: a message's ``content``, ``response_metadata`` and ``usage_metadata``).
+:func:`apply` turns an :class:`~esi_guard.ESIResult` (and, for ``route``, the fallback's answer)
+into an :class:`Applied`, which every front end (the chat model, ``esi-guard serve``) only
+translates to its own format. Pure: no model, no LangChain import (the fallback is duck-typed).
 
 =============  ===========================================  ============================
 decision       content                                      finish reason
@@ -29,8 +26,7 @@ from esi_guard.result import ESIResult
 __all__ = ["ABSTAIN_FINISH_REASON", "Applied", "apply", "esi_info"]
 
 ABSTAIN_FINISH_REASON = "content_filter"
-"""The finish reason of an answer the guard withheld: OpenAI's value for an answer a filter
-withheld, so every client already knows it; the content is the abstention text."""
+"""OpenAI's finish reason for an answer a filter withheld, so every client already knows it."""
 
 
 @dataclass(frozen=True)
@@ -44,11 +40,9 @@ class Applied:
     output_tokens: int
     """The answer's tokens (plus the fallback's answer, when routed)."""
     esi: dict[str, Any]
-    """``response_metadata["esi"]``: the result's :meth:`~esi_guard.ESIResult.as_dict`, with
-    ``fallback_used`` when routed."""
+    """``response_metadata["esi"]``: the result's ``as_dict()``, and ``fallback_used`` if routed."""
     fallback_metadata: dict[str, Any] = field(default_factory=dict)
-    """The fallback's own ``response_metadata`` when routed (its model name, its finish
-    reason...), else empty."""
+    """The fallback's ``response_metadata`` if routed (model name, finish reason), else empty."""
 
     @property
     def total_tokens(self) -> int:
@@ -57,11 +51,7 @@ class Applied:
 
 
 def apply(result: ESIResult, fallback: Any = None, *, abstain_message: str) -> Applied:
-    """``result``'s decision applied (see the module's table).
-
-    ``fallback``: the fallback's answer (a message, or anything :func:`message_text` reads)
-    when the decision is ``route``; ignored otherwise.
-    """
+    """``result``'s decision applied (the module's table); ``fallback``: the answer routed to."""
     esi = result.as_dict()
     prompt_tokens, answer_tokens = result.prompt_tokens or 0, len(result.answer_token_ids)
     finish = result.finish_reason or "stop"
@@ -86,13 +76,10 @@ def apply(result: ESIResult, fallback: Any = None, *, abstain_message: str) -> A
 def esi_info(esi: dict[str, Any]) -> dict[str, Any]:
     """The ``esi`` object a response carries, from a result's ``as_dict()``.
 
-    Score, decision, threshold and where it came from (``threshold_source``: ``given``,
-    ``file``, the server's path left out, or ``shipped:<file>``), whether it was scored
-    and why not, variants used; the
-    combined score's ``p_wrong``, the cascade's ``decided_by`` and ``fallback_used`` where
-    they apply; each sentence's ``start``, ``end``, ``score`` and ``decision`` (offsets in
-    the model's answer), and ``redacted``, how many sentences were removed. A withheld
-    answer's text, or a removed sentence's, is not sent.
+    Score, decision, threshold and its source (``given``, ``file`` with the server's path left out,
+    or ``shipped:<file>``), whether scored and why not, variants used, model; ``p_wrong``,
+    ``decided_by``, ``fallback_used`` where set; each sentence's span (offsets in the model's
+    answer), score and decision; how many were ``redacted``. No withheld or removed text is sent.
     """
     info = {
         "score": esi.get("score"),

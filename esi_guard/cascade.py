@@ -1,33 +1,14 @@
 """ESI only where the decision needs it: a label-free ESI probe, and the cascade it drives.
 
-An :class:`ESIProbe` reads ESI off what the answer's own pass already holds: its free
-signals (``nll``, ``entropy``, ``max_nll``, :func:`~esi_guard.combined.free_signals`)
-and its hidden states (:class:`~esi_guard.backends.hidden.HiddenStates`). It is a ridge
-regression on the standardised signals and the PCA components of one layer's states at
-some positions, fitted to the full-L ESI scores of *unlabelled* questions
-(:func:`~esi_guard.calibration.cascade_fit.fit_esi_probe`; ``esi-guard distill``), its
-layer, positions, PCA size and strength chosen by cross-validated squared error.
-Standardising, PCA and the regression are linear, so it is folded into plain numbers:
-``intercept + w . z(signals) + v . states``, one portable JSON file. Its cost at run
-time is a dot product.
-
-A :class:`Cascade` decides on a cheap score where that score is far enough from the
-threshold and lets full ESI decide elsewhere. The cheap score is the probe's estimate of
-ESI (a guard deciding on ESI; the cascade on a combined score's ``p_wrong`` was retired in
-0.2.0: the value cascade decides such guards), or, in a value cascade, a combined score
-fitted without ESI. ESI runs when the cheap score falls in ``[low, high]``; below it the
-answer is accepted, above it the guard's action is taken. The band comes either from
-the probe alone (the threshold +- :attr:`ESIProbe.band`, the held-out quantile of
-``|ESI - estimate|`` at the probe's ``coverage``: no labels needed) or from calibration
-data (:func:`~esi_guard.calibration.cascade_fit.fit_band`, ``esi-guard calibrate
---esi-probe``): the narrowest band, of a family growing around the threshold, whose
-decisions differ from full-ESI decisions on at most ``max_disagreement`` of the answers
-with confidence ``1 - delta`` (one-sided Clopper-Pearson, bands tested from the widest
-inwards, a fixed sequence, so no level is spent on the search).
-
-This module holds the cascade's parts (the policy's stages decide with them); the
-fitting lives in :mod:`esi_guard.calibration.cascade_fit`. Pure: numpy, no model, no
-LangChain.
+An :class:`ESIProbe` estimates ESI from the answer's own pass (its
+:func:`~esi_guard.combined.free_signals` and :class:`~esi_guard.backends.hidden.HiddenStates`): a
+ridge regression fitted to the full-L ESI of *unlabelled* questions (``esi-guard distill``,
+:func:`~esi_guard.calibration.cascade_fit.fit_esi_probe`), a dot product at run time. A
+:class:`Cascade` decides on a cheap score (that estimate, or a combined score without ESI) outside
+a band ``[low, high]`` (below: accept; above: the guard's action) and runs full ESI inside it. The
+band is the threshold +- :attr:`ESIProbe.band` (no labels needed) or
+:func:`~esi_guard.calibration.cascade_fit.fit_band`'s: the narrowest whose decisions differ from
+full ESI's on at most ``max_disagreement`` of answers with confidence ``1 - delta``. Pure numpy.
 """
 
 from __future__ import annotations
@@ -57,16 +38,11 @@ __all__ = [
 ESI_PROBE_FORMAT = "esi-guard/esi-probe"
 
 PROBE_SIGNALS = ("nll", "entropy", "max_nll")
-"""The free signals an ESI probe reads by default (ESI is entropy-weighted: mean token
-entropy alone has a Spearman of ~0.8 with it on the embedded model)."""
+"""The free signals an ESI probe reads by default (ESI is entropy-weighted: they track it)."""
 
 
 class ESIProbe(BaseModel):
-    """``estimate = intercept + sum_i w_i * (signal_i - mean_i) / scale_i [+ v . states]``.
-
-    Fitted to full-L ESI scores by :func:`~esi_guard.calibration.cascade_fit.fit_esi_probe`;
-    written by ``esi-guard distill``.
-    """
+    """``estimate = intercept + sum_i w_i * (signal_i - mean_i) / scale_i [+ v . states]``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -91,18 +67,16 @@ class ESIProbe(BaseModel):
     hidden: HiddenProbe | None = None
     """The states' term (its ``selection``: held-out mean squared error per candidate)."""
     band: float = Field(ge=0)
-    """Held-out quantile of ``|ESI - estimate|`` at ``coverage``: a label-free cascade
-    runs ESI where the estimate is within this of the threshold."""
+    """Held-out quantile of ``|ESI - estimate|`` at ``coverage``: a label-free band's half-width."""
     coverage: float = Field(gt=0, lt=1)
     n_fit: int
     """Answers it was fitted on."""
     quality: dict[str, Any] = {}
-    """Held out (nested cross-validation): ``spearman`` and ``r2`` with their 95%
-    intervals, ``n``; ``signals_only``: the same for a probe on the free signals alone."""
+    """Held out (nested cross-validation): ``spearman`` and ``r2`` with 95% intervals, ``n``;
+    ``signals_only``: the same for a probe on the free signals alone."""
     held_out_estimates: tuple[float, ...] = ()
-    """The distillation answers' estimates by probes fitted without them (nested
-    cross-validation), beside :attr:`held_out_esi`: what a label-free cascade certifies
-    its band on, at whatever threshold the guard has."""
+    """Distillation answers' estimates by probes fitted without them (nested cross-validation),
+    beside :attr:`held_out_esi`: what a label-free cascade certifies its band on."""
     held_out_esi: tuple[float, ...] = ()
     """Those answers' full-L ESI scores."""
     created: str | None = None
@@ -148,23 +122,16 @@ class Band(BaseModel):
     low: float
     high: float
     fitted: dict[str, Any] | None = None
-    """From :func:`~esi_guard.calibration.cascade_fit.fit_band`: ``disagreement`` (cascade
-    vs full-ESI decisions on the calibration answers), its upper ``bound`` at ``1 -
-    delta``, ``max_disagreement``, ``delta``, ``esi_share`` (answers that ran ESI),
-    ``n``. None: from the probe's own band (label-free)."""
+    """From :func:`~esi_guard.calibration.cascade_fit.fit_band`: ``disagreement``, its ``bound`` at
+    ``1 - delta``, ``max_disagreement``, ``delta``, ``esi_share``, ``n``; None: the probe's band."""
 
 
 class Cascade(BaseModel):
     """The cheap score (a probe, or a no-ESI combined score) and its band, as files hold them.
 
-    The guard decides with it as a stage before ESI (:meth:`esi_guard.policy.Policy.of`:
-    :class:`~esi_guard.policy.Stage` reads the cheap score and routes on the band).
-
-    Two kinds: with ``probe`` (an ESI-probe cascade) the cheap score is the probe's
-    estimate of ESI, for a guard deciding on ESI; with ``free`` (a value-of-information
-    cascade, ``esi-guard calibrate --cascade``) it is the ``p_wrong`` of a combined score
-    fitted without ESI, and where it falls inside the band ESI runs and ``combined``
-    (fitted with ESI) decides.
+    A stage before ESI (:meth:`esi_guard.policy.Policy.of`, :class:`~esi_guard.policy.Stage`).
+    With ``probe`` the cheap score estimates ESI; with ``free`` (``esi-guard calibrate
+    --cascade``) it is a no-ESI ``p_wrong``, and inside the band ESI runs and ``combined`` decides.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -1,32 +1,13 @@
 """A combined, calibrated score: ESI and the free signals of the greedy answer -> P(wrong).
 
-The guarded pass already holds, beside ESI, the greedy answer's distributions: its
-tokens' negative log-likelihood and the entropy of each position cost nothing more. A
-:class:`CombinedScore` maps them to the probability that the answer is wrong with a
-logistic model whose weights are all >= 0 on standardised signals, so ``p_wrong`` never
-falls when a signal rises (monotone in each), fitted by
-:func:`~esi_guard.calibration.combined_fit.fit_combined` with its L2 strength chosen by
-stratified cross-validation. It is small enough to live in a threshold file as plain
-numbers (no pickle): ``esi-guard calibrate --score combined``. This module is the score at
-run time; the fitting lives in :mod:`esi_guard.calibration`.
-
-Signals (:data:`SIGNALS`; :data:`FEATURES` is the default set): ``esi`` (the score),
-``nll`` (the answer's negative log-probability, its tokens' summed, each normalised over
-its position's top-k, as the benchmark's "NLL (greedy)"), ``entropy`` (mean entropy of
-those truncated distributions, ESI's ``alpha_t``, as "mean token entropy") and
-``max_nll`` (the largest of the tokens' negative log-probabilities: the answer's least
-likely token) and ``repetition`` (the share of the answer's word pairs that repeat an
-earlier pair: a small model's degenerate loops, :func:`repetition`).
-
-**Hidden states** (``calibrate --features esi,nll,entropy,hidden``): the model's residual
-stream at the positions behind the answer (:class:`~esi_guard.backends.hidden.HiddenStates`,
-read from the answer's own forward passes) joins the signals as a *probe*: the states are
-standardised and reduced by PCA, and the logistic model takes the components beside the
-signals (signals' weights still >= 0; the components' free). Which layer, which positions,
-how many components and the L2 strength are chosen by cross-validation on the fitting
-answers. Standardising, PCA and the logistic model are all linear, so the fitted probe is
-folded into one weight vector over the raw states (:class:`HiddenProbe`): ``p_wrong`` is
-``sigmoid(intercept + w . z(signals) + v . states)``, plain numbers in the threshold file.
+The guarded pass already holds the greedy answer's distributions, so its likelihood and entropies
+cost nothing more. :class:`CombinedScore` maps :data:`SIGNALS` (:data:`FEATURES` by default) to
+``p_wrong`` by a logistic model with weights >= 0 on standardised signals (``p_wrong`` never falls
+as a signal rises), fitted by :func:`~esi_guard.calibration.combined_fit.fit_combined` and kept as
+plain numbers in a threshold file (``esi-guard calibrate --score combined``). With hidden states
+(``--features ...,hidden``) the residual stream behind the answer
+(:class:`~esi_guard.backends.hidden.HiddenStates`) joins as a linear probe on PCA components,
+folded into one weight vector over the raw states (:class:`HiddenProbe`).
 """
 
 from __future__ import annotations
@@ -72,9 +53,7 @@ DEPTHS = (0.4, 0.5, 0.6, 0.7, 0.8)
 def repetition(text: str) -> float:
     """The share of ``text``'s word pairs (lower-cased) that repeat an earlier pair.
 
-    0 for an answer of fewer than three words or without a repeat; near 1 for a loop
-    ("la femme au roi, la femme au roi, la femme au roi..."). From the text, not the
-    tokens: the same on every engine and tokenizer.
+    Near 1 for a degenerate loop; from the text, not the tokens, so the same on every tokenizer.
     """
     words = _WORDS.findall(text.lower())
     pairs = list(pairwise(words))
@@ -97,14 +76,9 @@ def free_signals(
 ) -> dict[str, float]:
     """``nll``, ``entropy`` and ``max_nll`` of an answer from its original top-k (no model call).
 
-    With the answer's ``text``, its :func:`repetition` too; with its tokens' ``logprobs``
-    (:func:`token_logprobs`, where the caller has them) they are not computed again.
-
-    ``nll`` is the negative log-likelihood of the answer's tokens, each
-    normalised over its position's top-k (the benchmark's "NLL (greedy)"); a token missing
-    from its top-k (a forced, non-greedy answer) gets the fill value ESI gives a missing
-    token. ``entropy`` is the mean of ESI's ``alpha_t``: pass them (``ESIScore.alphas``)
-    when they are at hand, else they are computed.
+    ``nll``: its tokens' summed negative log-probabilities over their top-k (:func:`token_logprobs`,
+    reused if given as ``logprobs``), ``max_nll`` the largest; ``entropy``: the mean ``alpha_t``
+    (``ESIScore.alphas``, reused if given as ``alphas``); with ``text``, :func:`repetition` too.
     """
     entropy = truncated_entropy(original) if alphas is None else alphas
     if logprobs is None:
@@ -123,21 +97,14 @@ def free_signals(
 def answer_signals(
     topk: TopK | None, answer_ids: Sequence[int], kind: ValueKind, text: str
 ) -> dict[str, float] | None:
-    """An answer's :func:`free_signals` from its own pass; None without tokens or finite top-k.
-
-    A top-k holding NaN or infinite values gives none: its rows would read as certain.
-    """
+    """An answer's :func:`free_signals`; None without tokens or finite top-k (NaN reads certain)."""
     if topk is None or not answer_ids or not topk.finite:
         return None
     return free_signals(topk, answer_ids, kind, text=text)
 
 
 def probe_window(hidden_layers: Sequence[int]) -> HiddenSpec:
-    """The states a probe's fit chooses from, read with every calibration answer.
-
-    Blocks at :data:`DEPTHS` of the model's depth and the final norm's output, at every
-    position.
-    """
+    """What a probe's fit chooses from: blocks at :data:`DEPTHS`, the final norm, every position."""
     blocks = sorted(layer for layer in hidden_layers if layer != FINAL)
     if not blocks:
         return HiddenSpec((FINAL,), POSITIONS)
@@ -182,10 +149,7 @@ class HiddenProbe(BaseModel):
 
 
 class CombinedScore(BaseModel):
-    """``p_wrong = sigmoid(intercept + sum_i weight_i * (signal_i - mean_i) / scale_i [+ probe])``.
-
-    With a :class:`HiddenProbe` (``hidden``), its term ``v . states`` joins the sum.
-    """
+    """``p_wrong = sigmoid(intercept + sum_i w_i * (signal_i - mean_i) / scale_i [+ hidden])``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

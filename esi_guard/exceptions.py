@@ -1,56 +1,38 @@
 """The whole esi_guard error tree.
 
-Every error the library raises on purpose is an ``ESIGuardError``::
+Every error the library raises on purpose is an ``ESIGuardError``, recognised by its type, never
+its message. The right-hand column is each class's ``code`` (inherited where blank); an unscored
+answer's ``reason`` is ``"<code>: <message>"`` of the error that stopped it (:func:`reason`)::
 
-    ESIGuardError
-    ├── ConfigurationError   bad parameters, missing extras' settings, no chat template
-    ├── InputError           an input the guard cannot score (type, empty question)
-    ├── ScoringError         an answer that cannot be scored          scoring_error
-    │                        (NaN/inf, shapes; also empty_answer, no_effective_variant)
-    ├── UncertainAnswerError an agent's answer scored past the threshold, with
-    │                        ``ESIMiddleware(action="raise")`` (``result``, ``message``)
-    └── BackendError         the engine failed (forward pass, server)  backend_error
-        ├── ModelLoadError   the model or tokenizer could not be loaded
-        ├── ContextLengthError  the prompt (and answer) do not fit     context_overflow
-        │   └── APIContextLengthError  (also an APIError) a server's HTTP 400 about it
-        ├── OutOfMemoryError    the device ran out of memory for one prompt alone
-        │                                                           out_of_memory
-        ├── InterventionError   the intervention failed (a paraphrasing LLM)
-        │                                                           intervention_error
-        └── APIError         an OpenAI-compatible server failed or answered badly
-                             (``retryable``, ``status_code``, ``original``)
+    ESIGuardError                                                               error
+    ├── ConfigurationError            bad parameters or settings
+    ├── InputError                    an input it cannot guard (empty question)
+    ├── ScoringError                  an answer that cannot be scored           scoring_error
+    │                                 (finer codes: empty_answer, no_effective_variant)
+    ├── UncertainAnswerError          action="raise": an answer past threshold  uncertain_answer
+    └── BackendError                  the engine failed (forward pass, server)  backend_error
+        ├── ModelLoadError            the model or tokenizer did not load
+        ├── ContextLengthError        the prompt (and answer) do not fit        context_overflow
+        │   └── APIContextLengthError also an APIError: a server's HTTP 400
+        ├── OutOfMemoryError          one prompt alone does not fit in memory   out_of_memory
+        ├── InterventionError         the intervention failed (paraphraser)     intervention_error
+        └── APIError                  an OpenAI-compatible server failed
 
-``ConfigurationError`` and ``InputError`` are also ``ValueError`` so that code written
-against plain Python conventions keeps working.
+``ConfigurationError`` and ``InputError`` are also ``ValueError``. A high ESI score is a *result*,
+not an exception (reported and acted on), except with the agent middleware's ``action="raise"``,
+so that a middleware listed before it (LangChain's ``ModelFallbackMiddleware``) can take over. An
+unscorable answer follows ``on_error``: withheld (``abstain``, the default), flagged with the
+reason, or raised as one of these errors (``ScoringError.result`` holds the unscored result).
 
-The right-hand column is each class's ``code``: an unscored answer's ``reason`` is
-``"<code>: <message>"`` of the error that stopped it (:func:`reason`). Errors are
-recognised by their type, never by their message text.
+Warnings (``UserWarning``) for what is not an error but rarely what the user meant:
 
-A high ESI score is a *result*, not an exception: the guard reports it in the
-answer's metadata and acts on it (flag, abstain, route). The one exception is the agent
-middleware's ``action="raise"``, which exists so that a middleware listed before it
-(LangChain's ``ModelFallbackMiddleware``) can take over. An answer that cannot be
-scored follows the guard's ``on_error`` policy: withheld (``abstain``, the default) or
-flagged with the reason in its metadata, or, with ``on_error="raise"``, one of these
-errors (``ScoringError`` carries the unscored result in ``.result``).
-
-Three warning classes (all ``UserWarning``), for what is not an error but is rarely what
-the user meant:
-
-* ``WholeMessageWarning``, issued once per guard when the text taken as the question is
-  long (over 512 characters): the whole human message (instructions, retrieved passages)
-  is being intervened on; ``ESIGuard.with_prompt`` intervenes on the question variable
-  alone. ``esi-guard serve`` returns it to each caller instead (``whole_message`` in the
-  response's ``esi.warnings``), not to its log.
-* ``EngineMismatchWarning``, issued by ``ESIGuard.from_calibration`` when the threshold
-  file was calibrated on another engine (transformers) than the guard runs (llama.cpp)
-  for the same model: the scores are close, not identical.
-* ``PromptMismatchWarning``, issued once per guard when it scores a prompt asked under
-  another system prompt or template than its threshold file was calibrated under (given
-  to ``from_calibration``, or sent by a chain at call time): the same question under
-  another instruction gets another answer and another score, so the threshold holds
-  only approximately, by an amount nothing here can measure without labels.
+* ``WholeMessageWarning``, once per guard: the question text is long (over 512 characters), so
+  the whole human message is intervened on (``ESIGuard.with_prompt`` takes the question alone);
+  ``esi-guard serve`` returns it to each caller in ``esi.warnings``.
+* ``EngineMismatchWarning``, from ``ESIGuard.from_calibration``: the threshold file was calibrated
+  on another engine for the same model; the scores are close, not identical.
+* ``PromptMismatchWarning``, once per guard: a prompt under another system prompt or template than
+  the threshold file's; the threshold then holds only approximately.
 """
 
 from __future__ import annotations
@@ -103,12 +85,7 @@ class InputError(ESIGuardError, ValueError):
 
 
 class ScoringError(ESIGuardError):
-    """Distributions handed to the ESI estimator cannot be scored.
-
-    Raised by the guard with ``on_error="raise"`` for an answer it could not score;
-    ``result`` then holds that answer's unscored ``ESIResult`` (answer, reason), so
-    nothing is lost.
-    """
+    """Distributions handed to the ESI estimator cannot be scored (see ``result``)."""
 
     code = "scoring_error"
 
@@ -117,17 +94,13 @@ class ScoringError(ESIGuardError):
     ) -> None:
         super().__init__(message)
         self.result = result
-        """The unscored ``ESIResult``, when the guard raised this; else None."""
+        """The unscored ``ESIResult`` (answer, reason) when the guard raised this; else None."""
         if code is not None:
             self.code = code  # empty_answer, no_effective_variant: finer than the class
 
 
 class UncertainAnswerError(ESIGuardError):
-    """An agent's final answer scored past the threshold (``ESIMiddleware(action="raise")``).
-
-    Raised in place of the answer so that an outer middleware (LangChain's
-    ``ModelFallbackMiddleware``) can hand the request to another model.
-    """
+    """An agent's answer past the threshold, raised by ``ESIMiddleware(action="raise")``."""
 
     code = "uncertain_answer"
 
@@ -150,40 +123,26 @@ class ModelLoadError(BackendError):
 
 
 class ContextLengthError(BackendError):
-    """A prompt, or a prompt plus its answer, is longer than the model's context window.
-
-    The backend refuses it (nothing is truncated, since a cut prompt is another
-    question); the other prompts of a batch go on. ``HFBackend`` checks the model's
-    window itself; an API backend raises one (that is also an :class:`APIError`) when
-    the server answers HTTP 400 about its context length.
-    """
+    """A prompt (plus its answer) exceeds the context window; nothing is cut, others go on."""
 
     code = "context_overflow"
 
 
 class OutOfMemoryError(BackendError):
-    """The device ran out of memory for one prompt, even in a pass of its own.
-
-    ``HFBackend`` splits a batch that runs out of GPU memory and runs the halves; only a
-    prompt that does not fit alone gets this error, in place (the others go on).
-    """
+    """The device ran out of memory for one prompt alone (``HFBackend`` splits a batch first)."""
 
     code = "out_of_memory"
 
 
 class InterventionError(BackendError):
-    """The intervention could not make the question's variants (a paraphrasing LLM failed).
-
-    The guard wraps any exception an intervention raises in one, per batch of questions.
-    """
+    """The intervention failed to make the variants: any exception it raised, per batch."""
 
     code = "intervention_error"
 
 
 class APIError(BackendError):
-    """An OpenAI-compatible server failed, or its answer cannot be used.
+    """An OpenAI-compatible server failed or answered unusably (after retries, where retryable).
 
-    Raised after retries are spent (for retryable failures) or at once (for the rest).
     The message never holds the API key.
     """
 

@@ -1,19 +1,11 @@
 """Semantic-preserving interventions: a question in, ``n`` intervened questions out.
 
-Every intervention is seeded: the variants of a question depend only on the question
-text, ``n`` and the seed, never on batch order, so a batched call and one-by-one calls
-see the same variants.
-
-* :class:`SkipOneChar` (SOC), the paper's character-level intervention.
-* :class:`Typo`, SOC's sibling that replaces the character with a keyboard neighbour.
-* :class:`Paraphrase`, few-shot paraphrasing by any LangChain chat model or runnable.
-* :class:`FixedVariants`, precomputed paraphrases, topped up with SOC.
-
-Only letters form words: digits (superscripts, fractions and Roman numerals too),
-punctuation and whitespace are never changed, so numbers, units and dates keep their
-meaning. A letter's combining marks (accents in decomposed text, the vowel signs of Indic
-scripts) are part of it: a character edit takes or replaces the letter with its marks, and
-never moves a mark onto another letter.
+:class:`SkipOneChar` (SOC, the paper's), :class:`Typo` (a keyboard neighbour instead),
+:class:`Paraphrase` (few-shot, by any LangChain chat model or runnable) and :class:`FixedVariants`
+(precomputed, topped up with SOC). Variants depend only on the question text, ``n`` and the seed,
+so batched and one-by-one calls see the same ones. Only letters form words: digits (all numerals),
+punctuation and whitespace never change, so numbers, units and dates keep their meaning; a
+letter's combining marks (accents, Indic vowel signs) go with it, never onto another letter.
 """
 
 from __future__ import annotations
@@ -86,9 +78,8 @@ class Intervention(ABC):
     def variants(self, question: str, n: int, *, seed: int = 0) -> list[str]:
         """Return up to ``n`` variants of ``question``.
 
-        Fewer (even none) when the question does not allow ``n`` different ones (SOC on
-        a question with few long words); a variant may equal the question or repeat
-        another where the intervention allows it: callers check.
+        Fewer (even none) where the question allows no more; some may copy it or each other:
+        callers check.
         """
 
     def batch_variants(self, questions: Sequence[str], n: int, *, seed: int = 0) -> list[list[str]]:
@@ -115,21 +106,15 @@ class _CharacterEdit(Intervention):
     """Edits one character at a position >= ``min_chars`` of eligible words."""
 
     p: float = 0.3
-    """Probability that an eligible word is edited (``words="random"``), or the share of
-    eligible words edited (``words="exact"``)."""
+    """Chance an eligible word is edited (``words="random"``), or the share edited (``"exact"``)."""
     min_chars: int = 3
-    """M*: the first ``min_chars`` characters of a word are never touched, and words of
-    ``min_chars`` characters or fewer are left whole."""
+    """M*: a word's first ``min_chars`` characters, and words no longer, are never edited."""
     words: Literal["random", "exact"] = "random"
-    """``"random"``: each eligible word is edited with probability ``p`` (the paper's text);
-    ``"exact"``: exactly ``ceil(p * eligible)`` distinct eligible words, at least one, are
-    edited (the authors' code)."""
+    """``"random"``: each eligible word edited with chance ``p`` (the paper's text); ``"exact"``:
+    ``ceil(p * eligible)`` distinct words, at least one (the authors' code)."""
     distinct: bool = True
-    """Never return a variant equal to the question or to an earlier variant: such a draw
-    is drawn again (up to :data:`TRIES` times), and when no new variant comes the question
-    gets fewer than ``n`` (recorded in the result's ``variants``). ``False``: ``n``
-    independent draws, repeats and unchanged copies included, which score 0 and still
-    count in ESI's mean."""
+    """Redraw (up to :data:`TRIES` times) a copy of the question or an earlier variant, else give
+    fewer than ``n``; ``False``: ``n`` independent draws, whose copies score 0 in ESI's mean."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p <= 1.0:
@@ -154,8 +139,7 @@ class _CharacterEdit(Intervention):
             chosen = set(rng.sample(range(len(eligible)), count))
         parts, end = [], 0
         for index, (start, stop, chars) in enumerate(eligible):
-            # "random" draws each word's coin just before its edit: the order the draws
-            # have always had, so a seed gives the variants it gave before.
+            # "random" draws each word's coin just before its edit, so a seed's variants hold.
             if index not in chosen if chosen is not None else rng.random() >= self.p:
                 continue
             position = rng.randrange(self.min_chars, len(chars))
@@ -190,11 +174,7 @@ class _CharacterEdit(Intervention):
 @strict
 @dataclass(frozen=True)
 class SkipOneChar(_CharacterEdit):
-    """Skip-One-Char (SOC), the paper's character-level intervention.
-
-    In each word longer than M* letters, with probability ``p``, delete one character at a
-    uniformly drawn position in ``[M*, len(word))`` (0-based). ``p=0`` is the identity.
-    """
+    """Skip-One-Char (SOC), the paper's: drop a word's character at uniform ``[M*, len(word))``."""
 
     name: ClassVar[str] = "skip_one_char"
 
@@ -205,10 +185,7 @@ class SkipOneChar(_CharacterEdit):
 @strict
 @dataclass(frozen=True)
 class Typo(_CharacterEdit):
-    """Keyboard typo: like SOC, but the character is replaced by a QWERTY neighbour.
-
-    Case is kept; letters off the QWERTY grid get a random ASCII letter.
-    """
+    """Keyboard typo: SOC, but a QWERTY neighbour (case kept; off the grid: any a-z) replaces it."""
 
     name: ClassVar[str] = "typo"
 
@@ -269,17 +246,12 @@ def _failed(exc: Exception) -> InterventionError:
 @strict
 @dataclass(frozen=True)
 class Paraphrase(Intervention):
-    """Paraphrases written by an LLM with the paper's few-shot prompt.
-
-    The model is called up to ``max_calls`` times per question (stopping early once a
-    call adds no new paraphrase); distinct paraphrases are kept, and a shortfall is
-    topped up with ``fill`` (SOC by default), as the paper does.
-    """
+    """LLM paraphrases by the paper's few-shot prompt, a shortfall topped up with ``fill`` (SOC)."""
 
     llm: Any
     """Any LangChain chat model or runnable taking a string."""
     max_calls: int = 3
-    """Most calls to the model per question."""
+    """Most calls to the model per question (fewer once a call adds nothing new)."""
     prompt: str = PARAPHRASE_PROMPT
     """Prompt with a ``{query}`` placeholder."""
     fill: Intervention = field(default_factory=SkipOneChar)
@@ -377,12 +349,10 @@ class Paraphrase(Intervention):
 @strict
 @dataclass(frozen=True)
 class FixedVariants(Intervention):
-    """Precomputed paraphrases, looked up by question text.
+    """Precomputed paraphrases, looked up by exact, then whitespace- and case-normalised text.
 
-    Lookup is exact first, then on whitespace- and case-normalised text. When a question
-    has more than ``n`` paraphrases, ``n`` are drawn (seeded); when it has fewer (or none),
-    the rest are filled by ``fill`` (SOC by default), as the paper does. With
-    ``strict=True`` a question missing from the mapping is an :class:`InputError`.
+    More than ``n`` are sampled (seeded); fewer are topped up by ``fill`` (SOC by default), as the
+    paper does. With ``strict=True`` a question missing from the mapping is an :class:`InputError`.
     """
 
     paraphrases: Mapping[str, Sequence[str]]
@@ -456,8 +426,7 @@ def rebuild_intervention(description: Mapping[str, Any]) -> Intervention:
             "which cannot be rebuilt from the file: pass intervention=... "
         )
         raise ConfigurationError(msg)
-    # A file written before ``words`` and ``distinct`` existed was calibrated with
-    # independent draws that may repeat: rebuilt that way, its threshold still holds.
+    # A file without ``words``/``distinct`` was calibrated with independent draws: rebuild so.
     return kind(p=float(description["p"]), min_chars=int(description["min_chars"]),
                 words=description.get("words", "random"),
                 distinct=bool(description.get("distinct", False)))  # fmt: skip

@@ -1,16 +1,10 @@
 """``ESIGuardrail``: ESI as a LiteLLM proxy guardrail (the ``litellm`` extra).
 
-A LiteLLM proxy route answers from an upstream model; this guardrail scores each answer
-after the call (``post_call``) with :meth:`ESIGuard.score` through the API backend against
-the same upstream (the answer is teacher-forced after the question's variants there), then:
-
-* ``esi_action="flag"`` (the default): passes the answer on with its ``esi`` object (score,
-  decision, threshold, reason when unscored, variants used) on the response and
-  ``x-esi-score`` / ``x-esi-decision`` among the headers LiteLLM returns;
-* ``esi_action="block"``: refuses an answer that is not accepted, unscored ones included, with
-  LiteLLM's guardrail convention, an HTTP 400 whose detail says why and carries ``esi``.
-
-In the proxy's ``config.yaml``::
+After each call (``post_call``) it scores the route's answer with :meth:`ESIGuard.score`,
+teacher-forced by the API backend on the same upstream, then flags it (``esi_action="flag"``, the
+default: an ``esi`` object on the response, ``x-esi-score`` and ``x-esi-decision`` headers) or
+blocks every answer not accepted, unscored ones included (``esi_action="block"``: LiteLLM's
+guardrail HTTP 400, its detail carrying ``esi``). In the proxy's ``config.yaml``::
 
     guardrails:
       - guardrail_name: esi
@@ -23,9 +17,8 @@ In the proxy's ``config.yaml``::
           threshold: /etc/esi/threshold.json     # a calibration file, or a number
           esi_action: block                      # or flag
 
-Streaming responses are not scored (LiteLLM's post-call hook sees whole responses only);
-score them with ``esi-guard serve`` instead. Scoring runs in a worker thread, one answer at
-a time per request, beside the proxy's event loop.
+Streaming responses are not scored (the post-call hook sees whole responses only; use
+``esi-guard serve``). Scoring runs in a worker thread, one answer at a time per request.
 """
 
 from __future__ import annotations
@@ -61,20 +54,14 @@ class ESIGuardrail(CustomGuardrail):
         api_base: The upstream's ``/v1`` URL (the server the route answers from).
         upstream_model: The model name the upstream serves.
         threshold: A calibration file (``esi-guard calibrate``) or a number.
-        esi_action: ``flag`` (pass with ``esi``) or ``block`` (a 400 unless accepted). Not
-            ``action``: LiteLLM hands every custom guardrail its own ``action`` default
-            (``block``, with other providers' settings), whatever the config says.
+        esi_action: ``flag`` or ``block`` (not ``action``: LiteLLM sets its own on every guardrail).
         api_key: The upstream's key (default ``OPENAI_API_KEY``, else none).
-        api_mode: The API backend's mode: ``echo`` or ``auto`` (echo when the server offers
-            it). Scoring an answer the guardrail did not generate is teacher forcing, which
-            only echo mode can do, so ``chat`` is refused. (LiteLLM's own ``mode`` is the
-            hook, ``post_call``.)
+        api_mode: ``echo`` or ``auto`` (echo if offered); ``chat`` cannot teacher-force: refused.
         chat_template: A Jinja chat template file, for echo mode.
         n_variants: L, variants per question (a calibration file's own by default).
         top_k: k, tokens per distribution (the file's by default).
         backend: A ready backend instead of the upstream's (tests, a model in process).
-        **kwargs: LiteLLM's guardrail settings (``guardrail_name``, ``event_hook``,
-            ``default_on``...).
+        **kwargs: LiteLLM's guardrail settings (``guardrail_name``, ``event_hook``...).
     """
 
     def __init__(
@@ -163,12 +150,7 @@ def _upstream(
 
 
 def _answers(response: Any) -> list[str | None] | None:
-    """Each choice's text (None: no text to score, a tool call's turn or an empty answer).
-
-    None when the response has choices whose answers are not a chat message's text (a
-    text completion, content parts): answers the guardrail cannot score. A response
-    without choices (not a completion) has none.
-    """
+    """Each choice's text (None: nothing to score); None if one is not a chat message's text."""
     out: list[str | None] = []
     for choice in getattr(response, "choices", None) or ():
         message = getattr(choice, "message", None)

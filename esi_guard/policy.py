@@ -1,10 +1,9 @@
 """An answer's decision as an ordered list of stages: the guard's one decision policy.
 
-Each :class:`Stage` has a score, what that score needs (the answer's own pass: its free
-signals, maybe hidden states; or ESI: L forced variants), hence its cost, and a stop band:
-below the band the answer is accepted, above it the guard's action is taken, inside it
-the next stage decides. The last stage has no band: the threshold decides. Every mode a
-guard has is such a list (:meth:`Policy.of`):
+Each :class:`Stage` has a score, what it needs (the answer's own pass, or ESI's L forced variants),
+hence its cost, and a stop band: below it the answer is accepted, above it the action is taken,
+inside it the next stage decides; the last stage decides at the threshold. Every guard mode is such
+a list (:meth:`Policy.of`):
 
 ==========================  ===========================================  =================
 guard                       stages                                       ``decided_by``
@@ -16,13 +15,10 @@ value cascade               ``[free (band), esi (p_wrong)]``             ``free`
 label-free ESI-probe        ``[probe (band), esi]``                      ``probe``/``esi``
 ==========================  ===========================================  =================
 
-Per-sentence judgement (``decide_on="sentences"``, ``redact``) is the last stage's
-granularity: ESI read sentence by sentence, which needs a policy of ESI alone.
-
-Pure: numpy through the scores, no model, no LangChain. The pipeline asks a policy what
-to read with each answer (:attr:`Policy.needs_hidden`, :attr:`Policy.uses_esi`) and which
-stage decides it (:meth:`Policy.early`); :class:`~esi_guard._pipeline.decide.Rule` makes
-the result.
+Deciding per sentence (``decide_on="sentences"``, ``redact``) needs a policy of ESI alone. Pure
+(no model, no LangChain): the pipeline asks a policy what to read (:attr:`Policy.needs_hidden`,
+:attr:`Policy.uses_esi`) and which stage decides (:meth:`Policy.early`);
+:class:`~esi_guard._pipeline.decide.Rule` makes the result.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ from esi_guard.exceptions import ConfigurationError
 __all__ = ["Early", "Granularity", "Policy", "Stage", "StageName", "granularity"]
 
 StageName = Literal["free", "probe", "esi"]
-"""What a stage decides on: the answer's free signals (and states) through a combined
-score without ESI, the ESI probe's estimate of ESI, or ESI itself."""
+"""What a stage decides on: a combined score without ESI, the ESI probe's estimate, or ESI."""
 
 Granularity = Literal["answer", "sentence"]
 
@@ -59,8 +54,7 @@ class Stage:
 
     name: StageName
     score: CombinedScore | ESIProbe | None = None
-    """``free``: a combined score without ESI; ``probe``: an ESI probe; ``esi``: a combined
-    score with ESI (the decision on its ``p_wrong``) or None (on ESI)."""
+    """``free``: a no-ESI combined score; ``probe``: an ESI probe; ``esi``: one with ESI or None."""
     band: Band | None = None
     """Accept below ``low``, act above ``high``, else the next stage; None on the last."""
 
@@ -215,9 +209,8 @@ class Policy:
     def early(self, signals: Mapping[str, float], hidden: HiddenStates | None) -> list[Early]:
         """The stages before ESI that read the answer, in order, up to the one that decides.
 
-        The last one's ``route`` is the decision; None (or no stage read it): ESI decides.
-        A stage whose states are missing passes the answer on (never a decision on a
-        guess); the caller makes a last stage that cannot score the answer unscored.
+        The last one's ``route`` decides (if None, or none read it, ESI does); a stage lacking its
+        states passes the answer on. The caller makes an unscorable last stage unscored.
         """
         read: list[Early] = []
         for stage in self.stages:

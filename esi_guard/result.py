@@ -1,10 +1,8 @@
 """What the guard reports: the per-answer ``ESIResult`` and the one ``ScoringConfig``.
 
-``ScoringConfig`` is the single description of how scores are computed. The guard
-exposes its own (``ESIGuard.scoring_config``), every result carries it (``scoring``), the
-calibration runner keys its cache on it and the threshold file stores it: a threshold
-only means something for scores computed the same way, and :meth:`ScoringConfig.differences`
-names what is not the same.
+``ScoringConfig`` is the single description of how scores are computed, shared by the guard, its
+results, the calibration cache and the threshold file: a threshold only means something for scores
+computed the same way, and :meth:`ScoringConfig.differences` names what is not the same.
 """
 
 from __future__ import annotations
@@ -29,18 +27,15 @@ __all__ = [
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 64
-"""Most tokens per answer, for the guard and ``esi-guard calibrate`` alike (a threshold
-file records the value it was calibrated with, and a guard from it answers with it)."""
+"""Most tokens per answer, for the guard and ``esi-guard calibrate`` alike (a threshold file
+records its own, and a guard built from it answers with it)."""
 
 Decision = Literal["accept", "flag", "abstain", "route", "redact", "raise", "pass"]
-"""``accept`` for a trusted answer, otherwise the action the guard took (``raise``: the
-agent middleware raised :class:`UncertainAnswerError`; ``redact``: some of the answer's
-sentences were removed); ``pass``: not an answer (an agent turn that calls tools), passed
-on unscored."""
+"""``accept`` for a trusted answer, else the action taken (``raise``: by the agent middleware;
+``redact``: sentences removed); ``pass``: an agent's tool-call turn, passed on unscored."""
 
 Action = Literal["flag", "abstain", "route", "redact"]
-"""What the guard does with an untrusted answer (``redact``: removes the sentences past
-the threshold)."""
+"""What the guard does with an untrusted answer (``redact``: drops sentences past the threshold)."""
 
 OnError = Literal["abstain", "flag", "raise"]
 """What the guard does with an answer it could not score."""
@@ -51,11 +46,7 @@ _RETIRED = ("min_variants", "stop_constant")
 
 
 def _decision_moved(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """``data`` without the ``decide_on`` a file written before 0.2.0 holds.
-
-    What a threshold applies to is the file's ``granularity``, not the score's;
-    ``decide_on="context_reliance"`` (retired in 0.2.0) gets its one-line error.
-    """
+    """``data`` less an older file's ``decide_on`` (now ``granularity``); a retired value errors."""
     if "decide_on" not in data:
         return data
     if data["decide_on"] == "context_reliance":
@@ -92,8 +83,7 @@ class ScoringConfig(BaseModel):
     distance: str
     """The distance between truncated distributions."""
     support: Literal["pair", "all"] = "pair"
-    """The tokens two truncated distributions are compared on (see
-    :func:`~esi_guard.esi_score`)."""
+    """The tokens two truncated distributions are compared on (see :func:`~esi_guard.esi_score`)."""
     values: Literal["logits", "logprobs"]
     """What the backend's top-k values are."""
     approximate: bool
@@ -103,12 +93,9 @@ class ScoringConfig(BaseModel):
     max_new_tokens: int = Field(ge=1)
     """Most tokens generated per answer."""
     system_prompt: str | None = None
-    """The system prompt a calibration run put before each question (None for a guard,
-    which takes whatever prompt the chain hands it)."""
+    """The system prompt a calibration run put before each question (None for a guard)."""
     prompt_template: str | None = None
-    """The template a calibration run rendered each question with (``{question}``, and
-    ``{context}`` for data with passages), through ``ESIGuard.with_prompt``; None when the
-    question was its own message."""
+    """A calibration run's ``with_prompt`` template (``{question}``, ``{context}``), or None."""
 
     def differences(self, other: ScoringConfig, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """One ``"<field>: <this> vs <other>"`` line per field whose values differ."""
@@ -120,11 +107,7 @@ class ScoringConfig(BaseModel):
         ]
 
     def score_differences(self, other: ScoringConfig) -> list[str]:
-        """:meth:`differences` in what defines the score, the prompt left out.
-
-        A guard is handed its prompts (a threshold file sets its own on the guard, and a
-        probe estimates ESI under any): only a difference in the score itself refuses.
-        """
+        """:meth:`differences` without the prompt fields: a guard is handed its prompts."""
         return self.differences(other, ignore=("system_prompt", "prompt_template"))
 
     def as_metadata(self) -> dict[str, Any]:
@@ -139,9 +122,7 @@ class ESIResult:
     """What the guard found about one answer; ``as_dict()`` is ``response_metadata["esi"]``."""
 
     score: float | None
-    """ESI score, or None when the answer could not be scored (``scored`` False) or was
-    decided without ESI (``decided_by="free"``: a combined score without ESI; the decision
-    is then on ``p_wrong``)."""
+    """The ESI score; None if unscored or decided without ESI (``decided_by="free"``)."""
     threshold: float
     """Scores above it are not trusted."""
     decision: Decision
@@ -165,76 +146,53 @@ class ESIResult:
     finish_reason: str | None = None
     """``stop`` or ``length`` when the guard generated the answer."""
     work: dict[str, int] = field(default_factory=dict)
-    """ESI's work beyond the answer itself: ``forced_variants`` (prompts teacher-forced)
-    and ``forced_tokens`` (answer tokens forced after them); never part of the model's
-    ``usage_metadata``."""
+    """ESI's extra work (``forced_variants``, ``forced_tokens``); never in ``usage_metadata``."""
     variant_scores: list[float] = field(default_factory=list)
-    """Each variant's own score (mean over tokens of alpha_t * D), in ``variants`` order;
-    ``score`` is their mean."""
+    """Each variant's score (mean over tokens of alpha_t * D), in ``variants`` order; ``score`` is
+    their mean."""
     variants_used: int = 0
-    """How many variants were scored: ``n_variants``, or fewer when the intervention gave
-    fewer (0 for an answer decided without ESI)."""
+    """Variants scored: ``n_variants``, fewer if the intervention gave fewer, 0 without ESI."""
     signals: dict[str, float] = field(default_factory=dict)
-    """The greedy answer's free signals from the same pass: ``nll`` (its negative
-    log-probability, each token's over its position's top-k), ``entropy`` (mean entropy
-    of those distributions) and ``max_nll`` (its least likely token's negative
-    log-probability); with a hidden-state probe, ``hidden`` (the probe's term in the logit
-    of ``p_wrong``). Empty when unscored."""
+    """The answer's free signals from the same pass, over each position's top-k: ``nll`` (its
+    negative log-probability), ``entropy`` (mean entropy), ``max_nll`` (its least likely token's)
+    and, with a hidden-state probe, ``hidden`` (the probe's term in ``p_wrong``'s logit). Empty
+    when unscored."""
     p_wrong: float | None = None
-    """With a combined score (``ESIGuard(combined=...)``, or a threshold file calibrated
-    with ``--score combined``): the probability that the answer is wrong, which the
-    decision is then made on; None otherwise."""
+    """With a combined score: the probability the answer is wrong, which then decides; else None."""
     decided_by: Literal["probe", "free", "esi"] | None = None
-    """What the decision was made on, when the guard can decide without ESI. With an
-    ESI-probe cascade (``ESIGuard(esi_probe=...)``): ``probe`` when the cheap score was far
-    enough from the threshold to decide on (no variant forced; ``score`` is then the
-    probe's estimate of ESI, and ``p_wrong`` the cheap score's), ``esi`` when full ESI
-    decided. ``free``: decided on a combined score without ESI (``p_wrong``; ``score``
-    None, no variant forced), by a guard whose threshold file leaves ESI out (``calibrate
-    --features nll,entropy,max_nll,hidden``), or by a value-of-information cascade
-    (``calibrate --cascade``) outside its band (``esi`` inside it). None (left out of
-    ``as_dict()``) for a guard that always runs ESI."""
+    """What decided, if the guard can decide without ESI (else None, left out): ``probe`` (an
+    ESI-probe cascade's estimate of ESI, in ``score``), ``free`` (a combined score without ESI,
+    alone or as a value cascade outside its band; ``score`` None) or ``esi`` (ESI after those)."""
     probe_score: float | None = None
     """With a cascade: the ESI probe's estimate of the score; None otherwise (left out)."""
     hidden: HiddenStates | None = field(default=None, repr=False, compare=False)
-    """The answer's hidden states, when the guard was asked to keep them
-    (``ESIGuard(hidden_states=...)``); in ``as_dict()`` as ``layers``, ``positions`` and
-    nested lists of ``values``, and left out when None."""
+    """The answer's hidden states if asked for (``ESIGuard(hidden_states=...)``), else None; in
+    ``as_dict()`` as ``layers``, ``positions`` and nested lists of ``values``."""
 
     sentences: list[SentenceScore] = field(default_factory=list)
-    """The answer's sentences, each scored on its own tokens and decided
-    (:mod:`esi_guard.sentences`): what ``action="redact"`` and ``decide_on="sentences"``
-    decide on. Empty when the answer was not scored with ESI or the backend cannot map
-    its tokens to its text."""
+    """The answer's sentences, each scored and decided (:mod:`esi_guard.sentences`) for ``redact``
+    and ``decide_on="sentences"``; empty without ESI or if the backend cannot map tokens to text."""
     sentence_threshold: float | None = None
     """The threshold sentences were decided on, when it is not ``threshold`` (left out)."""
     threshold_source: str = "given"
-    """Where ``threshold`` came from: ``"given"`` (``threshold=``), ``"file:<path>"``
-    (``ESIGuard.from_calibration``) or ``"shipped:<file>"`` (the model's shipped
-    calibration, taken when no threshold was given)."""
+    """Where ``threshold`` came from: ``"given"``, ``"file:<path>"`` or ``"shipped:<file>"``."""
 
     prompt_tokens: int | None = field(default=None, compare=False)
-    """How many tokens the prompt took, when the backend said (set by
-    :meth:`ESIGuard.assess`; a chat message has it as ``usage_metadata``, so it is left out
-    of ``as_dict()``)."""
+    """The prompt's tokens if known (set by :meth:`ESIGuard.assess`; not in ``as_dict()``)."""
 
     @property
     def kept_answer(self) -> str:
-        """The answer less its sentences decided ``redact`` (trailing space stripped).
-
-        The whole answer when none was; what ``action="redact"`` returns.
-        """
+        """The answer less its sentences decided ``redact``: what ``action="redact"`` returns."""
         if not any(sentence.decision == "redact" for sentence in self.sentences):
             return self.answer
         kept = [s.text for s in self.sentences if s.decision != "redact"]
         return "".join(kept).rstrip()
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy; ``hidden`` only where asked for.
+        """A JSON-serialisable copy; ``hidden`` only if kept.
 
-        ``sentences`` as a list of dicts; with sentences removed (``redact``), ``redacted``:
-        each removed sentence's ``text``, ``start``, ``end``, ``score`` (and ``p_wrong``)
-        and the ``threshold`` it was past.
+        With sentences removed, ``redacted``: each one's ``text``, ``start``, ``end``, ``score``
+        (and ``p_wrong``) and the ``threshold`` it was past.
         """
         hidden = self.hidden
         out = asdict(replace(self, hidden=None, sentences=[]))

@@ -1,26 +1,12 @@
-"""The ESI estimator: pure, vectorised math over top-k token distributions.
+"""The ESI estimator: pure, vectorised math over top-k distributions (no model, HTTP, LangChain).
 
-Arrays in, floats out. Nothing here knows about models, HTTP or LangChain.
-
-For an answer ``y*`` of ``N`` tokens (end-of-sequence excluded), the original prompt's
-top-k at each answer position ``t`` and, for each of ``L`` intervened prompts, the
-top-k at the same position under teacher forcing::
-
-    ESI = 1 / (L * N) * sum_l sum_t alpha_t * D(p_t, q_{l,t})
-
-* ``p_t`` and ``q_{l,t}`` are *truncated* distributions: a softmax over the kept
-  values, on the union of the two top-k id sets (``support="pair"``, the default), or
-  on the union over all of the answer's distributions, every variant and position
-  (``support="all"``, the authors' code; the paper's appendix says "all participating
-  distributions").
-* A token kept on one side but missing on the other gets a fill value on the side
-  that lacks it (see :func:`fill_value`).
-* ``alpha_t`` is the entropy, in nats, of the original truncated distribution taken
-  alone (softmax over its own top-k, no union), not normalised.
-* ``D`` is the Hellinger distance by default; see :data:`DISTANCES`.
-
-Top-k arrays may be ragged (an API returning fewer than ``k`` entries): pad them
-with id ``-1``; padded entries are ignored.
+For an answer of ``N`` tokens (end-of-sequence excluded), the original prompt's top-k at each
+answer position ``t`` and each of ``L`` intervened prompts' top-k there under teacher forcing give
+``ESI = 1 / (L * N) * sum_l sum_t alpha_t * D(p_t, q_{l,t})``. ``p_t`` and ``q_{l,t}`` are
+truncated distributions, a softmax over the kept values on the union of the two top-k sets
+(``support="pair"``) or of all the answer's (``"all"``, the authors' code), a token one side lacks
+taking its :func:`fill_value`; ``alpha_t`` is the entropy (nats) of the original's alone; ``D`` is
+one of :data:`DISTANCES`. Ragged top-k arrays are padded with id ``-1``, which is ignored.
 """
 
 from __future__ import annotations
@@ -72,11 +58,7 @@ def _f64(array: Any) -> FloatArray:
 
 @dataclass(frozen=True)
 class TopK:
-    """Top-k token ids and values at each answer position.
-
-    ``ids`` and ``values`` have shape ``(N, k)``: row ``t`` describes the distribution
-    of the token at answer position ``t``. Ids ``< 0`` mark padding.
-    """
+    """Top-k token ids and values at each answer position (row ``t``); ids ``< 0`` mark padding."""
 
     ids: IntArray
     """Token ids, shape ``(N, k)``."""
@@ -106,11 +88,7 @@ class TopK:
         return bool(np.isfinite(self.values[self.ids >= 0]).all())
 
     def head(self, k: int) -> TopK:
-        """The first ``k`` columns of each row.
-
-        Every backend returns rows sorted highest first, so this is the top-``k``: one
-        top-100 pass also gives the top-5 and top-20 distributions.
-        """
+        """The top-``k`` (the first ``k`` columns: every backend sorts rows highest first)."""
         return TopK(self.ids[:, :k], self.values[:, :k])
 
 
@@ -129,25 +107,17 @@ class ESIScore:
 
     @property
     def variant_scores(self) -> FloatArray:
-        """Each variant's own score (mean over tokens of ``alpha_t * D``), shape ``(L,)``.
-
-        ``score`` is their mean.
-        """
+        """Per-variant mean ``alpha_t * D`` over tokens, shape ``(L,)``; ``score`` is their mean."""
         scores: FloatArray = (self.alphas[None, :] * self.distances).mean(axis=1)
         return scores
 
 
 def fill_value(values: FloatArray, valid: NDArray[np.bool_], kind: ValueKind) -> FloatArray:
-    """Value given to a token that is missing from one side's top-k.
+    """Value given to a token missing from one side's top-k, strictly below every kept one.
 
-    * ``kind="logits"`` with a positive minimum kept logit ``m``: ``m / 10``, the
-      paper's rule.
-    * every other case (a zero or negative minimum logit, or log-probabilities): ``m - ln 10``.
-      The missing token gets one tenth of the least kept token's unnormalised
-      probability mass. The rule is shift-invariant, so logits and the logprobs derived
-      from them give the same truncated distributions.
-
-    Both rules keep a missing token strictly below every kept one.
+    ``m / 10`` for logits whose least kept value ``m`` is positive (the paper's rule), else
+    ``m - ln 10``: a tenth of the least kept token's mass, shift-invariant, so logits and the
+    logprobs derived from them give the same truncated distributions.
 
     Args:
         values: Kept values, shape ``(..., k)``.
@@ -185,11 +155,7 @@ def truncated_entropy(topk: TopK) -> FloatArray:
 
 
 def token_logprobs(original: TopK, answer_ids: Sequence[int], kind: ValueKind) -> np.ndarray:
-    """Each answer token's log-probability over its position's top-k, shape ``(N,)``.
-
-    A token missing from its top-k (a forced, non-greedy answer) gets the fill value ESI
-    gives a missing token, and joins its row's mass at that value.
-    """
+    """Each answer token's log-probability over its top-k (a missing token: its fill), ``(N,)``."""
     valid = original.ids >= 0
     values = np.where(valid, original.values, -np.inf)
     fill = fill_value(original.values, valid, kind)
@@ -211,15 +177,10 @@ def union_distributions(
 ) -> tuple[FloatArray, FloatArray]:
     """Log-probabilities of two truncated distributions on the union of their supports.
 
-    Inputs broadcast against each other with shape ``(..., k)``. The union is laid out
-    as ``2k`` slots: ``p``'s tokens first, then ``q``'s tokens that ``p`` lacks; slots of
-    ``q``'s tokens that ``p`` also holds, and padding, get ``-inf`` on both sides.
-
-    With ``support_size`` (``support="all"``: the support is a larger set of that many
-    tokens, holding both top-k sets), one more slot stands for the ``c`` tokens of it that
-    neither side kept: each gets its side's fill value, so the slot holds ``c`` times that
-    mass. Every distance here sums a function of ``(p_i, q_i)`` that scales with ``c``
-    for ``c`` equal pairs, so the one slot gives the distance the ``c`` slots would.
+    Inputs broadcast to ``(..., k)``; the union is ``2k`` slots, ``p``'s tokens then those only
+    ``q`` has (the rest ``-inf``). ``support_size`` (``support="all"``) adds a slot for the ``c``
+    support tokens neither side kept, at ``c`` times each side's fill mass: every distance sums
+    terms that scale with ``c`` for equal pairs, so one slot scores as ``c`` would.
 
     Returns:
         ``(log_p, log_q)``, each of shape ``(..., 2k)``, or ``(..., 2k + 1)``.
@@ -257,14 +218,7 @@ def union_distributions(
 def _matches(
     p_ids: IntArray, p_valid: np.ndarray, q_ids: IntArray, q_valid: np.ndarray
 ) -> tuple[IntArray, np.ndarray, np.ndarray]:
-    """Which valid tokens the two sides share, row by row (shapes ``(..., k)``).
-
-    Returns, for each ``p`` slot, the ``q`` slot holding its token (0 where none) and
-    whether there is one; and for each ``q`` slot whether ``p`` holds its token. Each row's
-    ``2k`` tokens are sorted together (``O(k log k)``): the pairwise comparison this
-    replaces built a ``(..., k, k)`` array, most of ESI's host time at ``k=100``. A side
-    holding a token twice (a top-k never does) takes that comparison instead.
-    """
+    """Per row, by sorting: each ``p`` slot's ``q`` slot (0: none), and which tokens both hold."""
     shape = p_ids.shape
     k = shape[-1]
     slots = np.arange(2 * k)
@@ -312,11 +266,7 @@ def _hellinger(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
 
 
 def _kl(log_p: FloatArray, log_q: FloatArray) -> FloatArray:
-    """KL(p || q): the original against the variant.
-
-    As the paper's Appendix B derives ESI (``D_KL(p(y | y*_<t, x) || p(y | y*_<t, x~))``)
-    and the authors' code computes it.
-    """
+    """KL(p || q), the original against the variant, as the paper's Appendix B and code have it."""
     kept = np.isfinite(log_q) & np.isfinite(log_p)
     safe_q, safe_p = np.where(kept, log_q, 0.0), np.where(kept, log_p, 0.0)
     terms = np.where(kept, np.exp(safe_p) * (safe_p - safe_q), 0.0)
@@ -336,14 +286,12 @@ DISTANCES: dict[str, Callable[[FloatArray, FloatArray], FloatArray]] = {
 }
 """Distance functions on log-probabilities ``(log_p original, log_q variant)``.
 
-``hellinger`` (default, in [0, 1], symmetric), ``squared_hellinger`` (in [0, 1],
-symmetric), ``kl`` (KL(original || variant), >= 0, the paper's direction; esi-guard
-0.1.0 computed KL(variant || original)), ``bhattacharyya`` (>= 0, symmetric).
+``hellinger`` (default) and ``squared_hellinger`` (in [0, 1], symmetric), ``kl`` (KL(original ||
+variant), >= 0, the paper's direction), ``bhattacharyya`` (>= 0, symmetric).
 """
 
 DISTANCE_BOUNDS: dict[str, float] = {"hellinger": 1.0, "squared_hellinger": 1.0}
-"""Largest value of the bounded distances: what an unobserved position scores (see
-``observed`` in :func:`esi_score`)."""
+"""The bounded distances' maximum: what an unobserved position scores (:func:`esi_score`)."""
 
 
 def _check(topk: TopK, name: str, n_positions: int, n_observed: int | None = None) -> None:
@@ -384,26 +332,20 @@ def esi_score(
 
     Args:
         original: Top-k at each answer position under the original prompt.
-        variants: For each of the ``L`` intervened prompts, the top-k at the same
-            positions under teacher forcing of the same answer.
+        variants: Per intervened prompt (L of them), the top-k at the same positions, answer forced.
         distance: Name of the distance function, one of :data:`DISTANCES`.
         kind: Whether values are raw logits or logprobs (decides the fill rule).
-        observed: For approximate backends, how many leading positions of each variant
-            were observed exactly (``None``: all of them). Each later position scores
-            the distance's upper bound (:data:`DISTANCE_BOUNDS`): the variant's answer
-            left the original's there, the most a distribution can move. Their rows in
-            ``variants`` are ignored. Needs a bounded distance.
-        support: The tokens each pair of truncated distributions is compared on:
-            ``"pair"``, the union of the two top-k sets; ``"all"``, the union over the
-            original and every variant at every answer position (the authors' code), a
-            token missing from a side's top-k getting that side's fill value.
+        observed: Per variant, how many leading positions an approximate backend saw exactly
+            (``None``: all); the rest, where the answer left the original's, score the distance's
+            bound (:data:`DISTANCE_BOUNDS`; an unbounded one is refused), their rows ignored.
+        support: Compare each pair on ``"pair"``, the union of the two top-k sets, or ``"all"``,
+            the union over every distribution of the answer (the authors' code).
 
     Returns:
         The score, the per-token contributions, the weights and the raw distances.
 
     Raises:
-        ScoringError: On an empty answer, no variants, mismatched positions or
-            non-finite values.
+        ScoringError: On an empty answer, no variants, mismatched positions or non-finite values.
     """
     if distance not in DISTANCES:
         msg = f"unknown distance {distance!r}; expected one of {sorted(DISTANCES)}"

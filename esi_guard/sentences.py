@@ -1,24 +1,11 @@
 """A score per sentence of a long answer, from the per-token work the guard already did.
 
-ESI's per-token contributions (``ESIResult.token_scores``: the mean over variants of
-``alpha_t * D``) are averaged over each sentence's own tokens: the sentence's ESI, on the
-same scale as the whole answer's (which is their mean over every token). Its free
-signals come from its own tokens the same way: ``nll`` (their summed negative
-log-probability), ``entropy`` (their mean ``alpha_t``) and ``max_nll`` (its least likely
-token).
-
-Sentences come from pysbd's rule-based splitter (the Golden Rules set: abbreviations,
-numbers, numbered lists; kept by the same people as ragas' sentence splitting), not a
-hand-written regex. Spans partition the answer: each sentence keeps the whitespace that
-follows it, so the sentences' texts join back to the answer exactly, and an answer less
-some sentences is the join of the others.
-
-Tokens are mapped to sentences by their text (:meth:`Backend.token_offsets
-<esi_guard.backends.base.Backend.token_offsets>`: each token's end offset in the answer): a
-token belongs to the sentence holding its first non-space character. A sentence left
-without a token of its own (a token that spans two sentences) joins the one before it.
-
-Pure: text and arrays in, :class:`SentenceScore` out. No model, HTTP or LangChain.
+A sentence's ESI is the mean of ``ESIResult.token_scores`` over its own tokens, on the whole
+answer's scale; its free signals come from those tokens too. Sentences come from pysbd's
+rule-based splitter (abbreviations, numbers, lists), not a regex, as spans partitioning the answer.
+A token (:meth:`Backend.token_offsets <esi_guard.backends.base.Backend.token_offsets>`) belongs to
+the sentence holding its first non-space character; a sentence without one joins the one before.
+Pure: text and arrays in, :class:`SentenceScore` out; no model, HTTP or LangChain.
 """
 
 from __future__ import annotations
@@ -54,12 +41,10 @@ class SentenceScore:
     signals: dict[str, float] = field(default_factory=dict)
     """Its free signals from its own tokens: ``nll``, ``entropy``, ``max_nll``."""
     decision: str = "accept"
-    """``accept``, or past the threshold: ``redact`` under ``action="redact"``, else the
-    guard's action (which, unless the guard decides on sentences, is the whole answer's
-    to take: a sentence's decision then only says it is past the threshold)."""
+    """``accept``, or past the threshold: ``redact`` under ``action="redact"``, else the guard's
+    action (the whole answer's to take, unless the guard decides on sentences)."""
     p_wrong: float | None = None
-    """With a combined score: the probability that the sentence is wrong, which its
-    decision is then made on; None otherwise (left out of ``as_dict()``)."""
+    """With a combined score, the probability that the sentence is wrong, which decides it."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy (``p_wrong`` only where there is one)."""
@@ -76,9 +61,8 @@ class SentenceScore:
 @lru_cache(maxsize=1)
 def _segmenter() -> Any:
     try:
-        # pysbd's regexes hold invalid escapes ("\\s" in a plain string): where its files are
-        # compiled at import (installed with --no-compile, PIP_NO_COMPILE in many images),
-        # Python 3.12 warns, and under -W error the warning is a SyntaxError.
+        # pysbd's regexes hold invalid escapes: compiled at import (pip --no-compile), Python
+        # 3.12 warns, and under -W error the warning is a SyntaxError.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -90,11 +74,7 @@ def _segmenter() -> Any:
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
-    """The answer's sentences as ``(start, end)`` spans that partition ``text``.
-
-    Each span runs to the next one's start (the whitespace after a sentence is its own);
-    leading whitespace belongs to the first. An empty or all-space text has no sentence.
-    """
+    """The answer's sentences as ``(start, end)`` spans that partition ``text`` (none if blank)."""
     if not text.strip():
         return []
     starts: list[int] = []
@@ -118,12 +98,7 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
 def token_sentences(
     text: str, spans: Sequence[tuple[int, int]], token_ends: Sequence[int]
 ) -> list[tuple[int, int]]:
-    """Each sentence's ``(start, end)`` spans and answer tokens, merged where needed.
-
-    Returns one ``(first_token, end_token)`` per sentence of the returned spans; the
-    spans are ``spans`` with every sentence that holds no token of its own joined to the
-    one before it (or, for the first, to the one after). See the module docstring.
-    """
+    """Each span's answer tokens as ``(first_token, end_token)``; ``(0, 0)`` where it holds none."""
     starts = [start for start, _ in spans]
     owner: list[int] = []
     before = 0
@@ -154,8 +129,7 @@ def score_sentences(
         entropies: Each position's ``alpha_t`` (entropy of its truncated distribution).
 
     Returns:
-        The sentences in order, decided ``accept`` (the guard's rule decides them). Empty
-        when the answer has no sentence or no token.
+        The sentences in order, ``accept`` till the guard decides; empty without sentence or token.
     """
     n = len(token_ends)
     if not (n == len(token_scores) == len(logprobs) == len(entropies)):

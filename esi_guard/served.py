@@ -1,9 +1,7 @@
-"""The guard ``esi-guard serve`` serves, from its flags: built where it runs.
+"""The guard ``esi-guard serve`` serves, built from its flags where it runs.
 
-:class:`GuardOptions` holds the flags that choose the guard (the model or upstream, the
-threshold, the action); ``esi-guard serve`` (:mod:`esi_guard.cli.serve`) builds its guard
-from it, and with ``--ray`` each Ray Serve replica builds its own (:mod:`esi_guard.ray`).
-It lies below both: neither the CLI nor Ray reaches into the other for it.
+It lies below both :mod:`esi_guard.cli.serve` and :mod:`esi_guard.ray` (where each Ray Serve
+replica builds its own guard), so neither reaches into the other for it.
 """
 
 from __future__ import annotations
@@ -60,10 +58,7 @@ def build_guard(
     option: str = "--threshold",
     **settings: Any,
 ) -> ESIGuard:
-    """The served guard: a calibration file through ``from_calibration``, or a number.
-
-    ``option``: how errors name the threshold (the CLI's flag, a LiteLLM setting).
-    """
+    """The served guard, its threshold a calibration file or a number (``option``: its name)."""
     from esi_guard.guard import ESIGuard
 
     given = {k: v for k, v in settings.items() if v is not None}
@@ -92,10 +87,8 @@ def _names_a_file(threshold: str) -> bool:
 def served_names(model: str) -> tuple[str | None, tuple[str, ...]]:
     """The name a model run here is served under, and the other names clients may send.
 
-    A path (a ``.gguf`` file, a folder) is served under its file name without ``.gguf``
-    and as ``"default"``, never under the path: clients need not know where the file is,
-    and the 404 of a wrong name does not show it. Any other ``model`` (``"default"``, a
-    hub id) keeps the backend's model id (None here) and is accepted as given.
+    A path is served as its file name less ``.gguf`` and as ``"default"``, never as the path (a 404
+    must not show it); any other ``model`` keeps the backend's id (None here) and is taken as given.
     """
     if model == "default" or not (names_a_path(model) or Path(model).expanduser().exists()):
         return None, (model,)
@@ -128,12 +121,7 @@ def model_backend(
     dtype: str | None = None, chat_template: str | None = None, threads: int | None = None,
     upstream: str | None = None, upstream_mode: str = "auto", max_concurrency: int = 8,
 ) -> Backend:  # fmt: skip
-    """``model`` in process, or served by ``upstream`` (through the API backend).
-
-    What ``esi-guard calibrate``, ``evaluate`` and ``serve`` score with: the chat template
-    file (``chat_template``) renders the prompts in either case (an upstream's echo mode
-    needs it), so a threshold is calibrated on the prompts it is served on.
-    """
+    """What ``calibrate``, ``evaluate``, ``serve`` score with: ``model`` here, or ``upstream``."""
     template = read_chat_template(chat_template)
     if upstream is None:
         engine = None if backend is LocalBackend.auto else backend.value
@@ -148,10 +136,9 @@ def model_backend(
 class GuardOptions(BaseModel):
     """The served guard as ``esi-guard serve``'s flags give it, built where it runs.
 
-    Picklable and validated: with ``--ray`` each Ray Serve replica builds its own guard
-    from it (:mod:`esi_guard.ray`), and ``esi_guard.ray:app_builder`` reads it from a Serve
-    config's ``args``. Paths in it (a threshold file, a chat template) are read where the
-    guard is built: on a cluster, on each replica's node.
+    Picklable and validated: each Ray Serve replica (:mod:`esi_guard.ray`) builds its own guard
+    from it (``esi_guard.ray:app_builder`` reads it from a Serve config's ``guard``); its paths (a
+    threshold file, a chat template) are read where the guard is built, on each replica's node.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -209,11 +196,7 @@ class GuardOptions(BaseModel):
         return None
 
     def on_cpus(self, cpus: float) -> GuardOptions:
-        """These options for a replica holding ``cpus`` CPUs.
-
-        A model run in it gets that many threads unless ``threads`` says: llama.cpp's
-        threads spin, so each replica's must stay on its own CPUs.
-        """
+        """These options for a replica of ``cpus`` CPUs: a local model's threads default to them."""
         if self.upstream is None and self.threads is None:
             return self.model_copy(update={"threads": max(1, int(cpus))})
         return self
@@ -237,11 +220,7 @@ class GuardOptions(BaseModel):
         )  # fmt: skip
 
     def settings(self, **values: Any) -> ServeSettings:
-        """The server's settings for this guard (``values``: the server's flags).
-
-        Without a ``model_name`` (``--served-model-name``), a model run here is served
-        under the names :func:`served_names` gives; an upstream's under its model name.
-        """
+        """The server's settings (``values``: its flags), named by :func:`served_names` if local."""
         from esi_guard.server import ServeSettings
 
         in_process = self.upstream is None

@@ -1,10 +1,7 @@
-"""The scoring pipeline: prompts in, decided results out, with no LangChain in the folder.
+"""The scoring pipeline, with no LangChain: prompts in, decided results out.
 
-``steps`` holds :class:`Pipeline` (the order of the steps, once, as a sans-IO generator,
-the drivers that do its work, and per-item failures); ``decide`` an answer's decision
-(what to force for each item, the forced rows made results, the rule); ``items`` what
-travels through it; ``by_sentence`` the stream scored sentence by sentence. The guard
-(:mod:`esi_guard.guard`) drives it; nothing here imports the guard.
+``steps``: :class:`Pipeline`, the step order; ``decide``: the rule; ``items``: what travels;
+``by_sentence``: scored streaming. The guard (:mod:`esi_guard.guard`) drives it; none imports it.
 """
 
 from esi_guard._pipeline.decide import Rule, acted, untrusted

@@ -1,22 +1,12 @@
 """Scored streaming by sentence: each sentence scored as soon as its tokens are in.
 
-:func:`stream` runs one item's steps in the order streaming needs: the question's
-variants first (they do not depend on the answer), then a forcing session opened on them
-(:meth:`~esi_guard.backends.base.Backend.open_forcing`: the variants' prompts forced) in a
-worker thread while the answer is generated token by token (``stream_tokens``). Each
-time the splitter shows a sentence complete (a later one has started in the text that
-can no longer change, :class:`~esi_guard.backends._engine_helpers.StreamedText`), that
-sentence's tokens are forced after every variant
-through the session and the answer so far is scored as the whole answer is
-(:func:`~esi_guard._pipeline.decide.scored` on the prefix, so a sentence's score, signals
-and decision are computed by the same code and from the same numbers as the final
-result's); the sentence is then yielded, judged. When the answer ends, its last tokens
-are forced and the whole answer is decided from the session's pieces joined, with no
-second forcing: the item's outcome is what a non-streamed call would give it, up to
-the engine's rounding of a different decode shape.
-
-Which judged sentences a caller may show is :func:`shown`'s rule. Fail closed: a sentence
-whose forcing or scoring failed is never yielded, and neither is any after it.
+:func:`stream` makes the variants first and opens a forcing session on them
+(:meth:`~esi_guard.backends.base.Backend.open_forcing`) in a worker thread while the answer is
+generated token by token. Each complete sentence
+(:class:`~esi_guard.backends._engine_helpers.StreamedText`) is forced through the session and the
+answer so far scored as a whole answer is (:func:`~esi_guard._pipeline.decide.scored`), then
+yielded, judged. The final outcome is a non-streamed call's, up to the engine's rounding. Fails
+closed: a sentence whose forcing or scoring failed is never yielded, nor any after it.
 """
 
 from __future__ import annotations
@@ -43,9 +33,8 @@ from esi_guard.sentences import SentenceScore, score_sentences
 __all__ = ["Growing", "shown", "stream"]
 
 _BOUNDARY = re.compile(r"[.!?;:\u2026\u3002][^\s]*\s+\S|\n\s*\S")
-"""Where a sentence may end and the next have begun: end punctuation, or a line break,
-then space and a character. Only a quick filter (the splitter decides): splitting the
-answer so far at every token would cost a long answer time quadratic in its length."""
+"""Where a sentence may end and the next begin: end punctuation or a line break, space, a character.
+A quick filter only (the splitter decides): splitting at every token would be quadratic."""
 
 
 @dataclass
@@ -87,11 +76,8 @@ def shown(
 ) -> Generator[SentenceScore, None, None]:
     """The judged sentences a stream shows, in order; the rest are withheld.
 
-    Accepted ones are shown. A sentence past the threshold is never shown: with
-    ``redact`` it is dropped and the stream goes on; with any other action it and every
-    sentence after it are withheld (the answer is flagged, abstained on or routed as a
-    whole; what was shown before it stays shown). ``sentences`` is drained either way,
-    so the answer is generated and scored to its end.
+    Past the threshold, ``redact`` drops the sentence and goes on; other actions withhold it and
+    all after it. ``sentences`` is drained either way, so the answer is scored to its end.
     """
     withheld = False
     for sentence in sentences:
@@ -104,10 +90,8 @@ def shown(
 def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Generator[SentenceScore, None, None]:
     """Each sentence of ``item``'s answer, judged, once scored; then the item is decided.
 
-    A driver of :meth:`Pipeline.steps <esi_guard._pipeline.steps.Pipeline.steps>` (variants
-    first) that does generation as a token stream and forcing through a session. The last
-    sentences come after the whole answer was decided (``item.outcome``): they are the
-    final result's own.
+    A driver of :meth:`Pipeline.steps <esi_guard._pipeline.steps.Pipeline.steps>`. The last
+    sentences come after the whole answer was decided: they are the final result's own.
     """
     steps = pipeline.steps([item], variants_first=True)
     growing = Growing(StreamedText(_decoder(pipeline), pipeline.stop))
@@ -118,9 +102,8 @@ def stream(pipeline: Pipeline, item: Item, hook: StepHook) -> Generator[Sentence
             while work is not None:
                 with hook(work.step, work.items):
                     if work.step == "generate":
-                        # The variants' prompts are forced (the session opened) while the
-                        # answer starts: with a core to spare, the first sentence then waits
-                        # only for its own tokens.
+                        # Force the variants while the answer starts: the first sentence
+                        # then waits only for its own tokens.
                         opening = pool.submit(opened, pipeline, item)
                         done: list[Any] = [
                             (yield from _generated(pipeline, item, growing, opening))
@@ -171,11 +154,7 @@ def _close(opening: Future[ForcingSession | None]) -> None:
 
 
 def opened(pipeline: Pipeline, item: Item) -> ForcingSession | None:
-    """The forcing session of ``item``'s variants; None when it has none to force.
-
-    None too where the backend could not open one: the answer is then forced once it
-    is whole, and its sentences come at the end.
-    """
+    """The variants' forcing session; None: none to force, or it failed (sentences come last)."""
     if item.outcome is not None or not item.changed:
         return None
     request = ForcingRequest(
@@ -250,12 +229,7 @@ def _forced(
     session: ForcingSession | None,
     growing: Growing,
 ) -> list[Forced | BackendError]:
-    """The forced rows of the whole answer's ``requests``, the first from the session.
-
-    The session's pieces are joined (the answer's last tokens forced now). Where the
-    session cannot give the answer's rows (it failed, or the answer is not the tokens it
-    forced), they are forced once more, as a non-streamed call does.
-    """
+    """The forced rows of ``requests``: the first from the session where it can, else anew."""
     main: Forced | None = None
     if session is not None and requests and not growing.failed:
         ids, answer = requests[0].answer_ids, requests[0].answer or ""

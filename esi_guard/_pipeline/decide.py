@@ -1,12 +1,9 @@
-"""An answer's decision, in one place: its evidence in, its result out.
+"""An answer's decision in one place: evidence in, result out; pure (no backend, no LangChain).
 
-:func:`plan` turns each scorable item into its :class:`~esi_guard.backends.ForcingRequest`
-(an item that cannot be scored is decided there: :func:`unscorable`); the pipeline makes
-the one backend call; :func:`assess` scores ESI of each answer over its variants from the
-forced distributions (:func:`scored`), or decides it on its free signals (:func:`early`,
-a stage before ESI); :class:`Rule` says when an answer is trusted and what an untrusted or
-unscored one becomes, and makes every result. The guard's pipeline and the agent
-middleware both use it. Pure: no backend call, no LangChain.
+:func:`plan` makes each scorable item's :class:`~esi_guard.backends.ForcingRequest` (others are
+decided: :func:`unscorable`); :func:`assess` scores ESI from the forced rows (:func:`scored`), or
+an early stage decides on free signals (:func:`early`); :class:`Rule` makes every result. The
+guard's pipeline and the agent middleware both use it.
 """
 
 from __future__ import annotations
@@ -65,13 +62,7 @@ NON_FINITE = "scoring_error: {what} holds NaN or infinite values"
 
 @dataclass(frozen=True)
 class Rule:
-    """A guard's decision settings in one object, and the results they give.
-
-    The guard builds it from its fields (checked together in ``guard/_checks``): the
-    policy (the stages and the threshold), what an untrusted answer becomes (``action``)
-    and an unscored one (``on_error``), what the threshold applies to, and what results
-    report. The pipeline reads nothing else to decide.
-    """
+    """A guard's decision settings, all the pipeline decides on, and the results they give."""
 
     policy: Policy
     """The stages that decide an answer and the threshold (:class:`~esi_guard.policy.Policy`)."""
@@ -90,8 +81,8 @@ class Rule:
     keep_hidden: HiddenSpec | None = None
     """Hidden states to read with each answer and put in its result (beside the stages')."""
     return_failures: bool = False
-    """A failed step's error is the outcome whatever ``on_error`` (its caller answers it:
-    the server's HTTP error); ``on_error`` still decides answers that cannot be scored."""
+    """A failed step's error is the outcome whatever ``on_error`` (the server answers it as HTTP);
+    ``on_error`` still decides answers that cannot be scored."""
 
     @property
     def threshold(self) -> float:
@@ -114,11 +105,7 @@ class Rule:
         return self.action == "redact" or self.decide_on == "sentences"
 
     def judge(self, sentences: list[SentenceScore]) -> None:
-        """Decide each sentence: ``accept``, or past the threshold the action (``redact``).
-
-        A guard that decides on sentences with a combined score gives each its ``p_wrong``
-        (from its own ESI and signals) and decides on it.
-        """
+        """Judge each sentence: ``accept`` or the action; on its own ``p_wrong`` if combined."""
         limit = self.threshold if self.sentence_threshold is None else self.sentence_threshold
         combined = self.combined if self.by_sentence else None
         for sentence in sentences:
@@ -130,11 +117,7 @@ class Rule:
             sentence.decision = self.action if signal > limit else "accept"
 
     def by_sentences(self, sentences: list[SentenceScore]) -> Decision:
-        """The answer's decision from its judged sentences.
-
-        ``redact``: ``accept`` with none past the threshold, ``abstain`` with all, else
-        ``redact``. Otherwise the action when any sentence is past it.
-        """
+        """The answer's decision from its judged sentences (``redact`` with all past: abstain)."""
         past = sum(sentence.decision != "accept" for sentence in sentences)
         if self.action == "redact" and past == len(sentences):
             return "abstain"
@@ -146,11 +129,7 @@ class Rule:
         p_wrong: float | None,
         sentences: list[SentenceScore] | None = None,
     ) -> Decision:
-        """``accept``, the action, or (unscored) what ``on_error`` makes of it.
-
-        The last stage routes ESI, or ``p_wrong``, on the threshold
-        (:meth:`~esi_guard.policy.Stage.route`).
-        """
+        """``accept``, the action, or (unscored) what ``on_error`` makes of it."""
         if score is None:
             return "flag" if self.on_error == "flag" else "abstain"
         if sentences is not None and self.by_sentence:
@@ -176,12 +155,7 @@ class Rule:
         hidden: HiddenStates | None = None,
         sentences: list[SentenceScore] | None = None,
     ) -> ESIResult:
-        """The item's result: scored, or unscored with ``why``; the decision it implies.
-
-        What it needs is there when it is scored (the probe's states, the sentences of a
-        guard deciding on them): an item lacking one was made unscored before
-        (:func:`unscorable`, :func:`scored`).
-        """
+        """The item's result: scored, or unscored with ``why``; the decision it implies."""
         sentences = list(sentences or [])
         p_wrong = None
         signals = dict(signals or {})
@@ -241,11 +215,8 @@ class Rule:
     ) -> ESIResult | None:
         """The result an early stage decides right after generation, or None: ESI must.
 
-        The stages before ESI read the answer in turn (:meth:`Policy.early`); the first
-        whose score falls outside its band decides (``decided_by`` its name). Where the
-        last stage is one of them (a guard without ESI), an answer it cannot score (no
-        tokens, no distributions, no states for its probe) is unscored, never passed;
-        before ESI, such an answer (or one inside every band) goes on to ESI.
+        The first stage before ESI whose score is outside its band decides (:meth:`Policy.early`).
+        Without ESI, an answer the last stage cannot score is unscored, never passed.
         """
         if not self.uses_esi:
             why = None
@@ -296,11 +267,7 @@ def untrusted(result: ESIResult) -> bool:
 
 
 def acted(result: ESIResult, action: Action | Literal["raise"]) -> ESIResult:
-    """``result`` (decided with any action) with ``action`` as its decision if untrusted.
-
-    For a caller that takes the action itself (the agent middleware scores with
-    ``flag``, then abstains, routes or raises).
-    """
+    """``result`` with ``action`` as decision if untrusted: for callers acting themselves."""
     return replace(result, decision=action) if untrusted(result) else result
 
 
@@ -339,12 +306,8 @@ def unscorable(
 ) -> ScoringError | None:
     """Why ``item`` cannot be scored, known before anything is forced; else None.
 
-    No answer tokens, no variant that differs; for a guard deciding on sentences, an answer
-    the backend cannot map to its text (``item.token_ends`` None: ``Pipeline.planned`` asks
-    it before planning; an answer with no sentence is known once it is split, in
-    :func:`scored`); for a combined score
-    with a probe, an answer generated without its states when the forcing will not ask
-    for them (``states_asked``: the original row is forced, with states).
+    No tokens; no variant that differs; deciding on sentences, no token offsets
+    (``item.token_ends``); with a probe, no hidden states and none asked (``states_asked``).
     """
     if not item.answer_ids:
         return ScoringError("the answer has no tokens to score", code="empty_answer")
@@ -385,11 +348,7 @@ def early(
     rule: Rule,
     signals: dict[str, float] | None,
 ) -> None:
-    """Decide ``item`` without ESI where the rule can (a cascade, or a guard without ESI).
-
-    ``signals`` are its free signals read from ``topk`` (the answer's own pass,
-    :func:`~esi_guard.combined.answer_signals`); None where it has none.
-    """
+    """Decide ``item`` without ESI where the rule can, on its free ``signals`` from ``topk``."""
     broken = None
     if topk is not None and item.answer_ids and not topk.finite:
         broken = "the answer's top-k"  # NaN rows would read as certain: never decided on
@@ -404,12 +363,7 @@ def early(
 
 
 def scored(item: Item, forced: Forced | None, rule: Rule, kind: ValueKind) -> ESIResult:
-    """The item's result from its forced rows (one result, made at the end).
-
-    A guard without ESI decides on the answer's free signals (:func:`early`). An answer
-    its forced rows cannot score (no states for the probe, no original rows, no sentence
-    for a guard judging sentences...) is unscored, with the rows it cost.
-    """
+    """The item's result from its forced rows (unscorable: unscored, with the rows it cost)."""
     base = item.original
     if forced is not None and forced.original is not None:
         # On the variants' own numbers (a forcing copy returns one unasked): ESI's base.
@@ -443,11 +397,7 @@ def _scores(
     rule: Rule,
     kind: ValueKind,
 ) -> tuple[ESIScore | None, dict[str, float] | None, list[SentenceScore] | None]:
-    """ESI on ``base`` (None without it), the free signals and sentences' scores on ``own``.
-
-    ``own`` is the generator's pass (a forcing copy's numbers differ from it); a
-    ScoringError where ESI cannot be scored.
-    """
+    """ESI on ``base``, free signals and sentence scores on ``own`` (the generator's pass)."""
     esi = None
     if rule.uses_esi:
         if rule.needs_probe_states and hidden is None:  # asked with the original row
@@ -485,8 +435,7 @@ def _esi(item: Item, forced: Forced, base: TopK | None, rule: Rule, kind: ValueK
     if len(forced.variants) != len(changed):
         msg = f"the backend returned {len(forced.variants)} variants for {len(changed)}"
         raise ScoringError(msg)
-    # Back to all L variants, in order: repeats share a result, unchanged ones are
-    # the original (exact at every position).
+    # All L variants in order: repeats share a result, unchanged ones are the original.
     by_text = dict(zip(changed, forced.variants, strict=True))
     full = [len(item.answer_ids)] * len(changed)
     exact = dict(zip(changed, forced.observed or full, strict=True))

@@ -1,9 +1,4 @@
-"""What travels through the scoring pipeline: a prompt (its question marked) and its item.
-
-:class:`GuardedPrompt` is a prompt with the message that holds the question (or the
-template that renders it, :class:`Templated`); :class:`Item` is one prompt on its way
-through :class:`~esi_guard._pipeline.Pipeline`, filled in step by step.
-"""
+"""What travels through the scoring pipeline: a prompt (its question marked) and its item."""
 
 from __future__ import annotations
 
@@ -41,8 +36,7 @@ class GuardedPrompt:
     question_index: int
     """Index of the message that holds the question."""
     template: Templated | None = None
-    """Set when the prompt came from a template: the question is then a variable's value
-    inside that message, and variants are rendered by the template."""
+    """Its template, if any: the question is then a variable of it, and it renders variants."""
 
     @property
     def question(self) -> str:
@@ -87,8 +81,7 @@ class Item:
     variants: list[str] = field(default_factory=list)
     """The L question texts the intervention made."""
     token_ends: list[int] | None = None
-    """Each answer token's end offset in ``answer``, for scores per sentence; None when
-    the backend cannot say."""
+    """Each token's end offset in ``answer`` (for sentence scores); None: the backend can't say."""
     outcome: Outcome | None = None
     """The result, or the error to raise; None while the item is still on its way."""
     steps: dict[str, Any] = field(default_factory=dict)
@@ -96,10 +89,6 @@ class Item:
 
     @property
     def changed(self) -> list[str]:
-        """The distinct variant texts that differ from the question, in first-seen order.
-
-        Each is forced once: repeats share its result, and a variant equal to the question
-        has the original's distributions (distance 0), so it is not run at all.
-        """
+        """The distinct variants that differ from the question (each forced once), in order."""
         question = self.prompt.question
         return [text for text in dict.fromkeys(self.variants) if text != question]

@@ -1,20 +1,11 @@
 """The scoring pipeline, with no LangChain: generate -> intervene -> score (force, decide).
 
-Each prompt travels as one :class:`Item`; a step fills in what it learned (the answer,
-the variants) or decides the item's ``outcome`` (an unscored result, or the error that
-``on_error="raise"`` will raise). The steps that talk to the backend or the intervention
-come in a sync and an async form, and a failure of a whole call becomes every item's own
-error (:func:`shield`), so one bad call never takes a batch
-down. Decisions are :class:`~esi_guard._pipeline.decide.Rule`'s.
-
-The order of the steps is written once, sans-IO, in :meth:`Pipeline.steps`: a generator
-that asks for the :class:`Work` of the items still undecided and decides from what it
-is sent; :meth:`Pipeline.run`, :meth:`~Pipeline.arun`, :meth:`~Pipeline.stream`,
-:meth:`~Pipeline.astream` and the stream scored by sentence
-(:func:`~esi_guard._pipeline.by_sentence.stream`) are drivers that only do the work.
-Each step runs inside the caller's ``hook`` (a context manager per step,
-given the step's name and items), which is how the guard shows every step as a child run
-without restating the order, as ``BaseChatModel.generate`` hands its run manager down.
+Each prompt travels as an :class:`Item` that steps fill in or decide (its ``outcome``). The order
+is written once, sans-IO, in :meth:`Pipeline.steps`; :meth:`Pipeline.run`, :meth:`~Pipeline.arun`,
+:meth:`~Pipeline.stream`, :meth:`~Pipeline.astream` and
+:func:`~esi_guard._pipeline.by_sentence.stream` only do its :class:`Work`. A whole call's failure
+becomes each item's error (:func:`shield`), so one bad call never takes a batch down. Each step
+runs inside the caller's ``hook``: how the guard traces steps without restating the order.
 """
 
 from __future__ import annotations
@@ -72,9 +63,7 @@ T = TypeVar("T")
 class StepHook(Protocol):
     """Called around each step: a context manager entered before it, exited after it.
 
-    Exited normally, the step's output per item is in ``item.steps[step]`` (an
-    exception there is the step's failure for that item); an exception raised by the
-    step itself passes through the hook's exit.
+    Each item's output or failure is then in ``item.steps[step]``; a step's raise passes through.
     """
 
     def __call__(self, step: Step, items: Sequence[Item]) -> AbstractContextManager[Any]:
@@ -102,12 +91,7 @@ _NO_HOOK = _NoHook()
 
 @dataclass(frozen=True)
 class Work:
-    """What the order asks a driver for: ``step`` done for ``items``.
-
-    ``generate``: their answers; ``intervene``: their question's variants; ``score``:
-    ``requests`` forced (those of the items that can be scored). The results, one per
-    item (per request), go back in order, a failure in place.
-    """
+    """What the order asks for: ``step`` for ``items``; results come back in order, one each."""
 
     step: Step
     items: list[Item]
@@ -144,14 +128,9 @@ class Pipeline:
     ) -> Steps:
         """The steps in their order, sans-IO: the only place the order is written.
 
-        Yields the :class:`Work` of the items still undecided and takes its results
-        (``send``): a driver does the work (:meth:`do`, or its own way: a stream, a
-        forcing session) and sends them back; recording them decides what it can. An item
-        decided by a step (a failed generation) leaves the order; an item that reaches
-        intervention is scored even when the intervention failed (the score step records
-        its outcome). ``answered``: the items hold their answers (``score``): no
-        generation, and the original row is forced. ``variants_first``: the question's
-        variants before the answer (a stream scored by sentence forces them meanwhile).
+        Yields the :class:`Work` of undecided items; a driver does it (:meth:`do`, or its own way)
+        and sends the results back. ``answered``: the items hold their answers (no generation;
+        the original row is forced). ``variants_first``: variants before the answer.
         """
         live = [item for item in items if item.outcome is None]
         if variants_first and live and self.rule.uses_esi:
@@ -275,10 +254,7 @@ class Pipeline:
         return [item for item in items if item.outcome is None]
 
     async def _apieces(self, item: Item, done: list[Any]) -> AsyncIterator[str]:
-        """One item's answer as text pieces while it is generated; its Generation in ``done``.
-
-        A failure of the engine midway fails the answer closed.
-        """
+        """One answer's text pieces as generated; its Generation (or failure) in ``done``."""
         gen: Generation | BackendError | None = None
         pieces = self.backend.astream_generate(item.prompt.messages, **self.stream_args())
         try:
@@ -322,11 +298,7 @@ class Pipeline:
     def planned(
         self, items: Sequence[Item], include_original: bool
     ) -> list[tuple[Item, ForcingRequest]]:
-        """The forcing requests of the items that can be scored (the others are decided).
-
-        A guard without ESI (an answer it was handed: it generated none) forces the answer
-        after the prompt alone, for its distributions and states.
-        """
+        """The forcing requests of the scorable items (without ESI: the answer after the prompt)."""
         if not self.rule.uses_esi:
             return [
                 (item, ForcingRequest(prompt=item.prompt.messages, variants=[],
@@ -361,10 +333,7 @@ def sent(steps: Steps, done: list[Any]) -> Work | None:
 def streamed(
     pieces: Iterable[T | Generation | BackendError],
 ) -> Generator[T, None, Generation | BackendError]:
-    """A backend stream's pieces but its last; returns that last (the Generation).
-
-    A failure of the engine midway fails the answer closed (its error is returned).
-    """
+    """A backend stream's pieces but its last, the Generation (or failure), which it returns."""
     gen: Generation | BackendError | None = None
     try:
         for piece in pieces:
@@ -403,8 +372,7 @@ def shield(
 ) -> list[T | BackendError]:
     """A batched step's results; a failure of the whole call is each input's ``kind`` error.
 
-    Configuration and input errors still raise: they are the caller's to fix, and no
-    answer has been produced that could slip through.
+    Configuration and input errors still raise: the caller's to fix, before any answer exists.
     """
     try:
         return _checked(call(), size, what)

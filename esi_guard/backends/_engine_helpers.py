@@ -1,8 +1,4 @@
-"""What the engines' backends share: answers cut at stop sequences, streamed text.
-
-Pure helpers over tokens and a ``decode`` function, for the white-box backends (HF,
-llama.cpp) and, for stop sequences and streamed text, the API one: no engine imported.
-"""
+"""What the engines' backends share, engine-free: answers cut at stop sequences, streamed text."""
 
 from __future__ import annotations
 
@@ -36,11 +32,9 @@ Tok = TypeVar("Tok")
 def stopped_length(
     tokens: Sequence[Tok], decode: Callable[[Sequence[Tok]], str], stop: Sequence[str]
 ) -> int | None:
-    """How many of ``tokens`` to keep so that the answer ends before the first stop sequence.
+    """How many ``tokens`` to keep to end before the first stop sequence; None: no stop occurs.
 
-    ``None`` when no stop sequence occurs. Otherwise the longest prefix whose text does
-    not reach the stop sequence (a token that holds the sequence's first characters goes
-    with it), so the kept tokens, their text and their distributions stay aligned.
+    A token holding the sequence's start is dropped too: tokens, text and distributions align.
     """
     stops = [s for s in stop if s]
     if not stops:
@@ -60,9 +54,8 @@ def stopped_length(
 def shared_prefix(rows: Sequence[Sequence[int]], reuse: bool = True) -> int:
     """How many leading tokens all ``rows`` share and a backend computes once.
 
-    Every row keeps at least its last prompt token (its logits predict the first answer
-    token); a prefix shorter than :data:`MIN_SHARED_PREFIX`, one row, or ``reuse=False``
-    gives 0.
+    Each row keeps its last prompt token (it predicts the first answer token); 0 for a prefix
+    under :data:`MIN_SHARED_PREFIX`, one row, or ``reuse=False``.
     """
     if not reuse or len(rows) < 2:
         return 0
@@ -92,9 +85,8 @@ def finish_greedy(
 ) -> Generation | BackendError:
     """A white-box backend's greedy tokens and their top-k made into a :class:`Generation`.
 
-    The answer ends before the first end-of-sequence token, then before the first stop
-    sequence (:func:`stopped_length`); non-finite values at the kept positions (or at
-    the position that chose the end) make it a :class:`BackendError`.
+    Cut at the first end token, then stop sequence (:func:`stopped_length`); non-finite values
+    at a kept position (or the one choosing the end) make it a :class:`BackendError`.
     """
     eos = next((t for t, token in enumerate(tokens) if is_end(token)), None)
     length = len(tokens) if eos is None else eos
@@ -116,10 +108,8 @@ def finish_greedy(
 class StreamedText:
     """The text of an answer piece by piece as its tokens arrive, never ahead of the answer.
 
-    A piece is sent only once no later token can take it back: the newest token waits
-    (a stop sequence may yet drop it), trailing whitespace waits (the answer is stripped),
-    and so does text that could be the start of a stop sequence. :meth:`rest` gives what
-    is left of the final answer, so the pieces always join to it.
+    A piece waits until no later token can take it back: the newest token (a stop sequence may
+    drop it), trailing whitespace, and what may start a stop sequence. :meth:`rest` completes it.
     """
 
     def __init__(
@@ -165,10 +155,9 @@ class StreamedText:
 def token_offsets(
     decode: Callable[[Sequence[int]], str], ids: Sequence[int], text: str
 ) -> list[int] | None:
-    """Each of ``ids``' end offset in ``text`` (their decoded answer), from decoded prefixes.
+    """Each of ``ids``' end offset in ``text`` (their decoded answer); None: ``text`` is not theirs.
 
-    ``text`` may be the decoded tokens less leading space (a tokenizer's word-start marker):
-    offsets are shifted to it. None when ``text`` is not inside the tokens' text.
+    ``text`` may lack the tokens' leading space (a word-start marker): offsets shift to it.
     """
     full = decode(ids)
     shift = full.find(text) if text else 0
@@ -187,11 +176,7 @@ def text_pieces(
     decode: Callable[[Sequence[Any]], str],
     stop: Sequence[str],
 ) -> Generator[str | Generation | BackendError, None, None]:
-    """A token stream (``stream_tokens``) as a text stream (``stream_generate``).
-
-    The text pieces (:class:`StreamedText`) join to the answer; the Generation (or the
-    error) passes through last.
-    """
+    """A token stream (``stream_tokens``) as a text stream (``stream_generate``), result last."""
     text = StreamedText(decode, stop)
     for item in items:
         if isinstance(item, AnswerPiece):

@@ -1,15 +1,8 @@
 """Which weights a backend runs: a GGUF file's digest, and the embedded model's one name.
 
-The same file loaded three ways (``LlamaCppBackend.default()``, a ``llama_cpp.Llama``
-over its path, transformers from the ``.gguf``) is one model to a threshold file: the
-digest (sha256 of the file's bytes) says so whatever the path, and the embedded file gets
-one ``model_id``, :data:`~esi_guard.backends.embedded.EMBEDDED_MODEL_ID`, however it was
-reached.
-
-A digest is computed on first use and kept for the process, keyed by the file's real
-path, size and modification time (a file replaced in place is hashed again). Hashing
-reads the whole file: the embedded 98 MB one takes 0.08 s from the page cache (1.2 GB/s
-on this project's machine), a 5 GB one a few seconds, once per process.
+The same file loaded any way is one model to a threshold file: its sha256 (cached per process by
+path, size and mtime; a 5 GB file takes seconds) says so, and the embedded file has one
+``model_id``, :data:`~esi_guard.backends.embedded.EMBEDDED_MODEL_ID`.
 """
 
 from __future__ import annotations
@@ -74,11 +67,7 @@ def _embedded_file() -> str | None:
 
 
 def gguf_model_id(path: str | Path, default: str) -> str:
-    """``EMBEDDED_MODEL_ID`` when ``path`` holds the embedded model's file, else ``default``.
-
-    The same file (real path), or a copy of it: same size and digest, hashed only when
-    the sizes match, so another model's file costs two ``stat`` calls.
-    """
+    """``EMBEDDED_MODEL_ID`` when ``path`` is the embedded file or a copy; else ``default``."""
     embedded = _embedded_file()
     if embedded is None:
         return default
@@ -104,19 +93,12 @@ def embedded_gguf_in(folder: str) -> Path | None:
 
 
 def names_a_path(model: str) -> bool:
-    """Whether ``model`` is a path, never a hub id.
-
-    It is when it ends in ``.gguf`` or starts with ``/``, ``./``, ``../`` or ``~``.
-    """
+    """Whether ``model`` is a path (``.gguf``, or starts ``/ ./ ../ ~``), never a hub id."""
     return model.endswith(".gguf") or model.startswith(("/", "./", "../", "~"))
 
 
 def check_model_path(model: str) -> None:
-    """A :class:`ModelLoadError` when ``model`` names a local file or folder that is not there.
-
-    A name that :func:`names_a_path` is a path, never a hub id: without this check a typo
-    in it would surface as a model hub lookup failing (or a connection error offline).
-    """
+    """A :class:`ModelLoadError` when a path-like ``model`` is missing (before any hub lookup)."""
     if names_a_path(model) and not Path(model).expanduser().exists():
         msg = f"model file not found: {model}"
         raise ModelLoadError(msg)

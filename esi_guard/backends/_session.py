@@ -1,16 +1,9 @@
 """Incremental teacher forcing: an answer forced while it grows, a piece at a time.
 
-A :class:`ForcingSession` is opened for one request before its answer is known
-(:meth:`~esi_guard.backends.base.Backend.open_forcing`); each :meth:`~ForcingSession.extend`
-adds the answer's next tokens and returns the distributions at those new positions only,
-under every variant (and the original prompt where asked). Scoring an answer sentence by
-sentence while it is streamed uses it.
-
-This default re-forces the whole grown answer with ``teacher_force`` at every call and
-keeps the new positions: correct on every backend, but each call costs a forcing of the
-answer so far. Backends that keep the variants' state between calls (llama.cpp keeps
-each row's KV cells) override it, so that forcing a grown answer piece by piece costs
-what forcing it once does.
+A :class:`ForcingSession` (:meth:`~esi_guard.backends.base.Backend.open_forcing`) serves scoring a
+streamed answer: each :meth:`~ForcingSession.extend` returns the distributions at the new
+positions only, under every variant. This default re-forces the whole answer so far each call
+(correct everywhere, costly); backends that keep each row's state (llama.cpp) override it.
 """
 
 from __future__ import annotations
@@ -41,12 +34,7 @@ __all__ = ["Forcer", "ForcingSession", "check_opening", "joined", "tail"]
 
 
 def check_opening(request: ForcingRequest) -> None:
-    """A :class:`ConfigurationError` unless ``request`` can open a session.
-
-    Its answer must be empty (the session's :meth:`~ForcingSession.extend` calls give
-    it), and it reads no hidden states (states reduced over a whole answer are not
-    known piece by piece: read them from generation).
-    """
+    """A :class:`ConfigurationError` unless ``request`` has no answer and reads no hidden state."""
     if request.answer_ids or request.answer:
         msg = (
             f"a forcing session opens on a request with no answer (extend gives it), got "
@@ -72,8 +60,7 @@ def tail(forced: Forced, start: int) -> Forced:
 def joined(pieces: Sequence[Forced], length: int | None = None) -> Forced:
     """A session's pieces as one :class:`Forced` of the whole answer (its first ``length``).
 
-    A variant's ``observed`` count runs on through a piece only while every position
-    before it was observed.
+    A variant's ``observed`` count runs on only while every earlier position was observed.
     """
     if not pieces:
         msg = "no forced piece to join"
@@ -104,8 +91,7 @@ def joined(pieces: Sequence[Forced], length: int | None = None) -> Forced:
 class ForcingSession:
     """One request's answer forced as it grows (the default: re-forced whole each time).
 
-    Use it as a context manager, or call :meth:`close`. A session serves one caller;
-    it never changes the numbers of the backend's other requests.
+    A context manager (or call :meth:`close`); it serves one caller, changing no other's numbers.
 
     Args:
         backend: The backend whose ``teacher_force`` it calls.
@@ -132,10 +118,9 @@ class ForcingSession:
     def extend(self, answer_ids: Sequence[int], text: str = "") -> Forced | BackendError:
         """Force the answer's next tokens; their distributions, under every row.
 
-        ``text`` is their text, for backends that force text (an API backend). The
-        result has ``len(answer_ids)`` positions per row, as ``teacher_force`` of the
-        whole answer so far would give them there (up to a backend's rounding); a
-        failure comes back in place, and the session should then be closed.
+        ``text`` is their text, for backends that force text. The result has ``len(answer_ids)``
+        positions per row, as ``teacher_force`` of the whole answer so far gives them (up to a
+        backend's rounding); a failure comes back in place, and the session should then be closed.
         """
         if self.closed:
             msg = "extend on a closed forcing session"

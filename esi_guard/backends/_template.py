@@ -1,9 +1,7 @@
 """Chat templates for backends that send raw text (the API backend's echo mode).
 
-A template turns chat messages into the exact prompt string the model was trained on.
-It comes from, in order: a Jinja source the user passes; a tokenizer the user passes
-(anything with ``apply_chat_template``); the metadata of a local ``.gguf`` file; a local
-Hugging Face model folder. Jinja runs sandboxed, as in transformers.
+A template comes from a Jinja source, a tokenizer's ``apply_chat_template``, a local ``.gguf``
+file's metadata or a local Hugging Face folder. Jinja runs sandboxed, as in transformers.
 """
 
 from __future__ import annotations
@@ -111,10 +109,7 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> ChatTemplate:
-        """Read the template (and BOS/EOS texts) from a GGUF file's metadata.
-
-        Reading the metadata takes seconds; it is cached per file (path, size, mtime).
-        """
+        """Read the template and BOS/EOS texts from a GGUF file (seconds; cached per file)."""
         stat = Path(path).stat()
         source, bos, eos = _gguf_metadata(str(path), stat.st_size, stat.st_mtime_ns)
         return cls(source, bos_token=bos, eos_token=eos, origin=str(path))

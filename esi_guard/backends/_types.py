@@ -1,10 +1,4 @@
-"""The data a backend exchanges with the pipeline: prompts, answers, forced distributions.
-
-Prompts are plain chat messages (role + content), so backends never see LangChain types;
-:class:`Generation` is a greedy answer with its top-k, :class:`ForcingRequest` and
-:class:`Forced` are teacher forcing's question and answer. The interface that takes and returns
-them is :class:`~esi_guard.backends.base.Backend`.
-"""
+"""What backends exchange with the pipeline, in plain types (chat messages, not LangChain's)."""
 
 from __future__ import annotations
 
@@ -47,8 +41,7 @@ class Generation:
     topk: TopK
     """Top-k of the original distribution at each answer position."""
     finish_reason: Literal["stop", "length"]
-    """``stop``: an end-of-sequence token or a stop sequence ended it; ``length``:
-    ``max_new_tokens`` did."""
+    """``stop``: an end token or a stop sequence ended it; ``length``: ``max_new_tokens`` did."""
     prompt_tokens: int | None = None
     """How many tokens the prompt took (the answer's usage), when the backend knows."""
     hidden: HiddenStates | None = None
@@ -82,8 +75,8 @@ class Forced:
     original: TopK | None = None
     """Under the original prompt, when the request asked for it."""
     observed: list[int] | None = None
-    """Approximate backends: per variant, how many leading positions are exact (the rest
-    score the distance's upper bound, see :func:`~esi_guard.esi_score`). ``None``: all."""
+    """Approximate backends: per variant, how many leading positions are exact (the rest score
+    the distance's upper bound, :func:`~esi_guard.esi_score`); None: all."""
     hidden: HiddenStates | None = None
     """The original row's hidden states, when the request asked for them."""
 
@@ -92,10 +85,8 @@ class Forced:
 class AnswerPiece:
     """The next tokens of an answer being generated, with their original top-k.
 
-    :meth:`~esi_guard.backends.base.Backend.stream_tokens` yields them before the whole
-    :class:`Generation`; the pieces' tokens are the answer's in order (a stop sequence
-    may yet cut the answer short of them, and the last token may come only with the
-    Generation).
+    Yielded in order by :meth:`~esi_guard.backends.base.Backend.stream_tokens` before the
+    :class:`Generation`, which may cut them short (a stop sequence) or add the last token.
     """
 
     token_ids: tuple[int, ...]

@@ -1,10 +1,7 @@
 """A backend that is another one: every call and property passed on to ``inner``.
 
-The embedded model's backend (``inner``: the shared loaded copy) and the server's timed
-backend (``inner``: the wrapped one) are both this, each changing a few members. Passing
-on every member of :class:`~esi_guard.backends.base.Backend` here means a wrapper never
-falls back, unnoticed, to a default its ``inner`` overrides (decoding, token streams,
-incremental forcing).
+Passing on every :class:`~esi_guard.backends.base.Backend` member means a wrapper never silently
+falls back to a default its ``inner`` overrides.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """A backend from the model object a LangChain user already has (``ESIGuard(llm=...)``).
 
-The backend shares the loaded weights (never a second copy) or, for a client of an
-OpenAI-compatible server, the same server, model name and key. What is accepted:
+It shares the loaded weights (never a second copy) or, for a server's client, the same server,
+model name and key. Accepted: a model id, folder, ``.gguf`` or ``"default"`` (see
+:func:`local_backend`); a ``(PreTrainedModel, tokenizer)`` pair, a text-generation ``pipeline``, or
+langchain-huggingface's ``HuggingFacePipeline``/``ChatHuggingFace`` around one (an inference
+endpoint exposes no logits); langchain-openai's ``ChatOpenAI``/``OpenAI`` (``mode="auto"``); a
+``llama_cpp.Llama`` or langchain-community's ``ChatLlamaCpp``/``LlamaCpp``. Recognised by class
+and module, so none of these is imported; anything else is a :class:`ConfigurationError`.
 
-* a model id or local folder (``str``) -> :meth:`HFBackend.from_pretrained`; a ``.gguf``
-  file or ``"default"`` -> :class:`LlamaCppBackend` when llama-cpp-python is installed
-  (it loads a GGUF in a second where transformers takes tens), else transformers
-  (:func:`local_backend`);
-* a transformers ``PreTrainedModel`` with its tokenizer, as a ``(model, tokenizer)`` pair,
-  or a transformers text-generation ``pipeline``;
-* langchain-huggingface's ``HuggingFacePipeline`` and ``ChatHuggingFace`` (around a
-  pipeline, built with ``tokenizer=`` for a GGUF model, which langchain-huggingface cannot
-  load a tokenizer for itself: an inference endpoint exposes no logits to score);
-* langchain-openai's ``ChatOpenAI`` and ``OpenAI`` -> :class:`OpenAIBackend` with
-  ``mode="auto"``;
-* a ``llama_cpp.Llama``, and langchain-community's ``ChatLlamaCpp`` and ``LlamaCpp`` (their
-  ``client``) -> :class:`LlamaCppBackend` sharing the loaded model.
-
-Objects are recognised by their class and module, so none of these packages is imported
-here; anything else is a :class:`ConfigurationError` naming its type.
-
-CPU threads (``n_threads``): llama.cpp takes them per backend, for every decode of the
-contexts the backend makes (its float16/float32 forcing copy's included), whether it loads
-the file or shares a loaded ``Llama``; transformers takes them process-wide
-(``torch.set_num_threads``); a server's client and a ready :class:`Backend` are refused
-with them (a :class:`ConfigurationError`): the server decides, the backend was built.
+``n_threads``: llama.cpp takes CPU threads per backend; transformers process-wide
+(``torch.set_num_threads``); with a server's client or a ready :class:`Backend` they are a
+:class:`ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -90,11 +76,7 @@ def _kind(value: Any) -> set[str]:
 
 
 def backend_for(llm: Any, *, n_threads: int | None = None) -> Backend:
-    """The backend that scores answers of ``llm`` (see the module for what it takes).
-
-    ``n_threads``: CPU threads of the model the backend runs (see the module: a
-    :class:`ConfigurationError` for a server's client or a ready :class:`Backend`).
-    """
+    """The backend that scores answers of ``llm`` (the module lists what it accepts; threads)."""
     from esi_guard.backends.hf import HFBackend
 
     kinds = _kind(llm)
@@ -154,28 +136,19 @@ def local_backend(
 ) -> Backend:
     """A local model by name: ``"default"`` (the embedded one), a hub id, a folder or a ``.gguf``.
 
-    A name that is a path (ends in ``.gguf``, or starts with ``/``, ``./``, ``../``, ``~``)
-    and is not there is a :class:`ModelLoadError` ("model file not found"), before any
-    model hub lookup, whatever the engine.
+    A path-like name that is not there is a :class:`ModelLoadError` before any hub lookup.
 
     Args:
         model: What to load.
-        engine: ``"transformers"`` (:class:`HFBackend`) or ``"llamacpp"``
-            (:class:`LlamaCppBackend`, ``"default"`` or a ``.gguf`` file only). None
-            (auto): llama.cpp for ``"default"`` or a ``.gguf`` file when
-            llama-cpp-python is installed and no ``dtype`` or non-CPU ``device`` asks for
-            transformers; transformers otherwise. The engine is recorded in threshold
-            files (:attr:`Backend.engine`): calibrate on the one you serve with.
+        engine: ``"transformers"`` (:class:`HFBackend`) or ``"llamacpp"`` (:class:`LlamaCppBackend`,
+            ``"default"`` or ``.gguf`` only). None: llama.cpp for those when it is installed and no
+            ``dtype`` or non-CPU ``device`` is asked, else transformers. Threshold files record the
+            engine (:attr:`Backend.engine`): calibrate on the one you serve with.
         device: transformers' device (``"cpu"``, ``"cuda"``...); llama.cpp runs on the CPU.
-        dtype: transformers' dtype (``"float32"``, ``"bfloat16"``...; None: its default);
-            llama.cpp runs the GGUF's own types and refuses one.
-        chat_template: Jinja source overriding the model's template, or ``"completion"``
-            for a base model that has none
-            (:data:`~esi_guard.backends.llamacpp.COMPLETION_TEMPLATE`).
-        n_threads: CPU threads. llama.cpp: every decode of this backend's contexts, its
-            forcing copy's included (None: llama.cpp's own choice, every core for the
-            many-token decodes of teacher forcing). transformers:
-            ``torch.set_num_threads``, for the whole process (None: torch's own).
+        dtype: transformers' dtype (None: its default); llama.cpp runs the GGUF's own, refuses one.
+        chat_template: Jinja source overriding the model's template, or ``"completion"`` for a base
+            model (:data:`~esi_guard.backends.llamacpp.COMPLETION_TEMPLATE`).
+        n_threads: CPU threads: llama.cpp's for this backend, or torch's process-wide (None: own).
     """
     from esi_guard.backends.llamacpp import COMPLETION_TEMPLATE
 
@@ -212,12 +185,7 @@ def local_backend(
 
 
 def auto_engine(model: str, *, device: str | None = None, dtype: str | None = None) -> str:
-    """The engine :func:`local_backend` picks for ``model`` when none is named.
-
-    ``"llamacpp"`` for ``"default"`` or a ``.gguf`` file when llama-cpp-python is
-    installed (looked up, not imported) and neither a ``dtype`` nor a non-CPU ``device``
-    (transformers' options) is asked for; ``"transformers"`` otherwise.
-    """
+    """The engine :func:`local_backend` picks for ``model`` when none is named (see ``engine``)."""
     gguf = model == "default" or model.endswith(".gguf")
     transformers_only = dtype is not None or device not in (None, "cpu")
     if gguf and not transformers_only and importlib.util.find_spec("llama_cpp") is not None:
@@ -266,10 +234,7 @@ def check_threads(n_threads: int) -> None:
 
 
 def torch_threads(n_threads: int | None) -> None:
-    """``torch.set_num_threads(n_threads)``: process-wide, for every transformers model.
-
-    None leaves torch's own setting (every core).
-    """
+    """``torch.set_num_threads(n_threads)``, process-wide; None leaves torch's own (every core)."""
     if n_threads is None:
         return
     check_threads(n_threads)

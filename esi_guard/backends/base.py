@@ -1,17 +1,9 @@
 """The one small interface every backend implements.
 
-A backend does two things for ESI:
-
-1. ``generate``: the greedy answer to each prompt and, at each answer position, the
-   top-k of the original distribution;
-2. ``teacher_force``: for each request, the same answer forced after each intervened
-   prompt, the top-k at each answer position (all of a request's variants in one pass).
-
-White-box backends (``values_kind = "logits"``, e.g. :class:`~esi_guard.HFBackend`)
-return raw logits; black-box ones (``"logprobs"``, OpenAI-compatible servers) return
-log-probabilities. The types they exchange are in :mod:`._types` (prompts are plain chat
-messages, so backends never see LangChain types); what the engines share, in
-:mod:`._engine_helpers`.
+``generate`` gives greedy answers with the original top-k per answer position; ``teacher_force``
+forces them after each intervened prompt. White-box backends (``values_kind = "logits"``, e.g.
+:class:`~esi_guard.HFBackend`) return raw logits, black-box ones (``"logprobs"``, OpenAI-style
+servers) log-probabilities. Types: :mod:`._types`; shared engine code: :mod:`._engine_helpers`.
 """
 
 from __future__ import annotations
@@ -40,12 +32,7 @@ _ENGINES = {"huggingface": "transformers"}
 
 
 def states_engine(engine: str) -> str:
-    """The engine whose hidden states a backend on ``engine`` reads.
-
-    ``llamacpp-f16`` and ``llamacpp-f32`` force on a float copy of the weights but
-    generate, and read the answer's states, on the file's own: their states are
-    ``llamacpp``'s.
-    """
+    """The engine whose states a backend on ``engine`` reads (``llamacpp-f16``: ``llamacpp``'s)."""
     return engine.removesuffix("-f16").removesuffix("-f32")
 
 
@@ -64,28 +51,20 @@ class Backend(ABC):
 
     @property
     def engine(self) -> str:
-        """What computes the distributions: ``transformers``, ``llamacpp``, ``openai``, ``fake``.
+        """What computes the distributions: ``transformers``, ``llamacpp``, ``openai``, ``fake``...
 
-        Recorded in threshold files: the same weights on another engine give close but
-        not identical scores.
+        Recorded in threshold files: the same weights on another engine score close, not equal.
         """
         return _ENGINES.get(self.provider, self.provider)
 
     @property
     def model_sha256(self) -> str | None:
-        """The content digest of the model's weights file, where there is one file (a GGUF).
-
-        Two backends with the same digest run the same weights however they were loaded,
-        so a threshold file matches on it before ``model_id``. None: unknown.
-        """
+        """The one weights file's sha256 (a GGUF), matched before ``model_id``; None: unknown."""
         return None
 
     @property
     def hidden_layers(self) -> tuple[int, ...] | None:
-        """The layers whose states the backend can return (``hidden=``); None: none.
-
-        :data:`FINAL` among them. API backends give none.
-        """
+        """Layers ``hidden=`` can return (:data:`FINAL` among them); None: none (API backends)."""
         return None
 
     @property
@@ -130,15 +109,10 @@ class Backend(ABC):
     ) -> Sequence[Generation | BackendError]:
         """Greedy answers with the original top-k at each answer position.
 
-        ``hidden``: also each answer's hidden states (``Generation.hidden``), read from
-        the same forward passes; a backend that has none raises :class:`ConfigurationError`.
-
-        An answer ends before the first of the ``stop`` sequences it would contain
-        (``finish_reason="stop"``); its tokens, text and distributions are the stopped ones.
-
-        An item may be a :class:`BackendError` instead: that prompt failed (e.g. an API
-        request after its retries) and the others keep their results. A failure of the
-        whole call (a forward pass) is raised.
+        An answer ends before the first ``stop`` sequence in it (``finish_reason="stop"``).
+        ``hidden``: also each answer's states (``Generation.hidden``) from the same passes; a
+        backend without them raises :class:`ConfigurationError`. A failed prompt (e.g. an API
+        request after its retries) gets a :class:`BackendError` in place; a failed pass is raised.
         """
 
     @abstractmethod
@@ -155,17 +129,13 @@ class Backend(ABC):
         """Token ids of an answer the user already has, as the model would emit them."""
 
     def decode(self, ids: Sequence[int]) -> str | None:
-        """The text of answer tokens; None where the backend cannot say (the default).
-
-        Scores per sentence need it (:meth:`token_offsets`).
-        """
+        """Text of answer tokens (scores per sentence need it); None: cannot say (the default)."""
         return None
 
     def token_offsets(self, ids: Sequence[int], text: str) -> list[int] | None:
         """Each answer token's end offset in ``text``, the answer they decode to.
 
-        None when the backend cannot decode tokens or ``text`` is not theirs: the answer
-        then has no scores per sentence.
+        None (no scores per sentence) when the backend cannot decode or ``text`` is not theirs.
         """
         if self.decode(ids[:0]) is None:
             return None
@@ -195,11 +165,9 @@ class Backend(ABC):
         stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
-        """One prompt's answer as text pieces while it is generated, then its Generation.
+        """One prompt's answer as text pieces, then its :class:`Generation` (or its error).
 
-        The last item is the whole :class:`Generation` (or the prompt's error); the pieces
-        join to its ``text``. By default the answer comes in one piece, once
-        :meth:`stream_tokens` gave its Generation; backends that can stream override this.
+        The pieces join to its ``text``. Default: one piece, after :meth:`stream_tokens`.
         """
         extra = {} if hidden is None else {"hidden": hidden}
         tokens = self.stream_tokens(
@@ -222,9 +190,7 @@ class Backend(ABC):
     ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
         """One prompt's answer as its tokens come (:class:`AnswerPiece`), then its Generation.
 
-        What scoring by sentence while the answer streams needs (each sentence forced as
-        soon as its tokens are in). By default the whole answer comes in one piece, after
-        :meth:`generate`; backends that can stream override this.
+        Lets sentences be scored as the answer streams. Default: one piece after :meth:`generate`.
         """
         extra = {} if hidden is None else {"hidden": hidden}
         (gen,) = self.generate(
@@ -260,12 +226,9 @@ class Backend(ABC):
     ) -> ForcingSession:
         """A session forcing ``request``'s answer as it grows (:class:`ForcingSession`).
 
-        ``request`` has no answer yet; each ``extend`` gives the next tokens and gets
-        their distributions under every variant (and the original where asked), as
-        :meth:`teacher_force` of the whole answer would give them there.
-        ``max_answer_tokens``: the longest the answer will grow (a backend may size its
-        state by it). By default each ``extend`` re-forces the answer so far (correct,
-        not incremental); a backend that can keep its rows' state overrides this.
+        ``request`` has no answer yet; each ``extend`` adds tokens and gets their distributions as
+        :meth:`teacher_force` of the whole answer would. ``max_answer_tokens``: the longest the
+        answer will grow (a backend may size its state by it). Default: re-force it each time.
         """
         del max_answer_tokens
         return ForcingSession(self, request, top_k=top_k)

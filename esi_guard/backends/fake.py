@@ -1,10 +1,7 @@
 """An in-package fake backend for tests and examples, like ``httpx.MockTransport``.
 
-It needs no model: answers come from a mapping, tokens are whitespace-separated words,
-and each position's logits are drawn from a generator seeded by the answer prefix, so
-the same call always returns the same numbers. Under a variant prompt the logits move
-by ``sensitivity`` times seeded noise; a variant identical to the question does not move
-them, so a question with sensitivity 0 always scores 0.
+No model: answers come from a mapping, tokens are words, logits are seeded (same call, same
+numbers); a variant moves them by ``sensitivity`` (one identical to the question does not).
 """
 
 from __future__ import annotations
@@ -45,6 +42,8 @@ def _question(prompt: Messages) -> str:
 class FakeBackend(Backend):
     """A deterministic backend with scripted answers and scripted sensitivity.
 
+    ``calls`` records ``(method, batch size)`` for each call, so tests can check batching.
+
     Args:
         answers: Question text -> answer text.
         default_answer: Answer to any question not in ``answers``.
@@ -52,12 +51,8 @@ class FakeBackend(Backend):
         default_sensitivity: Sensitivity of questions not in ``sensitivity``.
         vocab_size: Size of the fake vocabulary (grows to fit the answers' words).
         error: If set, every call raises it (to test failure handling).
-        failures: Question text -> ``"generate"`` or ``"teacher_force"``: that step
-            returns a :class:`BackendError` for that question alone (a per-item failure,
-            as an API backend reports one request that failed after its retries);
-            ``"nan"``: its forced distributions hold NaN (a numerically broken model).
-
-    ``calls`` records ``(method, batch size)`` for each call, so tests can check batching.
+        failures: Question text -> ``"generate"``/``"teacher_force"`` (that step returns a
+            :class:`BackendError` for that question alone) or ``"nan"`` (NaN forced values).
     """
 
     @strict_keywords
@@ -149,10 +144,7 @@ class FakeBackend(Backend):
         stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
-        """Scripted answers, cut at ``max_new_tokens`` words or before a stop sequence.
-
-        ``hidden``: states made from the question and its sensitivity.
-        """
+        """Scripted answers, cut at ``max_new_tokens`` words or before a stop sequence."""
         self.check_hidden(hidden)
         self._record("generate", len(prompts))
         results: list[Generation | BackendError] = []

@@ -1,9 +1,4 @@
-"""Hidden states a white-box backend reads from an answer's own forward passes, for probes.
-
-:class:`HiddenSpec` says which layers and positions to read; :class:`HiddenStates` holds
-one answer's, reduced; :func:`reduce_hidden` reduces the states behind an answer's top-k
-rows to the positions asked for.
-"""
+"""Hidden states a white-box backend reads from an answer's own forward passes, for probes."""
 
 from __future__ import annotations
 
@@ -26,18 +21,15 @@ __all__ = [
 
 Position = Literal["prompt_last", "answer_mean", "answer_last"]
 POSITIONS: tuple[Position, ...] = ("prompt_last", "answer_mean", "answer_last")
-"""Where a hidden state is read, among the states behind the answer's distributions.
+"""Where a hidden state is read, among the states behind the answer's ``n`` top-k rows.
 
-An answer of ``n`` tokens has ``n`` top-k rows; row ``t`` comes from the state at the
-position that chose token ``t`` (the last prompt token for ``t = 0``, answer token
-``t - 1`` after). ``prompt_last`` is row 0's state (it exists before any answer token),
-``answer_mean`` the mean of the ``n`` rows' states, ``answer_last`` row ``n - 1``'s. An
-answer with no tokens has ``prompt_last`` only; its other positions are that state."""
+Row ``t`` comes from the position that chose token ``t`` (the last prompt token for ``t = 0``).
+``prompt_last`` is row 0's state, ``answer_mean`` the mean of the ``n`` rows', ``answer_last``
+row ``n - 1``'s; an empty answer gives ``prompt_last`` for all three."""
 
 FINAL = -1
-"""The layer index of the final norm's output (the LM head's input); ``0..n_layers-1``
-are the transformer blocks' outputs (transformers' ``hidden_states[L + 1]``,
-llama.cpp's ``l_out-L``)."""
+"""The layer index of the final norm's output (the LM head's input); ``0..n_layers-1`` are the
+blocks' outputs (transformers' ``hidden_states[L + 1]``, llama.cpp's ``l_out-L``)."""
 
 
 @dataclass(frozen=True)
@@ -70,10 +62,9 @@ def merged(*specs: HiddenSpec | None) -> HiddenSpec | None:
 
 @dataclass(frozen=True)
 class HiddenStates:
-    """One answer's hidden states, reduced to a few layers and positions.
+    """One answer's states: ``values[i, j]`` is ``layers[i]`` at ``positions[j]``.
 
-    ``values[i, j]`` is layer ``layers[i]`` at position ``positions[j]``: float32, shape
-    ``(len(layers), len(positions), d_model)``.
+    ``values``: float32, shape ``(len(layers), len(positions), d_model)``.
     """
 
     layers: tuple[int, ...]
@@ -103,9 +94,8 @@ class HiddenStates:
 def reduce_hidden(spec: HiddenSpec, rows: dict[int, np.ndarray], n: int) -> HiddenStates:
     """Reduce each layer's states at the answer's top-k rows to ``spec``'s positions.
 
-    ``rows[layer]`` holds, in order, the states behind the answer's first ``m >= 1`` rows
-    (``m`` may exceed ``n``: a decode that chose the end of the answer); the first ``n``
-    (at least one, ``prompt_last``) are used.
+    ``rows[layer]`` holds the states behind ``m >= 1`` rows (``m`` may exceed ``n``); the first
+    ``max(n, 1)`` are used.
     """
     out = []
     for layer in spec.layers:

@@ -1,26 +1,12 @@
 """A sentence threshold with a guarantee over answers: conformal back-off.
 
-A guard that redacts keeps an answer's sentences whose score is at or below the
-threshold ``t``. Conformal factuality (Mohri & Hashimoto, *Language Models with
-Conformal Factuality Guarantees*, ICML 2024) backs off, removing low-confidence claims, so
-that what is kept is right with high probability. Here an answer *fails* at ``t`` when a
-wrong sentence is kept: when ``t >= r``, with ``r`` the lowest score among its wrong
-sentences (``inf`` for an answer without one). The failure rate ``F(t)`` over answers
-never falls as ``t`` rises.
-
-The threshold is chosen as the answer-level risk rule's is, with a bound rather than a
-quantile: ``t`` is the largest calibration sentence score whose one-sided Clopper-Pearson
-bound on the failure rate, at level ``delta``, is at most ``alpha``. Because the failure
-rate is monotone in ``t``, testing the candidates from the smallest up and stopping at the
-first that fails is fixed-sequence testing (Angelopoulos et al., *Learn then Test*,
-2021): no union bound is needed, and with probability at least ``1 - delta`` over the
-calibration answers, the share of new answers whose kept sentences include a wrong one
-is at most ``alpha`` (answers exchangeable with the calibration ones). That is Mohri and
-Hashimoto's guarantee (all kept sentences right with probability ``>= 1 - alpha``) made to
-hold with ``1 - delta`` confidence instead of on average over calibration sets.
-
-Sentences without a label (not aligned to a question) cannot be wrong here: the
-guarantee covers the labelled sentences. Pure: arrays in, a :class:`Choice` out.
+A redacting guard keeps the sentences scored at or below ``t``; an answer *fails* when it keeps a
+wrong one (conformal factuality, Mohri & Hashimoto, ICML 2024). ``t`` is the largest calibration
+sentence score whose one-sided Clopper-Pearson bound on the failure rate (monotone in ``t``) at
+level ``delta`` is at most ``alpha``, tested from the smallest up: a fixed sequence (*Learn then
+Test*), no union bound. So with probability ``>= 1 - delta``, at most ``alpha`` of new
+(exchangeable) answers keep a wrong sentence. Unlabelled sentences (not aligned to a question)
+cannot be wrong here: the guarantee covers labelled ones. Pure: arrays in, a :class:`Choice` out.
 """
 
 from __future__ import annotations
@@ -46,15 +32,13 @@ def by_backoff(
     """The sentence threshold of largest coverage whose answer failure rate is bounded.
 
     Args:
-        answers: Per calibration answer, its labelled sentences' scores and whether each
-            is wrong.
+        answers: Per calibration answer, its labelled sentences' scores and whether each is wrong.
         alpha: The largest share of answers with a wrong kept sentence.
         delta: The probability that the bound fails.
 
     Returns:
-        The choice (``coverage``: the share of calibration sentences kept;
-        ``selective_risk``: the share of wrong sentences among them; ``guarantee``: the
-        statement and its numbers), or None when even the lowest score fails the bound.
+        The choice (``coverage``: share of sentences kept; ``selective_risk``: share wrong among
+        them; ``guarantee``), or None when even the lowest score fails the bound.
     """
     if not 0 < alpha < 1 or not 0 < delta < 1:
         msg = f"alpha and delta must be in (0, 1), got {alpha} and {delta}"

@@ -1,11 +1,8 @@
 """``esi-guard calibrate --score combined``: fit on the user's labelled answers, choose on them.
 
-By default (:func:`fit_all`) every answer is used twice over, never at once: candidate
-feature sets are cross-fitted (:mod:`esi_guard.calibration.crossfit`), the best (the
-cheapest near it) is kept, its fold models averaged are the score, and the threshold is
-chosen on its out-of-fold ``p_wrong``. With ``--fit-fraction`` (:func:`fit_on_part`) the score is
-fitted on that stratified share and the threshold chosen on the rest, which the model
-never saw: the split that the risk guarantee holds for exactly (docs/calibration.md).
+:func:`fit_all` (default) cross-fits (:mod:`esi_guard.calibration.crossfit`); :func:`fit_on_part`
+(``--fit-fraction``) fits on a stratified share and chooses the threshold on the unseen rest, the
+split the risk guarantee holds for exactly (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -71,30 +68,22 @@ class Combined(NamedTuple):
     wrong: list[int]
     """Their labels."""
     report: dict[str, Any]
-    """``n_fit``, ``n_select``, ``ece`` and the held-out AUROC of ``p_wrong`` and of ESI
-    (``value``, ``low``, ``high``: 95% bootstrap)."""
+    """``n_fit``, ``n_select``, ``ece``, held-out AUROC of ``p_wrong`` and ESI (95% bootstrap)."""
     held: list[int] = []  # noqa: RUF012 - a NamedTuple default, never mutated
-    """The held-out answers' indices among the records given (``p_wrong``'s order); every
-    answer's when cross-fitted."""
+    """Held-out answers' indices among the records (``p_wrong``'s order); all when cross-fitted."""
     free: CombinedScore | None = None
-    """A value-of-information cascade's score without ESI (``--cascade``), its fold models
-    averaged."""
+    """``--cascade``: the value-of-information cascade's score without ESI, fold models averaged."""
     free_p_wrong: list[float] = []  # noqa: RUF012 - a NamedTuple default, never mutated
     """Its out-of-fold ``p_wrong``, in ``p_wrong``'s order."""
     run_time_p: list[float] = []  # noqa: RUF012 - a NamedTuple default, never mutated
-    """Cross-fitted: ``model``'s own ``p_wrong`` of the same answers, in ``p_wrong``'s order
-    (where a coverage is chosen: the share accepted needs no label, only the distribution
-    of the score the guard runs)."""
+    """Cross-fitted: ``model``'s own ``p_wrong`` of these answers, in ``p_wrong``'s order (a
+    coverage is chosen on the score the guard runs: it needs no label)."""
 
 
 def _inputs(
     records: Sequence[dict[str, Any]], features: Sequence[str]
 ) -> tuple[list[dict[str, float]], list[HiddenStates] | None]:
-    """Each record's signals and, when ``hidden`` is asked for, its states.
-
-    ``repetition`` comes from the answer where a cache lacks it; a refusal names what is
-    missing.
-    """
+    """Each record's signals and, if ``hidden`` is asked for, states; refuses what is missing."""
     if any(not r.get("signals") for r in records):
         msg = (
             "these results have no free signals (a cache from an older esi-guard?): "
@@ -131,16 +120,13 @@ def fit_all(
     nested: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Combined:
-    """Cross-fit and select on every scored record (see the module's text).
+    """Cross-fit and select on every scored record (see the module docstring).
 
-    ``cascade``: also the kept score without ESI (a value-of-information cascade's cheap
-    score), cross-fitted on the same folds, its fold models averaged. ``nested``: also
-    the selection's AUROC with each fold outside its own selection (``auroc_nested``).
-    ``progress`` hears a line before each long step.
+    ``cascade``: also cross-fit the kept score less ESI (a cascade's cheap score); ``nested``:
+    also ``auroc_nested``, each fold out of its own selection; ``progress``: told each long step.
 
     Raises:
-        ConfigurationError: Records without the signals or states asked for, too few
-            answers of a class, or ``cascade`` with no feature but ESI.
+        ConfigurationError: Missing signals or states, a class too small, ``cascade`` on ESI alone.
     """
     signals, states = _inputs(records, features)
     selection = select(signals, wrong, requested=features, states=states, folds=folds,
@@ -179,10 +165,7 @@ def _free(
     selection: Selection, features: Sequence[str], signals: list[dict[str, float]],
     states: list[HiddenStates] | None, labels: list[int], seed: int,
 ) -> tuple[CombinedScore, list[float]]:  # fmt: skip
-    """The kept score without ESI (its fold models averaged) and its out-of-fold ``p_wrong``.
-
-    A kept score of ESI alone gives way to the requested features less ESI.
-    """
+    """The kept score (or requested features) less ESI, fold-averaged, and its OOF ``p_wrong``."""
     cheap = selection.chosen.without("esi")
     if cheap.empty:
         cheap = Candidate(tuple(f for f in features if f not in ("esi", HIDDEN)),
@@ -216,13 +199,10 @@ def fit_on_part(
 ) -> Combined:
     """Fit on ``fraction`` of the scored ``records`` (labels ``wrong``), hold out the rest.
 
-    ``features``: the signals, and ``hidden`` for a hidden-state probe (the records then
-    carry the states, ``hidden``, as :func:`encode_states` wrote them).
+    ``features``: the signals, and ``hidden`` for a probe (states as :func:`encode_states` wrote).
 
     Raises:
-        ConfigurationError: ``fraction`` outside (0, 1), records without signals (a
-            cache written before esi-guard recorded them) or without the hidden states
-            asked for, or too few answers of a class.
+        ConfigurationError: ``fraction`` not in (0, 1), missing signals or states, a small class.
     """
     from sklearn.model_selection import train_test_split
 

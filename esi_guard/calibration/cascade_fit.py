@@ -1,21 +1,9 @@
 """Fitting a cascade's parts: the label-free ESI probe and the band around the threshold.
 
-:func:`fit_esi_probe` fits an :class:`~esi_guard.cascade.ESIProbe` (``esi-guard
-distill``): a ridge regression on the standardised free signals and, with hidden states,
-the PCA components of one layer's states at some positions, fitted to the full-L ESI
-scores of *unlabelled* questions, its layer, positions, PCA size and strength chosen by
-cross-validated squared error (:func:`~esi_guard.calibration.probe_search.search_states`).
-:func:`held_out` gives each answer's estimate by a probe fitted without it.
-
-:func:`fit_band` fits a :class:`~esi_guard.cascade.Band` on calibration data (``esi-guard
-calibrate --esi-probe``, ``--cascade``): the narrowest band, of a family growing around
-the threshold, whose decisions differ from full-ESI decisions on at most
-``max_disagreement`` of the answers with confidence ``1 - delta`` (one-sided
-Clopper-Pearson, bands tested from the widest inwards, a fixed sequence, so no level is
-spent on the search). :func:`label_free_band` fits it on a probe's own held-out
-estimates, without labels. The cascade at run time is :mod:`esi_guard.cascade`'s.
-
-Pure: numpy, scipy and scikit-learn, no model.
+:func:`fit_esi_probe` (``esi-guard distill``) fits an :class:`~esi_guard.cascade.ESIProbe`, a
+ridge regression, to *unlabelled* questions' full-L ESI; :func:`fit_band` (``calibrate
+--esi-probe``, ``--cascade``) a :class:`~esi_guard.cascade.Band` on calibration data, and
+:func:`label_free_band` on a probe's held-out estimates. Run time is :mod:`esi_guard.cascade`'s.
 """
 
 from __future__ import annotations
@@ -43,10 +31,8 @@ def label_free_band(
 ) -> Band:
     """The band a cascade deciding on ESI gets without labels.
 
-    Fitted by :func:`fit_band` at ``threshold`` on the probe's held-out estimates of its
-    distillation answers (no label is needed: only full ESI's decisions); when those
-    answers are too few to certify any band, ESI runs everywhere (``fitted["reason"]``
-    says so). A probe without held-out estimates: the threshold +- :attr:`ESIProbe.band`.
+    :func:`fit_band` on the probe's held-out estimates; too few to certify a band: ESI everywhere
+    (``fitted["reason"]``). Without held-out estimates: the threshold +- :attr:`ESIProbe.band`.
     """
     if not probe.held_out_esi:
         return Band(low=threshold - probe.band, high=threshold + probe.band)
@@ -70,10 +56,7 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> tuple[np.ndarray, f
 def _ridge_path(
     xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], problems: Sequence[tuple[int, int, float]]
 ) -> list[tuple[np.ndarray, float]]:
-    """:func:`_ridge` on ``xs[which]``'s first ``width`` columns at ``strength``, for each.
-
-    Each data set's centred Gram matrix is computed once for all its problems.
-    """
+    """:func:`_ridge` on ``xs[which]``'s first ``width`` columns at ``strength``, for each."""
     grams: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
     fits = []
     for which, width, strength in problems:
@@ -106,11 +89,9 @@ def fit_esi_probe(
 ) -> ESIProbe:
     """Fit an :class:`ESIProbe` to answers' full-L ESI scores (no labels).
 
-    ``hidden``: each answer's states (the same layers and positions for all); the layer,
-    positions, PCA size and strength are chosen by ``folds``-fold cross-validation on
-    these answers. The probe's :attr:`~ESIProbe.band` is the ``coverage`` quantile of the
-    out-of-fold ``|ESI - estimate|`` of the chosen settings. ``quality`` is left empty:
-    :func:`held_out` measures it without the selection's optimism.
+    ``hidden``: each answer's states (settings by ``folds``-fold CV); :attr:`~ESIProbe.band`: the
+    ``coverage`` quantile of out-of-fold ``|ESI - estimate|``. ``quality`` is left empty:
+    :func:`held_out` measures it.
 
     Raises:
         ConfigurationError: Too few answers, or no signal and no states.
@@ -190,13 +171,9 @@ def fit_band(
 ) -> Band | None:
     """The narrowest band around ``threshold`` keeping cascade decisions close to full ones.
 
-    ``cheap``: each calibration answer's cheap score; ``full``: its full score (ESI, or
-    the combined ``p_wrong`` with ESI). The family: ``|g(cheap) - g(threshold)| <= b``
-    runs ESI (``g`` the identity, or the logit for probabilities), for ``b`` from the
-    widest (every answer runs ESI: no disagreement) inwards; the narrowest ``b`` before
-    the first whose Clopper-Pearson bound on the disagreement exceeds
-    ``max_disagreement`` is kept. None: not even the widest tested band passes (too
-    few answers for the bound).
+    ESI runs where ``|g(cheap) - g(threshold)| <= b`` (``g``: the logit if ``logit``, else the
+    identity); ``b`` shrinks from the widest while the Clopper-Pearson bound on disagreement with
+    ``full`` (at ``1 - delta``) stays within ``max_disagreement``. None: too few for any band.
     """
     c, f = np.asarray(cheap, dtype=np.float64), np.asarray(full, dtype=np.float64)
     if c.shape != f.shape or c.size == 0:

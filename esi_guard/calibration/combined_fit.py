@@ -1,15 +1,8 @@
 """Fitting a :class:`~esi_guard.combined.CombinedScore` on answers' signals and labels.
 
-A logistic model whose weights are all >= 0 on standardised signals, so ``p_wrong``
-never falls when a signal rises, with its L2 strength chosen by stratified
-cross-validation (held-out log-loss). With hidden states, the probe's layer, positions,
-PCA size and strength are chosen by the same cross-validation
-(:func:`~esi_guard.calibration.probe_search.search_states`), the components' weights
-free. ``esi-guard calibrate --score combined`` fits through
-:mod:`esi_guard.calibration.calibrate_combined`; the score at run time is
-:mod:`esi_guard.combined`'s.
-
-Pure: numpy, scipy and scikit-learn, no model.
+A logistic model with weights >= 0 on standardised signals (``p_wrong`` never falls as a signal
+rises), its L2 strength and any probe's settings chosen by stratified cross-validation, the probe
+components' weights free. The score at run time is :mod:`esi_guard.combined`'s.
 """
 
 from __future__ import annotations
@@ -33,12 +26,7 @@ STRENGTHS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 def _fit(
     x: np.ndarray, y: np.ndarray, strength: float, bounded: int | None = None
 ) -> tuple[np.ndarray, float]:
-    """Weights and an intercept minimising mean log-loss + strength/2 * |w|^2.
-
-    The first ``bounded`` weights (all by default) are >= 0; the others are free. Solved
-    by projected Newton steps (:func:`fit_path`, one problem), with L-BFGS-B to finish
-    should they not converge.
-    """
+    """Weights and intercept minimising log-loss + strength/2 * |w|^2, first ``bounded`` >= 0."""
     ((w, b),) = fit_path([x], [y], [(0, x.shape[1], strength)], bounded)
     return w, b
 
@@ -69,18 +57,10 @@ def fit_path(
 ) -> list[tuple[np.ndarray, float]]:
     """The monotone logistic fit of each ``(which, width, strength)`` of ``problems``, together.
 
-    Each problem's weights and intercept minimise the mean log-loss + ``strength``/2 *
-    |w|^2 on the first ``width`` columns of ``xs[which]`` (labels ``ys[which]``), the
-    first ``bounded`` weights >= 0 (all by default): the probe search's
-    :data:`~esi_guard.calibration.probe_search.Fit`. Projected Newton steps are taken for
-    every problem at once (stacked Hessians, one batched solve, a backtracking line search
-    per problem; a column past a problem's width is held at 0, a row past its data weighs
-    nothing): a
-    probe's search fits every fold, PCA size and strength of each candidate, thousands of
-    fits of a few dozen features, where one fit at a time spends its time in numpy's
-    per-call overhead. A problem whose steps do not converge is finished by L-BFGS-B.
-    Problems on data of different widths, or too many for :data:`_BATCH_BYTES`, are fitted
-    in batches.
+    The probe search's :data:`~esi_guard.calibration.probe_search.Fit`, the first ``bounded``
+    weights >= 0 (all by default). Batched projected Newton steps, as a search makes thousands of
+    small fits (a batch per data width, within :data:`_BATCH_BYTES`); L-BFGS-B finishes a
+    problem that does not converge.
     """
     d = xs[problems[0][0]].shape[1]
     most = max(len(y) for y in ys)
@@ -186,14 +166,11 @@ def fit_combined(
 ) -> CombinedScore:
     """Fit a :class:`CombinedScore` on answers' signals and wrong-answer labels.
 
-    ``features``: the scalar signals to use (:data:`SIGNALS`). ``hidden``: each answer's
-    hidden states (the same layers and positions for all), for a probe; its layer, positions,
-    PCA size and the L2 strength are chosen by stratified ``folds``-fold cross-validation
-    (held-out log-loss) on these answers only.
+    ``features``: scalar signals (:data:`SIGNALS`); ``hidden``: each answer's states, for a probe.
+    Settings and strength: stratified ``folds``-fold CV (held-out log-loss) on these answers.
 
     Raises:
-        ConfigurationError: An unknown signal, no signal and no states, too few answers, or
-            only one class among them.
+        ConfigurationError: An unknown signal, no signal nor states, too few answers of a class.
     """
     from sklearn.model_selection import StratifiedKFold
 
@@ -225,8 +202,7 @@ def fit_combined(
         weights, intercept = _fit(x, y, strength)
         return CombinedScore(**common, weights=tuple(float(max(w, 0.0)) for w in weights),
                              intercept=intercept, strength=strength)  # fmt: skip
-    # The probe: (layer, positions) x PCA size x strength by held-out log-loss, the signals'
-    # weights >= 0 and the components' free.
+    # The probe: the signals' weights >= 0, the components' free.
     free = x.shape[1]
     found = search_states(
         x, y, splits, list(hidden), strengths=STRENGTHS,
@@ -258,16 +234,10 @@ def _log_loss(y: np.ndarray, z: np.ndarray) -> np.ndarray:
 def average(models: Sequence[CombinedScore], *, n_fit: int | None = None) -> CombinedScore:
     """One score whose logit is the mean of ``models``' logits (same features).
 
-    Cross-fitting leaves one model per fold, each fitted without its fold and scoring it:
-    the threshold is chosen on those out-of-fold ``p_wrong``. At run time every question
-    is new to every fold model, so their mean is a score whose values sit where the
-    out-of-fold ones sat (a model refitted on every answer, its probe's settings chosen
-    again, sits elsewhere: the threshold then misses its coverage). Every part is
-    linear, so the mean folds into one :class:`CombinedScore`: the signals' weights on
-    the raw signals averaged (still >= 0), the probes' weights over the union of their
-    layers and positions (0 where a fold's probe does not read).
-
-    ``n_fit``: the answers behind them all (default: the members' sum).
+    A new question is new to every fold model, as each answer was to the one scoring it, so the
+    mean's values sit where the out-of-fold ``p_wrong`` the threshold was chosen on sat (a refit on
+    every answer's do not). All parts are linear: the mean is one :class:`CombinedScore`.
+    ``n_fit``: default the members' sum.
 
     Raises:
         ConfigurationError: No model, or models over different signals.

@@ -1,39 +1,17 @@
 """Cross-fitting a combined score on every labelled answer, and keeping only what pays.
 
-``esi-guard calibrate --score combined`` (without ``--fit-fraction``) uses all the
-user's answers twice over, never on the same answer at once. Each candidate set of
-features (:func:`candidates`: each requested signal alone, the hidden-state probe alone,
-all requested signals, the same without ESI, each with the probe) is fitted ``folds``
-times, each time without one stratified fold, and scores that fold: every answer gets an
-out-of-fold ``p_wrong`` from a model that never saw it (:func:`cross_fit`). The
-candidate with the best out-of-fold AUROC is kept, unless one within ``tolerance`` of it
-costs less (no ESI before ESI, then no states before states; the free signals cost
-nothing): then the best of the cheapest such. A probe or ESI that does not pay on the
-user's data is left out, and the choice is never worse out of fold than the best single
-signal by more than ``tolerance``.
-Its fold models, averaged (:func:`~esi_guard.calibration.combined_fit.average`), are the
-file's score, and the threshold is chosen on its out-of-fold ``p_wrong``: every question a
-guard meets is new to every fold model, as each answer was to the one that scored it, so
-the threshold holds its coverage on new questions. (A model refitted on every answer,
-its probe's settings chosen again on all of them, scores elsewhere: on 200 unseen
-TriviaQA questions such a threshold for 80% coverage accepted 67.5%.)
+``esi-guard calibrate --score combined`` (without ``--fit-fraction``): each candidate feature set
+(:func:`candidates`) is fitted ``folds`` times, each without one stratified fold, which it then
+scores, so every answer gets an out-of-fold ``p_wrong`` from a model that never saw it
+(:func:`cross_fit`). The best by out-of-fold AUROC is kept, unless cheaper ones come within
+``tolerance`` (then the best of the cheapest): a probe or ESI that does not pay is left out.
 
-The kept candidate's out-of-fold AUROC is the best of several on the same folds, a
-little above what new questions give; ``nested`` (the default in ``calibrate``) also
-runs the whole selection again inside each fold and scores the fold with what it chose:
-that figure is the one to expect on new questions. The hidden-state probe's settings
-(layer, positions, PCA size, strength) are chosen inside each fold either way
-(:func:`~esi_guard.calibration.combined_fit.fit_combined` sees only the fold's
-training answers).
-
-Each feature's contribution is the paired out-of-fold AUROC difference of the kept set
-with and without it (ESI's always, when asked for: the kept set with ESI against the
-same without), with a 95% bootstrap interval; one that holds 0 is a tie. AUROC over
-cross-fitted scores is taken within each fold and averaged (scores of different fitted
-models are never ranked against each other), as
-:func:`~esi_guard.calibration.metrics.bootstrap` does with ``groups``.
-
-Pure: numpy and scikit-learn, no model.
+The kept fold models, averaged (:func:`~esi_guard.calibration.combined_fit.average`), are the
+score and the threshold is chosen on their out-of-fold ``p_wrong``, so it holds its coverage on
+new questions. The kept AUROC, best of several, is a little optimistic; ``nested`` reruns the
+whole selection inside each fold for the figure to expect. A feature's contribution is the paired
+out-of-fold AUROC difference with and without it (holding 0: a tie). AUROC is taken within each
+fold and averaged (:func:`~esi_guard.calibration.metrics.bootstrap` with ``groups``).
 """
 
 from __future__ import annotations
@@ -73,10 +51,7 @@ class Candidate:
 
     @property
     def cost(self) -> tuple[bool, bool]:
-        """Sorts cheapest first: ESI's variants (3-4x an answer), then the states (+~2%).
-
-        The free signals cost nothing: how many a set reads does not count.
-        """
+        """Sorts cheapest first: ESI (3-4x an answer), then the states; free signals cost 0."""
         return ("esi" in self.features, self.hidden)
 
     def without(self, name: str) -> Candidate:
@@ -104,7 +79,10 @@ class Candidate:
 
 
 def candidates(requested: Sequence[str]) -> list[Candidate]:
-    """The feature sets a selection compares, cheapest first (see the module's text)."""
+    """The feature sets a selection compares, cheapest first.
+
+    Each requested signal alone, the probe alone, all the signals, all but ESI, each with the probe.
+    """
     scalars = tuple(name for name in requested if name != HIDDEN)
     hidden = HIDDEN in requested
     found = [Candidate((name,)) for name in scalars]
@@ -138,8 +116,6 @@ def cross_fit(
     seed: int = 0,
 ) -> tuple[np.ndarray, list[CombinedScore]]:
     """Every answer's ``p_wrong`` from ``candidate`` fitted on the other folds; the fold models.
-
-    The models are in ``splits``' order.
 
     Raises:
         ConfigurationError: A fold too small to fit on (too few answers of a class).
@@ -194,8 +170,7 @@ class Selection:
     members: dict[str, list[CombinedScore]] = field(default_factory=dict)
     """Every fitted candidate's fold models, by name."""
     nested: Estimate | None = None
-    """The whole selection's AUROC, each fold scored by what a selection without it
-    kept (``select(nested=True)``): what new questions should give."""
+    """The AUROC new questions should give: each fold scored by a selection made without it."""
     table: dict[str, Estimate] = field(default_factory=dict)
     """The candidates' out-of-fold AUROC (95% bootstrap), cheapest first."""
     contributions: dict[str, Estimate] = field(default_factory=dict)
@@ -216,10 +191,7 @@ class Selection:
         }  # fmt: skip
 
     def fit_more(self, candidate: Candidate, fit: Any) -> np.ndarray:
-        """``candidate``'s out-of-fold ``p_wrong``, cross-fitted now if not yet.
-
-        ``fit(candidate)`` returns what :func:`cross_fit` does.
-        """
+        """``candidate``'s out-of-fold ``p_wrong``, cross-fitted now by ``fit`` if not yet."""
         if candidate.name not in self.oof:
             self.oof[candidate.name], self.members[candidate.name] = fit(candidate)
         return self.oof[candidate.name]
@@ -252,16 +224,13 @@ def select(
     nested: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Selection:
-    """Cross-fit every candidate of ``requested``, keep the best (cheapest near it).
+    """Cross-fit every candidate of ``requested``, keep the best (cheapest near it), fold-averaged.
 
-    The kept candidate's fold models, averaged, are the score (see the module's text).
-    ``explain``: also each feature's contribution (more candidates to cross-fit).
-    ``nested``: also the whole selection's AUROC with each fold left out of its own
-    selection (``folds`` more selections). ``progress`` hears a line before each step.
+    ``explain``: also each feature's contribution; ``nested``: also the AUROC with each fold out of
+    its own selection (``folds`` more selections); ``progress``: told each step.
 
     Raises:
-        ConfigurationError: ``hidden`` asked for without states, or too few answers of a
-            class for ``folds`` folds.
+        ConfigurationError: ``hidden`` asked for without states, or too few answers of a class.
     """
     y = np.asarray(wrong, dtype=np.float64)
     counts = int(y.sum()), int(len(y) - y.sum())

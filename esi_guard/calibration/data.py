@@ -1,33 +1,11 @@
 """Labelled QA examples: the public QA sets' own formats (SciQ, SQuAD 2.0...), any JSONL/CSV.
 
-Known formats are recognised by their fields:
-
-================================  ===========================  ===========================
-format                            question                     gold answers
-================================  ===========================  ===========================
-Your own (JSONL, CSV)             ``question``                 ``answers`` (list; known
-                                                               wrong ones in ``wrong``)
-SciQ / TruthfulQA (JSONL)         ``query``                    ``truthful answer`` (list)
-NQ-open (JSONL)                   ``question``                 ``answer`` (list)
-TriviaQA (JSONL)                  ``context`` (``Question:``   ``aliases`` (list)
-                                  ... ``Answer:`` stripped)
-TruthfulQA (CSV)                  ``Question``                 ``Correct Answers``
-                                                               (``; ``-separated)
-SQuAD 2.0 (JSON: ``data[]``       ``qas[].question``, with     ``qas[].answers[].text``;
-``.paragraphs[]``)                its paragraph's ``context``  none when ``is_impossible``
-================================  ===========================  ===========================
-
-SQuAD 2.0 examples carry their passage (``Example.context``); an unanswerable question has
-no gold answer (``Example.answerable`` is False): the right reply is to decline.
-
-Known wrong answers become ``Example.incorrect``, which the semantic and LLM-judge labels
-use (an answer closer to a known falsehood than to every gold answer is wrong): the
-``wrong`` field of the ``question``/``answers`` shape, TruthfulQA's ``Incorrect Answers``.
-Any other JSONL or CSV works with ``question_field`` and ``answers_field`` (and optionally
-``incorrect_field``). Answers are a list, or a string: one answer in JSONL; in CSV the
-cell is split on ``answers_sep`` (``"; "`` by default, as TruthfulQA writes them), so
-``8|eight`` needs ``answers_sep="|"`` to be two answers. The examples' hash (questions and
-answers, in order) identifies the calibration set in the threshold file.
+Known formats (SciQ, TruthfulQA, NQ-open, TriviaQA, SQuAD 2.0, your own ``question``/``answers``/
+``wrong``) are recognised by their fields, tabulated in docs/calibration.md; any other file needs
+``question_field`` and ``answers_field`` (optionally ``incorrect_field``). A CSV cell is split on
+``answers_sep`` (TruthfulQA's ``"; "``), so ``8|eight`` needs ``answers_sep="|"``. SQuAD 2.0 keeps
+each passage (``Example.context``); an unanswerable question has no gold answer (the right reply
+declines). Known wrong answers (``Example.incorrect``) serve the semantic and LLM-judge labels.
 """
 
 from __future__ import annotations
@@ -147,11 +125,9 @@ def load_examples(
 ) -> list[Example]:
     """The examples of a file, shuffled with ``seed`` (if given) and cut to ``limit``.
 
-    ``answers_sep`` splits a CSV cell into answers (JSONL answers are lists, or one string).
-
     Raises:
-        InputError: On a missing or unreadable file, an unknown format without field
-            names, or a row without a question or gold answer (named by line).
+        InputError: A missing or unreadable file, an unknown format without field names, or a
+            row without a question or gold answer (named by line).
     """
     where = Path(path)
     if not where.is_file():
@@ -195,15 +171,12 @@ def load_questions(
     limit: int | None = None,
     seed: int | None = None,
 ) -> list[Example]:
-    """A file's questions, with no labels needed (``esi-guard distill``).
+    """A file's questions, no labels read (``esi-guard distill``); SQuAD 2.0 keeps its passages.
 
-    Gold answers, if any, are not read; SQuAD 2.0 keeps its passages. Shuffled with
-    ``seed`` and cut to ``limit`` as :func:`load_examples` does.
+    Shuffled with ``seed`` and cut to ``limit`` as :func:`load_examples` does.
 
     Raises:
-        InputError: On a missing or unreadable file, a row without the question field
-            (``question_field``, else a known one: ``question``, ``query``, ``Question``,
-            ``context``), or no question at all.
+        InputError: A missing or unreadable file, a row without the question field, or none.
     """
     where = Path(path)
     if not where.is_file():
@@ -231,12 +204,7 @@ def load_questions(
 
 
 def load_files(paths: Sequence[str | Path], **options: Any) -> list[Example]:
-    """The examples of several files, concatenated in the order given.
-
-    Each file is read by :func:`load_examples` with the same keyword ``options``: its own
-    format (unless the fields are named), and ``seed`` and ``limit`` applied to each file
-    apart.
-    """
+    """Several files' examples in order, each read by :func:`load_examples` with ``options``."""
     if not paths:
         msg = "no data file given"
         raise InputError(msg)

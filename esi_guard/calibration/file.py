@@ -1,8 +1,4 @@
-"""The threshold file that ``esi-guard calibrate`` writes and ``ESIGuard.from_calibration`` loads.
-
-Plain JSON validated by pydantic (no pickle, no eval), so it can be reviewed, diffed
-and kept under version control beside the application that uses it.
-"""
+"""The threshold file ``calibrate`` writes and ``from_calibration`` loads: JSON, no pickle."""
 
 from __future__ import annotations
 
@@ -72,11 +68,9 @@ class ThresholdFile(BaseModel):
     model: str
     """The backend's ``model_id``."""
     model_sha256: str | None = None
-    """The backend's ``model_sha256`` (the GGUF's content digest) where it has one: then
-    the file matches any backend running the same weights, however loaded."""
+    """The backend's ``model_sha256`` (GGUF digest), if any: same weights match however loaded."""
     engine: str | None = None
-    """The backend's ``engine`` (``transformers``, ``llamacpp``, ``openai``...) it was
-    calibrated on. None: a file written before engines were recorded."""
+    """The backend's ``engine`` (``transformers``, ``llamacpp``...); None: not recorded."""
     scoring: ScoringConfig
     label_method: str
     dataset: DatasetInfo
@@ -85,28 +79,20 @@ class ThresholdFile(BaseModel):
     created: str
     esi_guard_version: str
     combined: CombinedScore | None = None
-    """With ``calibrate --score combined``: the combined score the threshold applies to
-    (a probability that the answer is wrong). None: the threshold is on ESI itself."""
+    """``calibrate --score combined``: the score (``p_wrong``) the threshold is on; None: ESI."""
     combined_report: dict[str, Any] | None = None
-    """How the combined score was fitted and checked: ``n_fit`` and ``n_select`` (the
-    answers it was fitted on, and the others the threshold was chosen and its ECE
-    measured on), ``ece`` (held out), and the AUROC of ``p_wrong`` and of ESI there."""
+    """How the combined score was fitted and checked (``n_fit``, ``n_select``, ``ece``, AUROC)."""
 
     esi_probe: ESIProbe | None = None
-    """With ``calibrate --esi-probe FILE``: the ESI probe of the guard's cascade."""
+    """``calibrate --esi-probe FILE``: the ESI probe of the guard's cascade."""
     probe_band: Band | None = None
-    """Its band, fitted on the calibration answers (``fitted`` holds the certificate); with
-    ``free_score``, the value-of-information cascade's band on that score's ``p_wrong``."""
+    """Its band (``fitted``: the certificate); with ``free_score``, on that score's ``p_wrong``."""
     granularity: Literal["answer", "sentence"] = "answer"
-    """What the threshold decides: whole answers, or each sentence (``calibrate
-    --granularity sentence``; a guard from the file then has ``decide_on="sentences"``)."""
+    """Whole answers, or each sentence (``--granularity sentence``: ``decide_on="sentences"``)."""
     sentence_report: dict[str, Any] | None = None
-    """With ``--granularity sentence``: the prompts, sentences, how many were aligned to a
-    question and labelled, how many were left out, and how they were aligned."""
+    """``--granularity sentence``: prompts, sentences, how many aligned and labelled or left out."""
     free_score: CombinedScore | None = None
-    """With ``calibrate --score combined --cascade``: the combined score (fold-averaged) without
-    ESI, the cheap score of a value-of-information cascade (ESI runs only where it falls
-    inside ``probe_band``, and ``combined`` decides there)."""
+    """``--cascade``: the cheap score (no ESI); in ``probe_band``, ESI and ``combined`` decide."""
 
     @model_validator(mode="before")
     @classmethod
@@ -124,8 +110,7 @@ class ThresholdFile(BaseModel):
     def policy(self) -> Policy:
         """The stages a guard made from this file decides with (``from_calibration``).
 
-        A file with an ESI probe and no band (one a user wrote) shows ESI alone here: the
-        guard fits the probe's label-free band when it is built.
+        A file with an ESI probe and no band shows ESI alone: the guard fits the band when built.
         """
         cascade = None
         if self.probe_band is not None and self.free_score is not None:
@@ -140,11 +125,7 @@ class ThresholdFile(BaseModel):
         cls, run: ScoredRun, choice: Choice, *, label_method: str, dataset: DatasetInfo,
         metrics: Mapping[str, Estimate], version: str, **fitted: Any,
     ) -> ThresholdFile:  # fmt: skip
-        """The file of a threshold chosen on a run: its model and scoring, the choice, now.
-
-        ``version``: esi-guard's; ``fitted``: what was fitted beside the threshold
-        (``combined``, ``combined_report``...).
-        """
+        """The file of ``choice`` made on ``run``; ``fitted``: ``combined`` and the like."""
         risk = choice.selective_risk
         return cls(
             threshold=choice.threshold, method=choice.method, guarantee=choice.guarantee,

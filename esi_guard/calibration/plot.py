@@ -18,10 +18,7 @@ def plot_calibration(
     threshold: float | None = None,
     title: str = "",
 ) -> None:
-    """Write a PNG with the ROC and risk-coverage curves, marking the threshold's point.
-
-    Wrong answers are the positives of the ROC curve.
-    """
+    """Write a PNG of the ROC (wrong = positive) and risk-coverage curves, the threshold marked."""
     import matplotlib
 
     matplotlib.use("Agg")

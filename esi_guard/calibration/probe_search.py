@@ -1,16 +1,9 @@
 """The hidden-state probe's search, shared by the combined score's fit and the ESI probe's.
 
-A probe reads one layer's states at some positions, standardised and reduced by PCA,
-beside the standardised free signals. Which layer, which positions (:data:`POSITION_SETS`),
-how many components (:data:`COMPONENTS`) and the regularisation strength are chosen by
-cross-validation on the fitting answers (:func:`search_states`); the chosen candidate is
-refitted on all of them and folded into one weight vector over the raw states
-(:class:`~esi_guard.combined.HiddenProbe`). The model and its held-out error are the
-caller's: a monotone logistic regression and its log-loss for
-:func:`~esi_guard.calibration.combined_fit.fit_combined`, a ridge regression and its
-squared error for :func:`~esi_guard.calibration.cascade_fit.fit_esi_probe`.
-
-Pure: numpy, no model.
+A probe reads one layer's states at some positions, standardised and PCA-reduced, beside the
+free signals. Its settings are chosen by cross-validation with the caller's model and error
+(:func:`search_states`), then folded into weights on the raw states
+(:class:`~esi_guard.combined.HiddenProbe`). Pure: numpy.
 """
 
 from __future__ import annotations
@@ -126,13 +119,9 @@ _KEPT: ContextVar[_Kept | None] = ContextVar("reductions", default=None)
 def reductions_kept() -> Iterator[None]:
     """Within it, each search reuses the PCA fits of earlier searches on the same answers.
 
-    A selection (:func:`~esi_guard.calibration.crossfit.select`) cross-fits several
-    candidates that read the hidden states (the probe alone, with the free signals, with
-    ESI too, each feature's contribution) on the same folds, and their searches fit the
-    same reductions on the same rows: at a 1.5B model's width the costliest step. Here
-    each is fitted once (up to :data:`KEPT_BYTES`, least recently used dropped first).
-    The states a fit was made on are held with it, so one answer is never taken for
-    another; the same numbers as fitting again.
+    A selection (:func:`~esi_guard.calibration.crossfit.select`) fits the same reductions for
+    many candidates, its costliest step. Each is kept (up to :data:`KEPT_BYTES`, LRU) with its
+    states, so one answer is never taken for another: the same numbers as refitting.
     """
     if _KEPT.get() is not None:  # within another: its fits are these
         yield
@@ -165,11 +154,7 @@ def _projected(
     hidden: Sequence[HiddenStates], train: np.ndarray, test: np.ndarray, states: np.ndarray,
     where: tuple[object, ...], components: int,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The ``train`` and ``test`` rows' components by the reduction fitted on ``train``.
-
-    Kept with the reduction by :func:`reductions_kept` (the same folds come back with
-    every candidate).
-    """
+    """The ``train`` and ``test`` rows' components by the reduction fitted on ``train`` (kept)."""
     reduce = _reduced(hidden, train, states, where, components)
     if _KEPT.get() is None:
         return reduce(states[train], components), reduce(states[test], components)
@@ -183,12 +168,7 @@ def _projected(
 
 
 def _principal_axes(centred: np.ndarray, components: int) -> np.ndarray:
-    """The ``components`` leading principal axes (rows) of centred data.
-
-    From the eigenvectors of the smaller of its two Gram matrices, not a full SVD: a
-    probe's fit has a few hundred answers and a few thousand state columns, and needs
-    only the leading 8-32 axes, thousands of times over.
-    """
+    """The ``components`` leading principal axes (rows) of centred data, via the smaller Gram."""
     n, d = centred.shape
     if n >= d:
         values, vectors = np.linalg.eigh(centred.T @ centred)
@@ -228,9 +208,8 @@ def search_states(
 ) -> StateFit:
     """Candidates (layer, positions) x PCA size x strength by held-out error.
 
-    ``x``: the standardised signals; ``fit`` the model; ``error(y, z)`` each held-out
-    answer's error at the prediction ``z``; ``score`` a candidate's out-of-fold errors
-    made one number, the smallest of which is chosen (the first on a tie).
+    ``x``: the standardised signals; ``fit``: the model; ``error(y, z)``: a held-out answer's error
+    at prediction ``z``; ``score``: a candidate's errors as one number (least wins, first on ties).
     """
     layers, positions = hidden[0].layers, hidden[0].positions
     if any(h.layers != layers or h.positions != positions for h in hidden):
@@ -252,8 +231,7 @@ def search_states(
             pi = [positions.index(p) for p in chosen]
             states = values[:, li, pi, :].reshape(len(y), -1)
             for train, test in splits:
-                # The PCA sizes' components are the first of the largest's (as many as the
-                # states give).
+                # Each PCA size's components are the first of the largest's.
                 fitted, held = _projected(hidden, train, test, states, (layer, chosen), max(sizes))
                 xas.append(np.hstack([x[train], fitted]))
                 xbs.append((np.hstack([x[test], held]), test))

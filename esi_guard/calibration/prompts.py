@@ -1,9 +1,8 @@
 """The prompts a calibration run renders its questions with.
 
-Closed-book questions go as the human message after ``DEFAULT_SYSTEM``; data with
-passages (SQuAD 2.0) is rendered with a template holding ``{context}`` and ``{question}``
-(``RAG_TEMPLATE`` unless the user gives one) through ``ESIGuard.with_prompt``, so only the
-question is intervened on.
+Closed-book questions follow ``DEFAULT_SYSTEM``; passages (SQuAD 2.0) go through a template
+(``RAG_TEMPLATE`` unless one is given) and ``ESIGuard.with_prompt``, so only the question is
+intervened on.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""Choosing the threshold, including by a selective-risk target with a guarantee.
+"""Choosing the threshold: by coverage, by F1 or Youden's J, or by a guaranteed selective risk.
 
-Rules: by coverage, by F1 or Youden's J of flagging wrong answers, or by a selective-risk
-target with a finite-sample guarantee.
-
-The guard accepts an answer when ``score <= threshold``. Every rule returns a
-:class:`Choice`: the threshold, what it achieves on the calibration data, and for the risk
-rule the guarantee it carries.
-
-**Risk with a guarantee** (Geifman & El-Yaniv, *Selective Classification for Deep Neural
-Networks*, NeurIPS 2017, "SGR"). For a threshold accepting ``n`` calibration answers with
-``k`` wrong, the one-sided Clopper-Pearson bound ``B(k, n, d)`` (the largest risk ``b``
-with ``P(Binomial(n, b) <= k) >= d``) exceeds the true selective risk with probability at
-least ``1 - d``. SGR tests ``ceil(log2 m)`` thresholds by binary search over the sorted
-scores, each at level ``delta / ceil(log2 m)``, so that all its bounds hold at once with
-probability ``1 - delta`` (union bound). It returns the tested threshold of largest
-coverage whose bound is at most ``alpha``: with probability at least ``1 - delta`` over
-the calibration set, the error rate among accepted answers is at most ``alpha``. If no
-tested threshold meets ``alpha``, there is no threshold to return; :func:`risk_search`
-gives the tested thresholds and their bounds, to say how far the best one was.
+The guard accepts an answer when ``score <= threshold``; every rule returns a :class:`Choice`.
+The risk rule is SGR (Geifman & El-Yaniv, NeurIPS 2017): a binary search tests ``ceil(log2 m)``
+thresholds by one-sided Clopper-Pearson bounds at level ``delta / ceil(log2 m)`` (union bound),
+and returns the one of largest coverage with bound ``<= alpha``, if any: with probability
+``>= 1 - delta``, the error rate among accepted answers is then at most ``alpha``.
 """
 
 from __future__ import annotations
@@ -49,10 +36,8 @@ __all__ = [
 MIN_PER_CLASS = 10
 """Fewer wrong (or right) calibration answers than this are too few to lean on.
 
-Every rule compares the wrong answers' scores with the right ones': with a handful of
-either kind, the threshold and the metrics (AUROC, PRR) turn on those few answers and move
-a lot from one sample to the next. ``esi-guard calibrate`` warns below it and refuses a
-set with none of a kind.
+The threshold and metrics (AUROC, PRR) then turn on those few answers. ``esi-guard calibrate``
+warns below it and refuses a set with none of a kind.
 """
 
 
@@ -108,10 +93,7 @@ def by_coverage(scores: ArrayLike, wrong: ArrayLike, coverage: float) -> Choice:
 def _flag_counts(
     s: NDArray[np.float64], w: NDArray[np.int_]
 ) -> tuple[NDArray[np.float64], NDArray[np.int_], NDArray[np.int_]]:
-    """How many wrong and right answers each candidate threshold flags (score > threshold).
-
-    Candidates: every distinct score, and one below the lowest.
-    """
+    """Candidate thresholds (each score, one below) and the wrong and right answers each flags."""
     candidates = np.concatenate([[np.nextafter(s.min(), -np.inf)], np.unique(s)])
     flagged = s[None, :] > candidates[:, None]
     wrong_flagged = (flagged & (w[None, :] == 1)).sum(axis=1)
@@ -154,12 +136,9 @@ def risk_tests(m: int) -> int:
 
 
 def min_accepted(alpha: float, delta: float, tests: int = 1) -> int:
-    """The fewest accepted answers that can meet selective risk ``alpha``: all of them right.
+    """The fewest accepted answers (all right) that can meet selective risk ``alpha``.
 
-    With no error among ``n`` accepted answers the Clopper-Pearson bound at level
-    ``delta / tests`` is ``1 - (delta / tests) ** (1 / n)``; it is at most ``alpha`` from
-    ``n = ceil(log(delta / tests) / log(1 - alpha))`` on. With errors more are needed: a
-    calibration set smaller than this can never give the risk rule a threshold.
+    With bounds at level ``delta / tests``: ``ceil(log(delta / tests) / log(1 - alpha))``.
     """
     if not 0 < alpha < 1 or not 0 < delta < 1 or tests < 1:
         msg = f"need alpha and delta in (0, 1) and tests >= 1, got {alpha}, {delta}, {tests}"
@@ -168,12 +147,7 @@ def min_accepted(alpha: float, delta: float, tests: int = 1) -> int:
 
 
 def min_examples(alpha: float, delta: float) -> int:
-    """The smallest calibration set on which the risk rule can return a threshold.
-
-    SGR's search first tests the median score's threshold (accepting half the set, plus
-    one) and only goes lower when it fails, so even with no wrong answer that half must
-    hold :func:`min_accepted` answers: the set needs about twice as many.
-    """
+    """The smallest set the risk rule can return a threshold on (about 2x :func:`min_accepted`)."""
     m = 1
     while m // 2 + 1 < min_accepted(alpha, delta, risk_tests(m)):
         m += 1
@@ -194,11 +168,7 @@ class RiskTest:
 
 
 def risk_search(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> list[RiskTest]:
-    """The thresholds SGR's binary search tests for (alpha, delta), in the order tested.
-
-    At most :func:`risk_tests` of them, each bound at level ``delta / risk_tests(m)``; a
-    threshold meeting ``alpha`` moves the search up (accept more), one failing it down.
-    """
+    """The thresholds SGR's search tests (:func:`risk_tests` at most), in order, with bounds."""
     if not 0 < alpha < 1 or not 0 < delta < 1:
         msg = f"alpha and delta must be in (0, 1), got {alpha} and {delta}"
         raise ValueError(msg)
@@ -225,11 +195,7 @@ def risk_search(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float)
 
 
 def by_risk(scores: ArrayLike, wrong: ArrayLike, alpha: float, delta: float) -> Choice | None:
-    """SGR: a threshold whose selective risk is at most ``alpha`` w.p. ``>= 1 - delta``.
-
-    Returns None when no tested threshold meets (alpha, delta): then no threshold should
-    be written (:func:`risk_search` says what each tested threshold got).
-    """
+    """SGR: selective risk <= ``alpha`` w.p. ``>= 1 - delta``, or None if no tested one meets it."""
     tested = risk_search(scores, wrong, alpha, delta)
     met = [test for test in tested if test.bound <= alpha]
     if not met:

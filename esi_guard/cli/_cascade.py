@@ -1,10 +1,8 @@
 """``calibrate --esi-probe FILE``: the cascade's band, fitted on the calibration answers.
 
-Every calibration answer ran full ESI; the probe's cheap score is computed for each from
-its signals and states, and :func:`~esi_guard.calibration.cascade_fit.fit_band` finds the
-narrowest band whose decisions differ from full-ESI ones on at most ``--max-disagreement``
-of the answers with probability ``1 - --stop-delta``. With ``--score combined`` the probe
-is refused (retired in 0.2.0: ``--cascade`` fits the value cascade instead).
+:func:`~esi_guard.calibration.cascade_fit.fit_band` finds the narrowest band of the probe's cheap
+score whose decisions differ from full ESI's on at most ``--max-disagreement`` of the answers, with
+probability ``1 - --stop-delta``. Refused with ``--score combined``: ``--cascade`` fits its own.
 """
 
 from __future__ import annotations

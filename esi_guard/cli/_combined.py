@@ -1,10 +1,6 @@
 """``calibrate --score combined``: fit, say what each feature adds, fit a cascade's band.
 
-Cross-fitted by default or on a split (``--fit-fraction``); the value-of-information
-cascade's band with ``--cascade``.
-
-The fitting is :mod:`esi_guard.calibration.calibrate_combined`'s; this module prints what it found
-and turns refusals into the command's errors.
+The fitting is :mod:`esi_guard.calibration.calibrate_combined`'s; this prints what it found.
 """
 
 from __future__ import annotations
@@ -39,10 +35,7 @@ def fit_run(
     run: Run, fraction: float | None, seed: int, features: tuple[str, ...], *,
     cascade: bool = False, resamples: int = 1000,
 ) -> Combined:  # fmt: skip
-    """Fit the combined score on the run's answers, saying first (on stderr) what it fits.
-
-    Prints no result: :func:`headline` and :func:`explain` do, once ESI's table is out.
-    """
+    """Fit the combined score on the run's answers, saying first (on stderr) what it fits."""
     scored = [r for r in run.records if r["scored"]]
     progress(_fitting(features, fraction, len(scored), cascade))
     try:
@@ -82,12 +75,7 @@ def _kept_name(combined: Combined) -> str:
 
 
 def headline(combined: Combined, run: Run, data: Sequence[Path], resamples: int) -> None:
-    """The kept score's metrics, where the threshold is chosen: the table printed first.
-
-    Cross-fitted, its AUROC is the one the selection compared (within each fold,
-    averaged); the other metrics are over the out-of-fold ``p_wrong`` the threshold is
-    chosen on.
-    """
+    """The kept score's metrics table, printed first; cross-fitted, AUROC is per fold, averaged."""
     p_wrong, wrong, report = combined.p_wrong, combined.wrong, combined.report
     metrics = summary(p_wrong, wrong, resamples)
     cross = report["fit"] == "cross"
@@ -139,12 +127,7 @@ def explain(combined: Combined, features: tuple[str, ...]) -> None:
 
 
 def kept_rule(report: dict[str, Any]) -> str:
-    """Which rule kept the score: the best out of fold, or cheaper and near the best.
-
-    Read from the cross-fit's report (``chosen``, ``candidates``): the selection keeps the
-    best candidate unless one within :data:`~esi_guard.calibration.crossfit.TOLERANCE` of
-    it costs less (no ESI, no states).
-    """
+    """Which rule kept the score: the best out of fold, or one near it, cheaper (no ESI/states)."""
     table = {name: Estimate(**e) for name, e in report["candidates"].items()}
     chosen = report["chosen"]
     best = max(table, key=lambda name: table[name].value)

@@ -1,7 +1,4 @@
-"""What the commands build from their options: the backend, the guard, the labeller.
-
-Every command builds its backend through :func:`backend` (tests replace it with a fake).
-"""
+"""What the commands build from their options: the backend, the guard, the labeller."""
 
 from __future__ import annotations
 
@@ -87,7 +84,7 @@ class ScoringOptions:
 
 
 def backend(options: ModelOptions) -> Backend:
-    """The backend the options choose: the server's, or a model loaded here."""
+    """The backend the options choose: the server's, or a model loaded here (tests fake it)."""
     try:
         return model_backend(options.model, options.runner, device=options.device,
                              dtype=options.dtype, chat_template=options.chat_template,
@@ -102,10 +99,7 @@ def local_threads(
     dtype: str | None = None, device: str | None = None,
     runner: LocalBackend = LocalBackend.auto,
 ) -> None:  # fmt: skip
-    """Options for a model run here (``--threads``, ``--dtype``, ``--device``, ``--backend``).
-
-    With a server's URL the command ends at once, naming the first given.
-    """
+    """End the command if an option for a model run here (``--threads``...) meets a server URL."""
     if not server:
         return
     if threads is not None:
@@ -117,10 +111,7 @@ def local_threads(
 
 
 def worker_threads(threads: int | None, workers: int | None, server: str | None) -> int | None:
-    """A local model's threads: with ``--workers``, one each unless ``--threads`` says.
-
-    llama.cpp's threads spin: each worker's must stay on its own CPUs.
-    """
+    """A local model's threads: with ``--workers``, one each unless ``--threads`` (they spin)."""
     if workers and threads is None and not server:
         return 1
     return threads

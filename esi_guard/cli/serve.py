@@ -1,14 +1,8 @@
-r"""``esi-guard serve``: the guard as an OpenAI-compatible server (the ``serve`` extra).
+"""``esi-guard serve``: the guard as an OpenAI-compatible server (the ``serve`` extra).
 
-    esi-guard serve --model default --action abstain                 # the embedded model
-    esi-guard serve --upstream http://vllm:8000/v1 --upstream-model Qwen/Qwen2.5-7B-Instruct \
-        --threshold threshold.json --port 8001
-
-The model runs in process (``--model``, ``--backend``) or on an upstream OpenAI-compatible
-server (``--upstream``, through the API backend); with ``--ray`` in Ray Serve replicas
-(:mod:`esi_guard.ray`), each building its guard from the same flags
-(:class:`~esi_guard.served.GuardOptions`). FastAPI and uvicorn (and Ray) are
-imported when the command runs, so the other commands never need them.
+The model runs in process (``--model``) or upstream (``--upstream``, through the API backend); with
+``--ray`` in Ray Serve replicas (:mod:`esi_guard.ray`), each building its guard from the same flags
+(:class:`~esi_guard.served.GuardOptions`). FastAPI, uvicorn and Ray are imported only when it runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""``ESIGuard.assess``: the guard's results themselves, for callers that want no messages.
-
-The server, the CLI and the benchmarks score prompts and read the results: they call the
-pipeline through :func:`items` and :func:`outcome` (via ``ESIGuard.assess``) and never go
-through LangChain's chat-model run, its messages and their metadata dicts.
-"""
+"""``ESIGuard.assess``: the results themselves, no chat-model run (the server, CLI, benchmarks)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """How ``batch`` stays batched through the backend while each prompt keeps its own run.
 
-``batch`` first runs every step once for all the prompts (:meth:`Pipeline.run`), then
-invokes each prompt as any chat model would (its own chat-model run, callbacks, cache,
-``output_version``); while it does, the prompt's already-decided item is in a context
-variable, and the guard's ``_generate`` takes it from there instead of running again.
+``batch`` runs every step once for all prompts, then invokes each as any chat model would; the
+prompt's decided item waits in a context variable, and ``_generate`` takes it from there.
 """
 
 from __future__ import annotations
@@ -24,10 +22,7 @@ _PREFETCHED: ContextVar[Item | None] = ContextVar("esi_guard_prefetched", defaul
 
 
 def items(inputs: Sequence[Any], kwargs: dict[str, Any], checked: Checked) -> list[Item | None]:
-    """An item per input that parses (the others fail again, by name, when invoked).
-
-    ``checked``: the guard's prompt as it asks it, so that each invoke finds its item.
-    """
+    """An item per input that parses, ``checked`` as invoke asks it (others fail when invoked)."""
     check_keywords("ESIGuard call", kwargs, ("stop",))
     return [item if isinstance(item, Item) else None for item in parsed(inputs, checked)]
 

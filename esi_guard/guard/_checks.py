@@ -1,14 +1,8 @@
 """A guard's settings checked together, in one place; a :class:`ConfigurationError` says why.
 
-``GuardFields._check`` (:mod:`esi_guard.guard._fields`) calls :func:`checked` after
-pydantic has validated each field alone: the settings that cannot work together (a
-threshold outside the score's range, ``route`` without a fallback, a live stream that
-could withhold...), the backend against the hidden states a combined score's probe and
-``hidden_states`` read, and the cascade of either kind (an ESI probe distilled on another
-model or engine, for another ESI, or needing states the backend cannot give; a value
-cascade without its band), which it returns for the policy. What the policy's stages may
-be together (each band holding the threshold...) is :class:`~esi_guard.policy.Policy`'s
-own rule.
+``GuardFields._check`` (:mod:`esi_guard.guard._fields`) calls :func:`checked` after pydantic's
+per-field checks; it returns the cascade for the policy. What the policy's stages may be together
+is :class:`~esi_guard.policy.Policy`'s own rule.
 """
 
 from __future__ import annotations
@@ -87,12 +81,7 @@ def checked(guard: Settings) -> Cascade | None:
 
 
 def score_range(guard: Settings) -> tuple[float, float, str]:
-    """The values the guard's decision signal can take, and its name, for error messages.
-
-    ESI is a mean of ``alpha_t * D`` with ``alpha_t`` the entropy (nats) of a top-k
-    distribution, at most ``ln k``, so a bounded distance bounds the score by
-    ``ln(k) * max D``; ``p_wrong`` is a probability.
-    """
+    """The decision signal's range and name, for messages (ESI is at most ``ln(k) * max D``)."""
     if guard.combined is not None:
         return 0.0, 1.0, "a combined score's p_wrong"
     bound = DISTANCE_BOUNDS.get(guard.distance, math.inf)
@@ -112,13 +101,7 @@ def _check_range(name: str, value: float, guard: Settings) -> None:
 
 
 def check_sentences(guard: Settings) -> None:
-    """Refuse what cannot stream sentences, and a sentence threshold out of range.
-
-    A stream scores each sentence before the answer's end, so a token's score may not
-    depend on later tokens: no ``support="all"``. What a guard deciding on sentences may
-    decide with (ESI alone: no cascade, no combined score without ESI or with a
-    hidden-state probe) is its policy's one rule (:class:`~esi_guard.policy.Policy`).
-    """
+    """Refuse a sentence threshold out of range, and ``support="all"`` for a sentence stream."""
     if guard.sentence_threshold is not None:
         _check_range("sentence_threshold", guard.sentence_threshold, guard)
     if guard.stream_mode == "sentences" and guard.support == "all":

@@ -1,8 +1,4 @@
-"""A guard's settings from a threshold file (given or shipped), and pydantic's errors in one line.
-
-The rules the settings must keep together are the guard's own validator
-(:meth:`ESIGuard._check <esi_guard.guard.chat_model.ESIGuard>`); this module knows no guard class.
-"""
+"""A guard's settings from a threshold file (given or shipped); pydantic's errors in one line."""
 
 from __future__ import annotations
 
@@ -69,8 +65,7 @@ class FileSettings(NamedTuple):
     """A guard's keyword arguments from a threshold file, and what to check once it exists."""
 
     kwargs: dict[str, Any]
-    """The file's threshold and scoring settings, completed by (or overridden with) the
-    keywords given."""
+    """The file's threshold and scoring settings, completed or overridden by the keywords given."""
     calibrated: ThresholdFile
     expected: ScoringConfig
     """The scoring configuration the guard must have for the file's threshold to hold."""
@@ -90,9 +85,8 @@ def file_settings(
 ) -> FileSettings:
     """The guard's keywords: the file's settings, those in ``given`` taking their place.
 
-    A setting given that differs from the file's is refused afterwards, by
-    :func:`check_file_match`, with every other difference. ``combined`` only comes from
-    the file (its threshold is on that score).
+    A differing one is refused later by :func:`check_file_match`; ``combined`` comes only from the
+    file (its threshold is on that score).
     """
     given = dict(given)
     if "max_tokens" in given:  # LangChain's name for max_new_tokens
@@ -137,11 +131,8 @@ def _decides_on(calibrated: ThresholdFile) -> str:
 def check_file_match(settings: FileSettings, guard: Guard, stacklevel: int) -> None:
     """Refuse a guard whose model or scoring differs from the file's; warn on another engine.
 
-    The model matches on the weights' digest where the file and the backend both have
-    one (a GGUF's, :attr:`Backend.model_sha256`), else on ``model_id``. A file calibrated
-    on another engine than the backend's is accepted with an
-    :class:`EngineMismatchWarning`, unless it holds a hidden-state probe (refused: the
-    engines' states differ).
+    Another engine gets an :class:`EngineMismatchWarning`, or is refused if the file holds a
+    hidden-state probe (the engines' states differ).
     """
     calibrated = settings.calibrated
     problems = settings.expected.score_differences(guard.scoring_config)
@@ -187,9 +178,8 @@ def from_threshold_file(
 ) -> G:
     """A guard built by ``cls`` from the file: see :meth:`esi_guard.ESIGuard.from_calibration`.
 
-    The guard asks under the file's system prompt and template unless ``kwargs`` gives
-    others, which it is built with and warned about (:class:`PromptMismatchWarning`);
-    a template with a passage (``{context}``) is left to ``with_prompt``.
+    It asks under the file's prompt unless ``kwargs`` overrides it (:class:`PromptMismatchWarning`);
+    a template with ``{context}`` is left to ``with_prompt``.
     """
     calibrated = ThresholdFile.read(path)
     where = f"threshold file {path}"
@@ -226,11 +216,7 @@ def from_threshold_file(
 
 
 def model_difference(calibrated: ThresholdFile | ESIProbe, backend: Backend) -> str | None:
-    """Why the file's model is not the backend's, with the fix; None when they match.
-
-    On the digest when both sides have one (the same GGUF however loaded), else on
-    ``model_id``; the backend's digest is computed only when the file has one.
-    """
+    """Why the file's model is not the backend's (by digest, else ``model_id``); None: it is."""
     theirs = calibrated.model_sha256
     ours = backend.model_sha256 if theirs is not None else None
     if theirs is not None and ours is not None:
@@ -274,10 +260,8 @@ def engine_difference(calibrated: ThresholdFile, backend: Backend, where: str) -
 def given_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], FileSettings | None]:
     """ESIGuard's keywords before validation, and the shipped file's settings if it uses them.
 
-    ``llm=`` becomes its backend (:func:`~esi_guard.backends.adapters.backend_for`), with
-    ``n_threads`` where given, as does no model (the embedded one's copy with those
-    threads); a ``backend=`` with ``n_threads`` is refused (it was built with its own). No
-    ``threshold`` means the model's shipped one (:func:`shipped_settings`).
+    ``llm=`` (or, with ``n_threads``, no model) becomes the backend; ``backend=`` with ``n_threads``
+    is refused. No ``threshold`` means the model's shipped one (:func:`shipped_settings`).
     """
     kwargs = dict(kwargs)
     threads = kwargs.get("n_threads")
@@ -303,11 +287,8 @@ def given_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], FileSettings
 def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> FileSettings:
     """:func:`file_settings` of the model's shipped calibration (no ``threshold`` given).
 
-    The file is :func:`~esi_guard.guard._shipped.shipped_for` the backend (the embedded
-    model's with none), or ``path``; a model none ships for needs ``threshold=`` or
-    ``from_calibration``, and is told so in one line. A scoring setting given that differs
-    from the shipped file's would make its threshold meaningless: :func:`check_file_match`
-    refuses it.
+    The file is :func:`~esi_guard.guard._shipped.shipped_for` the backend, or ``path``; a scoring
+    setting that differs from it is refused by :func:`check_file_match`.
     """
     if path is None:
         asked = (kwargs.get(key, "") for key in ("action", "decide_on", "stream_mode"))
@@ -323,10 +304,7 @@ def shipped_settings(kwargs: dict[str, Any], path: str | Path | None = None) -> 
 
 
 def configuration_error(exc: ValidationError, own: Iterable[str]) -> ConfigurationError:
-    """One line for pydantic's report on ESIGuard: the first problem, by field, with its value.
-
-    ``own``: the keywords ESIGuard takes, named when an unknown one was given.
-    """
+    """Pydantic's report on ESIGuard in one line: the first problem, by field, with its value."""
     errors = exc.errors()
     extra = [e["loc"][0] for e in errors if e["type"] == "extra_forbidden"]
     if extra:

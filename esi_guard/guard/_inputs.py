@@ -1,14 +1,10 @@
 """Turn what a LangChain chain hands the guard into chat messages and find the question.
 
-* a string is one user message, and the whole string is the question;
-* a PromptValue or a list of messages keeps every message; the question is the last
-  human message. System and earlier messages are never intervened on;
-* an agent's turns (:func:`fold_tools`): a tool call is written into its assistant
-  message as ``Tool call: name({"arg": ...})``, and the results that answer it become
-  one user message of ``Tool result (name): ...`` paragraphs. They are context: the
-  question stays the last *human* message, even when tool results follow it;
-* a prompt rendered by ``ESIGuard.with_prompt`` (:class:`TemplatedPromptValue`) keeps
-  its template: the question is the template's question variable, and only it changes.
+A string is one user message and the question. Messages (or a PromptValue) are kept, the
+question being the last *human* message; nothing else is intervened on. An agent's tool calls
+and results are folded into text (:func:`fold_tools`): context, never the question. A prompt from
+``ESIGuard.with_prompt`` (:class:`TemplatedPromptValue`) keeps its template: only its question
+variable changes.
 """
 
 from __future__ import annotations
@@ -71,10 +67,8 @@ TOOL_CALL = "Tool call: {name}({arguments})"
 def fold_tools(messages: Sequence[BaseMessage]) -> tuple[list[ChatMessage], int | None]:
     """Chat messages of a conversation that may hold tool calls and their results.
 
-    Backends and chat templates take role + content only, and templates differ in how (or
-    whether) they render tools; folding them into text the same way for every backend
-    keeps a calibrated threshold meaningful across backends. Returns the messages and
-    the index of the last human message (None when there is none).
+    Chat templates render tools differently (or not at all); folding them into text the same way
+    keeps a threshold meaningful across backends. Returns the messages and the last human index.
     """
     chat: list[ChatMessage] = []
     question: int | None = None
@@ -108,10 +102,7 @@ def fold_tools(messages: Sequence[BaseMessage]) -> tuple[list[ChatMessage], int 
 
 
 class TemplatedPromptValue(ChatPromptValue):
-    """A prompt rendered by ``ESIGuard.with_prompt``: its messages, and where the question is.
-
-    ``guarded`` carries the :class:`GuardedPrompt` whose template renders the variants.
-    """
+    """A prompt rendered by ``ESIGuard.with_prompt``; ``guarded`` is its :class:`GuardedPrompt`."""
 
     guarded: Any = Field(default=None, exclude=True)
 
@@ -121,11 +112,7 @@ _RENDERED: ContextVar[GuardedPrompt | None] = ContextVar("esi_guard_rendered", d
 
 @contextmanager
 def rendered(value: Any) -> Iterator[None]:
-    """While the guard runs on ``value``: its template, if ``with_prompt`` rendered it.
-
-    The chat-model machinery hands ``_generate`` plain messages; :func:`resolve` finds
-    the template again from them.
-    """
+    """While the guard runs on ``value``: its template, if any, for :func:`resolve` to find."""
     guarded = value.guarded if isinstance(value, TemplatedPromptValue) else None
     token = _RENDERED.set(guarded)
     try:
@@ -146,8 +133,7 @@ def parse_input(value: Any) -> GuardedPrompt:
     """Chat messages and question of a guard input.
 
     Raises:
-        InputError: Unsupported type, a message that is not text, invalid Unicode (lone
-            surrogates), no human message, or an empty or whitespace-only question.
+        InputError: Unsupported type, non-text message, invalid Unicode, or no or empty question.
     """
     if isinstance(value, TemplatedPromptValue) and value.guarded is not None:
         return cast(GuardedPrompt, value.guarded)

@@ -1,14 +1,9 @@
 """The guard's ``stream``: the answer's pieces to the caller while ``invoke`` runs.
 
-``stream`` runs the ordinary traced ``invoke`` (so the chat-model run, its token
-callbacks and the guard's child runs are all reported, which langchain-core's own
-streaming path cannot do: it does not hand ``_stream`` its run manager) and hands each
-piece of the answer over as the backend generates it, through a sink in a context
-variable (only with ``stream_mode="live"`` or ``"sentences"``, whose pieces are scored
-sentences with their metadata; held, no piece comes before the end). The last chunk is
-the scored message itself, less the text already sent (``last`` makes it).
-Closing the stream midway makes the next piece raise inside the guard, which stops the
-generation.
+It runs the traced ``invoke`` (langchain-core's stream path gives ``_stream`` no run manager, so
+child runs would be lost) and hands pieces over through a context-variable sink (``live`` and
+``sentences`` modes); the last chunk is the scored message less the text sent. Closing the
+stream midway makes the next piece raise inside the guard, which stops generation.
 """
 
 from __future__ import annotations

@@ -37,10 +37,8 @@ def chat_result(
 ) -> ChatResult:
     """The chat result for a decided item, or the error ``on_error="raise"`` raises.
 
-    The content, usage and metadata are :func:`~esi_guard.applied.apply`'s:
-    ``usage_metadata`` counts the answer's own prompt and answer tokens (plus the
-    fallback's usage, its token details included, when routed); ESI's extra work is in
-    ``response_metadata["esi"]``.
+    Content, usage and metadata are :func:`~esi_guard.applied.apply`'s; usage counts the answer's
+    tokens (and a fallback's), ESI's extra work is in ``response_metadata["esi"]``.
     """
     result = item.outcome
     if isinstance(result, BackendError):
@@ -66,10 +64,7 @@ def chat_result(
 
 
 def last_message_chunk(message: BaseMessage, sent: str = "") -> AIMessageChunk:
-    """The last chunk of a stream: the message's text not yet ``sent``, metadata, usage.
-
-    A held stream sends nothing before it, so there it is the whole message.
-    """
+    """The last chunk of a stream: the message's text not yet ``sent``, metadata, usage."""
     content = message.content
     if sent and isinstance(content, str) and content.startswith(sent):
         content = content[len(sent) :]
@@ -95,20 +90,15 @@ def piece_chunk(text: str) -> ChatGenerationChunk:
 def sentence_chunk(sentence: SentenceScore) -> AIMessageChunk:
     """A scored sentence as a stream's chunk: its text, its score in the metadata.
 
-    ``response_metadata["esi"]["shown"]`` is a one-item list: langchain-core adds chunks'
-    metadata key by key (strings joined, lists concatenated, a float twice is an error),
-    so the stream's sum lists every sentence shown, beside the last chunk's ``esi``.
+    ``["esi"]["shown"]`` is a one-item list: langchain-core concatenates lists when adding chunks
+    (a float twice is an error), so the stream's sum lists every sentence shown.
     """
     return AIMessageChunk(content=sentence.text,
                           response_metadata={"esi": {"shown": [sentence.as_dict()]}})  # fmt: skip
 
 
 def sentences_last_chunk(message: AIMessage, sent: str = "") -> AIMessageChunk:
-    """The last chunk of a sentence stream: the whole answer's metadata, none of its text.
-
-    The answer's text comes only in its checked sentences; the last chunk's text is what
-    replaced the answer (the abstain message, the fallback's answer) or nothing.
-    """
+    """The last chunk of a sentence stream: the answer's metadata, only text that replaced it."""
     chunk = last_message_chunk(message)
     decision = message.response_metadata.get("esi", {}).get("decision")
     if decision not in ("abstain", "route"):

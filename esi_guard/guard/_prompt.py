@@ -1,15 +1,8 @@
 """The prompt a guard asks under, and the one its threshold was calibrated under.
 
-``esi-guard calibrate`` asks every question under a system prompt, or renders it with a
-template, and the threshold file records both (``ScoringConfig.system_prompt``,
-``prompt_template``): the same question under another instruction gets another answer
-and another score. :func:`asked` puts the guard's ``system_prompt`` before a prompt that
-has no system message and renders a bare question with its ``prompt_template``;
-:func:`difference` says how a prompt differs from the calibration's
-(:class:`CalibratedPrompt`), for the guard's :class:`PromptMismatchWarning`.
-
-Only the system messages and the question's message are compared: earlier turns (chat
-history, an agent's tool results) are context a calibration run cannot have had.
+Another instruction gets another answer and score, so a threshold file records its system prompt
+and template. :func:`difference` compares only the system messages and the question's message:
+earlier turns are context a calibration run cannot have had.
 """
 
 from __future__ import annotations
@@ -52,8 +45,7 @@ class CalibratedPrompt:
     system: str | None
     """The system message before each question (None: none)."""
     template: str | None
-    """The human message's template (``{question}``, maybe ``{context}``); None: the
-    question was its own message."""
+    """The question's template (``{question}``, maybe ``{context}``); None: the bare question."""
     where: str
     """The file, as messages name it."""
 
@@ -108,12 +100,7 @@ class _Behind:
 
 
 def asked(prompt: GuardedPrompt, system: str | None, template: str | None) -> GuardedPrompt:
-    """``prompt`` as the guard asks it, under its ``system`` prompt and ``template``.
-
-    ``system`` goes first where the prompt has no system message; the question is
-    rendered with ``template`` where the prompt came from no template (a prompt from
-    ``with_prompt`` keeps its own).
-    """
+    """``prompt`` as the guard asks it: ``system`` and ``template``, each unless it has its own."""
     if template is not None and prompt.template is None:
         render = _Rendered(prompt.messages, prompt.question_index, template)
         prompt = replace(
@@ -163,10 +150,7 @@ def difference(prompt: GuardedPrompt, calibrated: CalibratedPrompt) -> str | Non
 
 
 def warn_if_other(prompt: GuardedPrompt, calibrated: CalibratedPrompt | None) -> bool:
-    """Warn (:class:`PromptMismatchWarning`) if ``prompt`` is not the calibrated one.
-
-    Returns whether it warned (the guard then warns no more).
-    """
+    """Warn if ``prompt`` is not the calibrated one (:class:`PromptMismatchWarning`); True if so."""
     found = None if calibrated is None else difference(prompt, calibrated)
     if found is None:
         return False

@@ -1,12 +1,4 @@
-"""The guard's sentence stream (``stream_mode="sentences"``): sentences to chunks.
-
-:func:`sentences` drives :func:`esi_guard._pipeline.by_sentence.stream` and turns each
-sentence it may show (:func:`~esi_guard._pipeline.by_sentence.shown`) into a chunk,
-reported to the run's token callbacks as it comes. :func:`asentences` is its async
-driver: the pipeline's steps are blocking backend calls, so the same generator runs in
-a worker thread, a step at a time, and its child runs are reported through the run's
-sync handle (``get_sync``).
-"""
+"""The guard's sentence stream (``stream_mode="sentences"``): sentences to chunks."""
 
 from __future__ import annotations
 
@@ -52,7 +44,7 @@ async def asentences(
     action: Action,
     run_manager: AsyncCallbackManagerForLLMRun | None,
 ) -> AsyncIterator[AIMessageChunk]:
-    """Async :func:`sentences` (the steps in a worker thread; closing it stops them)."""
+    """Async :func:`sentences`: blocking steps in a worker thread, traced via ``get_sync``."""
     sync = run_manager.get_sync() if run_manager is not None else None
     shown = _shown(pipeline, item, action, sync)
     done = object()

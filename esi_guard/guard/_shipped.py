@@ -1,20 +1,8 @@
 """The calibrations shipped with the package: a known model's threshold file, found by digest.
 
-``ESIGuard()`` and ``ESIGuard(llm=...)`` with no ``threshold`` decide with the threshold
-file shipped for their model, when the package has one: the files in ``esi_guard/shipped/``,
-each written by ``esi-guard calibrate`` (docs/calibration.md gives every command and what
-each file measured on questions it was not fitted on). A file is the backend's when its
-``model_sha256`` is the digest of the GGUF file the backend runs (the embedded model's
-file is known by its ``model_id`` too, without hashing it).
-
-A model may ship two files: one deciding on ``p_wrong`` of a combined score (what measured
-best held out; answer guards take it) and one on ESI alone (what a guard judging each
-sentence needs: ``action="redact"``, ``decide_on="sentences"``, ``stream_mode="sentences"``
-read each sentence's own ESI). A file holding a hidden-state probe applies only on the
-engine its states came from (llama.cpp's and transformers' states of the same weights
-differ); on another engine the guard takes the model's shipped file without one, says so
-in an :class:`~esi_guard.exceptions.EngineMismatchWarning`, and every result's
-``threshold_source`` names the file it took (``"shipped:<file>"``).
+``ESIGuard()`` and ``ESIGuard(llm=...)`` without ``threshold`` use the file in
+``esi_guard/shipped/`` whose ``model_sha256`` is their GGUF's digest (the embedded model's is
+known by ``model_id``, unhashed); results name it in ``threshold_source`` (``"shipped:<file>"``).
 """
 
 from __future__ import annotations
@@ -49,8 +37,7 @@ class Shipped(NamedTuple):
     probe: bool
     """It holds a hidden-state probe: it applies only on its engine's states."""
     esi_alone: bool
-    """Its threshold is on ESI itself (no combined score, cascade or ESI probe): the file a
-    guard judging sentences can use."""
+    """Its threshold is on ESI itself (no combined score, cascade or probe): for sentence guards."""
 
     @property
     def source(self) -> str:
@@ -74,14 +61,14 @@ def shipped() -> tuple[Shipped, ...]:
 def shipped_for(backend: Backend | None, granularity: Granularity = "answer") -> Shipped:
     """The shipped file ``backend``'s guard decides with (None: the embedded model's).
 
-    An answer guard takes the model's file with a combined score where it ships one (what
-    measured best held out), a sentence guard (``granularity="sentence"``) its file on ESI
-    alone.
+    An answer guard takes the model's combined-score file where one ships, a sentence guard
+    (``granularity="sentence"``) its ESI-alone file. A hidden-state probe applies only on its
+    engine's states: elsewhere the file without one is taken, with an
+    :class:`~esi_guard.exceptions.EngineMismatchWarning`.
 
     Raises:
-        ConfigurationError: none ships for this model, only a probe fitted on another
-            engine, or none on ESI alone for a sentence guard: the message says to
-            calibrate (and which models ship one).
+        ConfigurationError: No file ships for this model, only a probe fitted on another engine,
+            or none on ESI alone for a sentence guard; the message says to calibrate.
     """
     files = shipped()
     if backend is None or backend.model_id == EMBEDDED_MODEL_ID:

@@ -1,13 +1,7 @@
 """``ESIGuard.with_prompt``: guard the prompt template a RAG app already has.
 
-The template is rendered once as given, and once per variant with only the question
-variable replaced, so instructions, retrieved context and chat history are the same
-bytes in every row the guard scores (the paper intervenes on the question only).
-
-:class:`TemplatedPrompt` is the chain step that renders; its output is a
-:class:`~esi_guard.guard._inputs.TemplatedPromptValue` (an ordinary ``ChatPromptValue`` for
-anything else) that the guard reads its question from. ``with_prompt`` returns
-``TemplatedPrompt(...) | guard``.
+:class:`TemplatedPrompt` renders it once as given and once per variant with only the question
+variable replaced, so all else is the same bytes in every row (ESI intervenes on the question only).
 """
 
 from __future__ import annotations
@@ -70,10 +64,7 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        """Check that the key is a variable of the prompt (a ConfigurationError if not).
-
-        ``context_key`` (context reliance) was retired in 0.2.0: given, it is refused.
-        """
+        """Refuse a ``question_key`` the prompt lacks, or a (retired) ``context_key``."""
         if kwargs.get("context_key") is not None:
             error = _retired.retired("context_key", "TemplatedPrompt")
             raise error
@@ -105,9 +96,8 @@ class TemplatedPrompt(RunnableSerializable[dict[str, Any], TemplatedPromptValue]
         """Render ``values``; the question variable must be there and not empty.
 
         Raises:
-            InputError: The input is not a dict, or lacks the question variable, or the
-                question is not non-empty text. Other problems (a missing variable the
-                prompt needs) are the prompt's own errors.
+            InputError: Not a dict, or the question is not non-empty text (other problems are
+                the prompt's own errors).
         """
         if not isinstance(values, dict):
             msg = (

@@ -1,13 +1,8 @@
 """Child runs for the guard's steps, so a trace shows generation, intervention and scoring.
 
-Each step shows as a child run of the guard's chat-model run, tagged ``esi:{step}`` (like
-langchain-core's ``retry:attempt:{n}``), whose input is the question and whose output is
-a small JSON-friendly summary, never raw distributions. The pipeline owns the order of
-the steps and calls the hook (:class:`Traced`, :class:`ATraced`) around each, as
-``BaseChatModel.generate`` hands its run manager down; this module only opens and closes
-runs. ``batch`` runs each step once for all prompts before the prompts' own runs start,
-so there the child runs are replayed from what the steps gave (:func:`replay`; their
-timings are not the steps').
+Each step is a child run tagged ``esi:{step}`` (like ``retry:attempt:{n}``): the question in, a
+small summary out. ``batch`` runs the steps before the prompts' runs start, so there they are
+replayed (:func:`replay`; their timings are not the steps').
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """ESIGuard: a guarded chat model that generates, scores with ESI, decides and acts.
 
-The guard knows no backend internals: it hands its prompts to the pipeline
-(:mod:`esi_guard._pipeline`), which asks the backend for greedy answers and
-teacher-forced distributions and the intervention for variants, in its own order, and
-calls the guard's tracing hook around each step, so each shows as a tagged child run
-(``esi:generate``, ``esi:intervene``, ``esi:score``; ``esi:fallback`` when routing).
+It knows no backend internals: the pipeline (:mod:`esi_guard._pipeline`) runs the steps and calls
+the guard's tracing hook around each, so each is a tagged child run (``esi:generate``,
+``esi:intervene``, ``esi:score``; ``esi:fallback`` when routing).
 """
 
 from __future__ import annotations
@@ -57,26 +55,22 @@ GuardInput: TypeAlias = (
 class ESIGuard(GuardFields):
     """Guard a model's answers with the ESI uncertainty score: a guarded chat model.
 
-    For each prompt the guard generates the greedy answer, builds ``n_variants``
-    intervened copies of the question (the last human message only), teacher-forces
-    the same answer after each, and scores how much the token distributions move.
-    Above ``threshold`` it acts: ``flag`` returns the answer marked untrusted,
-    ``abstain`` replaces it with ``abstain_message``, ``route`` returns ``fallback``'s
-    answer. The result is in ``response_metadata["esi"]`` (see :class:`ESIResult`).
+    For each prompt it generates the greedy answer, makes ``n_variants`` intervened copies of the
+    question (the last human message only), teacher-forces the answer after each, and scores how
+    much the token distributions move. Above ``threshold`` it acts: ``flag`` marks the answer
+    untrusted, ``abstain`` replaces it with ``abstain_message``, ``route`` returns ``fallback``'s.
+    The result is in ``response_metadata["esi"]`` (see :class:`ESIResult`).
 
-    **Failure policy** (``on_error``): an answer that cannot be scored (backend or
-    intervention failure, context overflow, empty answer, no variant differs, NaN/inf;
-    codes in :mod:`esi_guard.exceptions`) is withheld (``"abstain"``, the default),
-    flagged (``"flag"``) or raised (``"raise"``; returned in place by
-    ``batch(..., return_exceptions=True)``), always with ``scored: false`` and a
-    ``reason``: never passed as trusted. An input that is not a prompt at all raises
-    :class:`InputError` whatever the policy. One prompt's failure never touches the
+    **Failure policy** (``on_error``): an answer that cannot be scored (backend or intervention
+    failure, context overflow, empty answer, no variant differs, NaN/inf; codes in
+    :mod:`esi_guard.exceptions`) is withheld (``"abstain"``, the default), flagged (``"flag"``)
+    or raised (``"raise"``; returned in place by ``batch(..., return_exceptions=True)``), always
+    with ``scored: false`` and a ``reason``: never passed as trusted. An input that is not a
+    prompt raises :class:`InputError` whatever the policy. One prompt's failure never touches the
     others of a batch; the guard keeps no state between calls.
 
-    As a LangChain chat model it passes langchain-tests' standard suites: ``batch`` runs
-    each step once for all prompts through the backend, then gives each prompt its run;
-    ``stream`` holds the answer until it is scored (one last chunk) unless
-    ``stream_mode="live"``, and traces every step either way.
+    ``batch`` runs each step once for all prompts; ``stream`` holds the answer until it is scored
+    unless ``stream_mode`` says otherwise, and traces every step either way.
 
     Example:
         .. code-block:: python
@@ -96,16 +90,14 @@ class ESIGuard(GuardFields):
     ) -> ESIGuard:
         """A guard with the threshold and scoring configuration of a calibration file.
 
-        Refused (a :class:`ConfigurationError` naming every difference) when the backend's
-        model (its GGUF's digest, else ``model_id``), value kind or exactness, the
-        ``intervention`` or a scoring option in ``kwargs`` (``n_variants``, ``top_k``,
-        ``distance``, ``support``, ``seed``, ``max_new_tokens``) differ from the file's: a
-        threshold means something only for scores computed the same way. Other options
-        (``action``, ``fallback``, ``abstain_message``) pass through; SOC and Typo are
-        rebuilt from the file, paraphrases must be passed in. The file's combined score
-        applies; another engine gets
-        an :class:`EngineMismatchWarning`, another prompt (given here or sent by a call)
-        one :class:`PromptMismatchWarning` (:mod:`esi_guard.guard._prompt`).
+        Refused (a :class:`ConfigurationError` naming every difference) when the backend's model
+        (its GGUF's digest, else ``model_id``), value kind or exactness, the ``intervention`` or a
+        scoring option in ``kwargs`` (``n_variants``, ``top_k``, ``distance``, ``support``,
+        ``seed``, ``max_new_tokens``) differ from the file's: a threshold holds only for scores
+        computed the same way. Other options (``action``, ``fallback``...) pass through; SOC and
+        Typo are rebuilt from the file, paraphrases must be passed in. The file's combined score
+        applies. Another engine gets an :class:`EngineMismatchWarning`, another prompt (given here
+        or sent by a call) one :class:`PromptMismatchWarning`.
         """
         return _config.from_threshold_file(
             cls, path, backend=backend, intervention=intervention, **kwargs
@@ -122,20 +114,15 @@ class ESIGuard(GuardFields):
     ) -> Runnable[dict[str, Any], AIMessage]:
         """This guard behind ``prompt``, intervening on the ``question_key`` variable only.
 
-        The returned Runnable takes the prompt's variables (a dict) and returns the
-        guard's ``AIMessage``. The prompt is rendered once as given and once per variant
-        with only the question replaced, so instructions, retrieved context and history
-        are the same bytes in every row. A RAG chain::
+        The returned Runnable takes the prompt's variables (a dict) and returns the guard's
+        ``AIMessage``; everything but the question is the same bytes in every row. A RAG chain::
 
             {"context": retriever | format_docs, "question": RunnablePassthrough()}
             | guard.with_prompt(prompt) | StrOutputParser()
 
-        ``context_key`` served context reliance, retired in 0.2.0: it stays in the
-        signature only to say so, with a one-line error.
-
         Raises:
-            ConfigurationError: ``question_key`` is not one of the prompt's input
-                variables, or ``context_key`` is given.
+            ConfigurationError: ``question_key`` is not one of the prompt's input variables, or
+                ``context_key`` (context reliance, retired) is given.
         """
         if context_key is not None:
             error = _retired.retired("context_key", "with_prompt")
@@ -210,11 +197,7 @@ class ESIGuard(GuardFields):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
-        """The answer as one last chunk, once scored; live: its text first, as generated.
-
-        Either way it runs the traced ``invoke`` (see :mod:`esi_guard.guard._live`), so the
-        chat-model run, its tokens and every step show in callbacks and traces.
-        """
+        """The answer as one last chunk once scored (live: its text first), from a traced invoke."""
         last = sentences_last_chunk if self.stream_mode == "sentences" else last_message_chunk
         yield from _live.stream(lambda: self.invoke(input, config, stop=stop, **kwargs), last)
 
@@ -241,18 +224,13 @@ class ESIGuard(GuardFields):
     ) -> list[_assess.Assessed]:
         """Score and decide each input: the results themselves, not chat messages.
 
-        For callers that want results rather than LangChain messages (``esi-guard serve``,
-        the CLI, benchmarks): the same steps, settings and decisions as :meth:`batch`, each
-        step run once for all the inputs, without a chat-model run (no callbacks, traces or
-        cache). In each input's place: its :class:`ESIResult`, decided (an untrusted
-        answer's ``decision`` is the guard's action, an unscored one's ``on_error``'s;
-        ``action="route"``'s fallback is the caller's to run), or the error :meth:`invoke`
-        would raise: :class:`InputError` (not a prompt), a :class:`BackendError` (the
-        backend failed, a prompt over the context), a :class:`ScoringError` holding the
-        unscored result (``on_error="raise"``). Each result carries ``prompt_tokens``.
-        ``failures="return"``: a failed backend call's :class:`BackendError` is returned
-        whatever ``on_error`` (the server answers it as an HTTP error), while answers that
-        cannot be scored are still decided by ``on_error``.
+        The same steps and decisions as :meth:`batch`, without a chat-model run (no callbacks,
+        traces or cache); ``route``'s fallback is the caller's to run. In each input's place: its
+        decided :class:`ESIResult` (with ``prompt_tokens``), or the error :meth:`invoke` would raise
+        (:class:`InputError`, :class:`BackendError`, or under ``on_error="raise"`` a
+        :class:`ScoringError` holding the unscored result). ``failures="return"``: a failed backend
+        call's :class:`BackendError` is returned whatever ``on_error`` (the server answers it as
+        HTTP); unscorable answers still follow ``on_error``.
         """
         pipeline = self._pipeline(stop, failures == "return")
         return _assess.run(pipeline, inputs, self._checked, self.on_error)
@@ -275,22 +253,12 @@ class ESIGuard(GuardFields):
         stop: Sequence[str] | None = None,
         failures: _assess.Failures = "decide",
     ) -> AsyncIterator[str | _assess.Assessed]:
-        """One input's answer text as generated, then its result (as :meth:`assess` gives).
-
-        The text goes out before the answer is scored: for callers that show it live and
-        can then only flag (``esi-guard serve``'s live streams).
-        """
+        """One input's answer text as generated (unscored, so only flaggable), then its result."""
         pipeline = self._pipeline(stop, failures == "return")
         return _assess.astream(pipeline, input, self._checked, self.on_error)
 
     def score(self, prompt: GuardInput, answer: str) -> ESIResult:
-        """Score an answer the user already has, without generating.
-
-        The original distributions come from teacher forcing ``answer`` after the
-        original prompt, in the same pass as the variants. It runs the pipeline's steps
-        after generation, so a failure (the intervention's or the backend's) follows
-        ``on_error`` as any answer's does.
-        """
+        """Score an answer the user already has, without generating; failures follow on_error."""
         parsed = self._checked(parse_input(prompt), apply=False)
         ids = self.backend.encode_answer(parsed.messages, answer)
         item = Item(parsed, answer=answer, answer_ids=tuple(ids))
@@ -330,8 +298,7 @@ class ESIGuard(GuardFields):
         return params
 
     def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
-        # Live: invoke (and astream_events) stream through _generate, which has the run
-        # manager for token callbacks and child runs; stream() still goes to _stream.
+        # Live: invoke streams through _generate, which has the run manager; stream() -> _stream.
         if self.stream_mode in ("live", "sentences") and not kwargs.get("stream"):
             return False
         return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
@@ -409,10 +376,7 @@ class ESIGuard(GuardFields):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        """One chunk, the last, once the answer has been scored.
-
-        With ``stream_mode="live"``: the answer's text as it is generated, then that chunk.
-        """
+        """One last chunk once the answer is scored; live or sentences: the text first."""
         if self.stream_mode == "hold":
             yield last_chunk(self._generate(messages, stop, run_manager, **kwargs))
             return
@@ -473,12 +437,7 @@ class ESIGuard(GuardFields):
         return _batching.item_for(prompt), self._pipeline(stop)
 
     def _checked(self, prompt: GuardedPrompt, *, apply: bool = True) -> GuardedPrompt:
-        """``prompt`` as this guard asks it (its system prompt and template applied).
-
-        Warns, once per guard each, when a long whole message is the question, and when
-        the prompt is not the one the threshold file was calibrated under. ``apply=False``:
-        the prompt as given (an answer given to it is scored), checked all the same.
-        """
+        """``prompt`` as this guard asks it (``apply``: its system prompt, template); warns once."""
         if not self._warned:
             self._warned = warn_whole_message(prompt)
         if apply:

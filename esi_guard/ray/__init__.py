@@ -1,15 +1,8 @@
 """The guard past one machine, on Ray (the ``ray`` extra: ``pip install 'esi-guard[ray]'``).
 
-* :func:`guard_app`: the guard as a Ray Serve application: ``esi-guard serve``'s
-  OpenAI-compatible endpoint in front, one guard per replica behind it, each replica
-  micro-batching its requests; a replica that dies turns its requests in flight into a
-  retryable OpenAI-shaped 503 (``replica_unavailable``) and Ray starts another.
-  ``app_builder`` builds the same from a Serve config's ``args`` (``serve run``, KubeRay).
-* :func:`run_on_ray`: ``esi-guard serve --ray``: start (or join) Ray, serve, wait.
-* :class:`ScoringPool`: ``esi-guard calibrate/evaluate --workers N``: a run's batches
-  spread over Ray actors, one guard each.
-
-docs/ray.md ("Past one machine") shows each, with the measured figures.
+:func:`guard_app` (or ``app_builder``, from a Serve config) is the guard as a Ray Serve application,
+one guard per replica; :func:`run_on_ray` is ``esi-guard serve --ray``; :class:`ScoringPool`
+spreads ``esi-guard calibrate/evaluate --workers N`` over Ray actors. docs/ray.md shows each.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The Ray that esi-guard runs on: a cluster it joins, or a local one it starts on loopback.
 
-``esi-guard serve --ray`` and ``calibrate``/``evaluate --workers`` call :func:`connect`.
-Given an address (``--ray-address``, else ``RAY_ADDRESS``) they join that cluster and
-start nothing. Without one (or with ``local``) they start a Ray only this machine reaches:
-
-* every Ray process listens on loopback: the GCS, the raylet and its object manager, the
-  dashboard agent and its metrics export, the runtime-env agent, the autoscaler monitor,
-  each worker's gRPC server. Ray on Linux turns a loopback node address
-  (``ray.init(_node_ip_address="127.0.0.1")``) into the machine's own and then listens on
-  all interfaces; only its local-only switch, ``ENABLE_RAY_CLUSTER`` off (what Ray does on
-  macOS and Windows, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), keeps the node on
-  127.0.0.1. It is set for the start alone, and the node's address checked after;
-* the dashboard is off (its job API runs any code it is sent);
-* Ray's token authentication stays as Ray sets it (on by default for a local Ray, 2.60).
-
-One socket Ray offers no way to move: each Ray Serve replica's inter-deployment gRPC
-server, which Ray Serve (2.60) binds to ``[::]:0`` (behind Ray's token authentication);
-docs/ray.md says so and how to firewall it.
-
-Colours: the lines Ray relays from its processes (``(ProxyActor pid=...)``) carry ANSI
-colour codes; where stderr is not a terminal (a log file), they are left out
-(``RAY_COLOR_PREFIX=0``, unless already set).
+:func:`connect` joins the cluster at ``--ray-address`` or ``RAY_ADDRESS``, starting nothing; else
+it starts a Ray only this machine reaches: every process on loopback (Ray's local-only switch,
+``ENABLE_RAY_CLUSTER`` off for the start, as Ray on Linux would listen on all interfaces; the
+node's address checked after), the dashboard off (its job API runs any code it is sent), token
+authentication as Ray sets it. One socket Ray cannot move: each Serve replica's gRPC server binds
+``[::]:0``, behind that authentication (docs/ray.md says how to firewall it). Off a terminal, Ray's
+relayed lines drop their colours (``RAY_COLOR_PREFIX=0``).
 """
 
 from __future__ import annotations
@@ -51,18 +37,17 @@ def connect(address: str | None = None, **options: Any) -> Connected:
     """Join the Ray cluster at ``address``, or start a local Ray on loopback (see the module).
 
     Args:
-        address: A running cluster (``auto``, ``host:6379``, ``ray://host:10001``); None:
-            ``RAY_ADDRESS``; neither, or ``"local"``: a local Ray started here.
+        address: A cluster (``auto``, ``host:6379``, ``ray://host:10001``) or ``"local"``; None:
+            ``RAY_ADDRESS``, else local.
         **options: More of ``ray.init``'s arguments for a local Ray (``num_cpus``...).
 
     Returns:
-        ``"already"`` when Ray was initialised in this process before (nothing done), else
-        ``"joined"`` or ``"started"``: the caller ends either with ``ray.shutdown()``
-        (which stops a Ray started here, Serve and all, and only leaves a joined one).
+        ``"already"`` when Ray was initialised before (nothing done), else ``"joined"`` or
+        ``"started"``: end either with ``ray.shutdown()`` (it stops a Ray started here).
 
     Raises:
-        ConfigurationError: the local Ray's node is not on loopback (a Ray without the
-            local-only switch); it is stopped again.
+        ConfigurationError: The local Ray's node is not on loopback (no local-only switch); it is
+            stopped again.
     """
     if ray.is_initialized():
         return "already"
@@ -101,10 +86,8 @@ def is_loopback(host: str) -> bool:
 def _local_only() -> Iterator[None]:
     """Ray's local-only switch on for the block: a node started in it is on loopback.
 
-    ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is read when Ray picks the node's
-    address (``services.get_node_ip_address``); the processes it starts get that address
-    on their command lines, so none of them, nor a later ``ray.init``, needs the switch.
-    A Ray without it starts as it would; :func:`connect` checks the address it got.
+    Ray reads ``ENABLE_RAY_CLUSTER`` when it picks the node's address and hands that address to the
+    processes it starts, so nothing later needs it; :func:`connect` checks the address got.
     """
     constants = import_extra("ray._private.ray_constants", needed_by="esi_guard.ray",
                              what="Ray", extra="ray")  # fmt: skip

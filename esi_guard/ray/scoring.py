@@ -1,14 +1,9 @@
 """A run's batches spread over Ray actors, one guard each (``--workers N``).
 
-``esi-guard calibrate`` and ``evaluate`` score a labelled set in batches of
-``--batch-size`` questions (:mod:`esi_guard.cli.run.score`). With ``--workers N`` the same
-batches, cut the same way, go to N Ray actors; each actor builds its own guard once and
-scores whole batches with the function the command hands it (the pool knows nothing of a
-run's records: nothing here imports the CLI), so every answer is computed in the same
-batch as in one process and the records, the cache and the threshold file are the same
-(the cache's lines come in the order the batches finish; a run reads them by index).
-Batches are written to the cache as they come back, so a run stopped halfway resumes from
-it, with or without workers. A worker that dies is restarted by Ray and its batch run again.
+``esi-guard calibrate`` and ``evaluate`` hand N actors the batches one process would score, cut the
+same way, and the function that scores one (nothing here imports the CLI), so the records, cache
+and threshold file come out the same (cache lines in finishing order; a run reads them by index,
+and a stopped run resumes from them). Ray restarts a worker that dies and reruns its batch.
 """
 
 from __future__ import annotations
@@ -56,19 +51,16 @@ class _Scorer:
 class ScoringPool:
     """``workers`` Ray actors, each with a guard from ``guard``, scoring a run's batches.
 
-    Joins the Ray cluster at ``address`` (``RAY_ADDRESS`` when None) or starts a local one
-    on loopback (:func:`~esi_guard.ray._cluster.connect`), stopped again by :meth:`close`
-    (a joined one is left). Each worker holds ``worker_cpus`` CPUs (give a llama.cpp
-    model as many threads).
+    Joins the Ray cluster at ``address`` or starts a local one on loopback
+    (:func:`~esi_guard.ray._cluster.connect`), which :meth:`close` stops (a joined one is left).
 
     Args:
         guard: Builds each worker's guard (pickled to it).
         workers: How many actors.
         examples: The run's examples (each batch's go with it).
-        score: Scores one batch in a worker (pickled to it): ``score(guard, examples,
-            chunk)`` -> the batch's records, as one process would write them.
-        worker_cpus: Ray's ``num_cpus`` for each actor.
-        address: The Ray cluster to join.
+        score: ``score(guard, examples, chunk)`` -> one batch's records, in a worker (pickled).
+        worker_cpus: Ray's ``num_cpus`` per actor (give a llama.cpp model as many threads).
+        address: The Ray cluster to join (None: ``RAY_ADDRESS``).
     """
 
     def __init__(

@@ -1,26 +1,11 @@
 """The guard on Ray Serve: ``esi-guard serve``'s endpoint in front, one guard per replica.
 
-Two deployments make the application :func:`guard_app` builds:
-
-* ``ESIGuardFront`` (one replica, no CPU of its own) answers HTTP with the same app as
-  ``esi-guard serve`` (:func:`esi_guard.server.app.serving_app`: OpenAI's
-  ``/v1/chat/completions`` with its ``esi`` object, ``X-ESI-*`` headers, errors, key check,
-  body limit, ``/v1/models``, ``/health``, ``/metrics``) and hands each request to a replica
-  through a deployment handle;
-* ``ESIGuard`` (``num_replicas`` or autoscaled) holds one guard built by the given factory
-  in each replica process, with the server's micro-batcher: the requests Ray routes to a
-  replica at once (up to ``max_ongoing_requests``, by default the batcher's ``max_batch``)
-  become one batched guard call. Its ``check_health`` fails when the engine cannot
-  answer: a probe that fails, or a batched call running past ``engine_timeout_s``; Ray then
-  replaces the replica.
-
-A replica that dies (SIGKILL, a native crash in the engine) cannot answer: its requests in
-flight get an OpenAI-shaped 503 ``replica_unavailable`` with ``Retry-After`` (the openai SDK
-and ``ChatOpenAI`` retry a 503 by themselves, twice by default), never a 200 without a
-decision; Ray starts a new replica and the others go on serving. A live stream
-(``action="flag"``, ``on_error="flag"``) whose replica dies after its first token ends with
-that error as an event (the SDK raises it); one held until scored (every other action)
-fails before its first byte, as a plain request does.
+:func:`guard_app` makes two deployments: ``ESIGuardFront`` (one replica, no CPU) serves
+:func:`esi_guard.server.app.serving_app` and hands each request to an ``ESIGuard`` replica, one
+guard per process, whose micro-batcher makes the requests routed to it at once one batched call.
+A replica whose engine cannot answer fails Ray's health check and is replaced; one that dies turns
+its requests in flight into an OpenAI-shaped 503 ``replica_unavailable`` with ``Retry-After``,
+never a 200 without a decision (a live stream past its first token gets it as an event).
 """
 
 from __future__ import annotations
@@ -82,10 +67,7 @@ class GuardReplica:
         await self.service.warmed()  # takes traffic once the model has answered
 
     def describe(self) -> dict[str, Any]:
-        """What the front needs to route requests, and the replica's process id.
-
-        The served names, the token limit, whether streams are live.
-        """
+        """What the front needs (served names, token limit, live streams) and the process id."""
         service = self.service
         return {"name": service.name, "names": service.names, "max_tokens": service.max_tokens,
                 "live": service.live, "line": service.start_line(),
@@ -108,9 +90,8 @@ class GuardReplica:
     async def check_health(self) -> None:
         """Raise when the engine cannot answer (Ray then replaces this replica).
 
-        Healthy without a probe when the engine answered within ``fresh_s`` or a batched
-        call is running for less than ``engine_timeout_s``; else a one-token guarded call
-        must answer within ``probe_timeout_s``.
+        Healthy without a probe if the engine answered within ``fresh_s`` or a batched call is
+        under ``engine_timeout_s``; else a one-token call must answer within ``probe_timeout_s``.
         """
         service, now = self.service, time.monotonic()
         if not service.ready:
@@ -149,11 +130,7 @@ async def _never_gone() -> bool:
 
 
 class RemoteService:
-    """The front's side of the routes (:class:`esi_guard.server._service.Served`).
-
-    Each request goes to a replica through ``replicas`` (a deployment handle); what comes
-    back is the replica's answer or error as ``esi-guard serve`` would send it.
-    """
+    """The front's side of the routes (:class:`esi_guard.server._service.Served`), via replicas."""
 
     def __init__(self, replicas: Any, settings: ServeSettings, card: dict[str, Any]) -> None:
         self.replicas = replicas
@@ -265,31 +242,19 @@ def guard_app(
     """The guard as a Ray Serve application (pass it to ``serve.run``).
 
     Args:
-        guard: Builds the guard in each replica, e.g. ``lambda: ESIGuard(backend=...)`` or
-            :meth:`GuardOptions.build <esi_guard.served.GuardOptions.build>`. Its
-            ``on_error`` must be ``"abstain"`` or ``"flag"``.
-        settings: The server's settings (``esi-guard serve``'s flags), per replica for the
-            batcher (``max_batch``, ``batch_window_ms``, ``max_queue``, ``slots``), at the
-            front for the rest (``api_key``, ``max_body_bytes``...).
+        guard: Builds each replica's guard, e.g. ``lambda: ESIGuard(backend=...)`` or
+            :meth:`GuardOptions.build <esi_guard.served.GuardOptions.build>`; its ``on_error``
+            must be ``"abstain"`` or ``"flag"``.
+        settings: ``esi-guard serve``'s settings: the batcher's per replica, the rest at the front.
         num_replicas: Replicas, one guard each (ignored with ``autoscaling_config``).
-        autoscaling_config: Ray Serve's autoscaling (``min_replicas``, ``max_replicas``,
-            ``target_ongoing_requests``...).
-        replica_cpus: CPUs each replica holds (Ray's ``num_cpus``); give a llama.cpp
-            model as many threads.
-        max_ongoing_requests: Requests a replica takes at once (default: ``max_batch``,
-            so one batched call can take them all); more wait in Ray's router, up to
-            ``max_queue`` per replica, then 503 ``server_overloaded``.
-        health_check_period_s: Seconds between Ray's health checks of a replica; an
-            engine that answered within them passes without a probe.
-        health_check_timeout_s: Seconds a health check may take (the probe half).
+        autoscaling_config: Ray Serve's autoscaling (``min_replicas``, ``max_replicas``...).
+        replica_cpus: Ray's ``num_cpus`` per replica; give a llama.cpp model as many threads.
+        max_ongoing_requests: Requests a replica takes at once (default ``max_batch``); more wait
+            in Ray's router, up to ``max_queue`` per replica, then 503 ``server_overloaded``.
+        health_check_period_s: Seconds between health checks (none probes an engine fresh from one).
+        health_check_timeout_s: Seconds a health check may take (the probe gets half).
         engine_timeout_s: A batched call running longer fails the health check.
-        ray_actor_options: More of the replicas' Ray options (``num_gpus``, a
-            ``runtime_env``...); ``num_cpus`` is ``replica_cpus``.
-
-    Example:
-        >>> app = guard_app(lambda: ESIGuard(backend=LlamaCppBackend("m.gguf", n_threads=1)),
-        ...                 num_replicas=2)  # doctest: +SKIP
-        >>> serve.run(app, name="esi-guard", route_prefix="/")  # doctest: +SKIP
+        ray_actor_options: More of the replicas' Ray options (``num_gpus``, ``runtime_env``...).
     """
     settings = settings or ServeSettings()
     options = {"num_cpus": replica_cpus, **(ray_actor_options or {})}
@@ -316,15 +281,15 @@ class GuardAppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     guard: dict[str, Any] = Field(default_factory=dict)
-    """``esi-guard serve``'s guard flags (:class:`~esi_guard.served.GuardOptions`):
-    ``model``, ``threshold``, ``action``, ``upstream``, ``upstream_model``..."""
+    """``esi-guard serve``'s guard flags (:class:`~esi_guard.served.GuardOptions`): ``model``..."""
     server: dict[str, Any] = Field(default_factory=dict)
-    """The server's settings (:class:`~esi_guard.server.ServeSettings`): ``api_key``,
-    ``max_batch``, ``batch_window_ms``..."""
+    """The server's settings (:class:`~esi_guard.server.ServeSettings`): ``api_key``..."""
     num_replicas: int = 1
+    """Replicas, one guard each (the autoscaling minimum with ``max_replicas``)."""
     max_replicas: int | None = None
     """Autoscale from ``num_replicas`` up to this many."""
     replica_cpus: float = 1.0
+    """Ray's ``num_cpus`` per replica (a model run in it gets as many threads by default)."""
 
 
 def app_builder(args: GuardAppArgs) -> Any:
@@ -367,12 +332,11 @@ def run_on_ray(
 ) -> None:
     """``esi-guard serve --ray``: serve :func:`guard_app` until SIGINT/SIGTERM (or ``stop``).
 
-    Joins the Ray cluster at ``address`` (``RAY_ADDRESS`` when None), or starts a local
-    one on loopback, its dashboard off (:func:`~esi_guard.ray._cluster.connect`); Serve's
-    HTTP proxy listens on ``host:port`` (on a running cluster, where its proxy already
-    listens), the app under ``route_prefix``. On the signal the application is deleted
-    (Serve drains its replicas); then a Ray started here stops, Serve with it, and a
-    joined cluster is left as it was (its Serve running).
+    Joins the Ray cluster at ``address`` (None: ``RAY_ADDRESS``) or starts a local one on loopback
+    (:func:`~esi_guard.ray._cluster.connect`); Serve's proxy listens on ``host:port`` (on a running
+    cluster, where its proxy already listens), the app under ``route_prefix``. On stop the
+    application is deleted (its replicas drained) and a Ray started here stops; a joined cluster is
+    left as it was.
     """
     connected, deployed = connect(address), False
     try:

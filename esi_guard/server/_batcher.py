@@ -1,16 +1,8 @@
 """The micro-batcher: concurrent requests gathered into one batched guard call.
 
-Requests wait in a bounded queue. A collector takes the first, waits for a free engine slot
-(``slots``), then takes whatever else is queued or arrives within ``window`` seconds (at
-most ``max_batch`` in all), splits them by key (requests that need the same call: the same
-token limit and stop sequences) and runs each group as one call, so their generation and
-forcing passes share the backend's batches. While every slot is busy requests pile up, so
-the next batch is larger: batching grows with the load by itself. ``max_batch=1`` turns it
-off. The queue holds ``max_queue`` requests besides the one waiting for a slot.
-
-Pure asyncio, no HTTP: a request is a future; cancelling it (the client went away) before
-its batch starts takes it out; once started, a batch runs to its end for every request in
-it, since one call serves them all.
+Requests with the same key (token limit, stops) arriving within ``window`` share a call; while
+every slot is busy they pile up, so batches grow with the load. Pure asyncio: a request cancelled
+before its batch starts is taken out; a started batch runs to its end (one call serves all).
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ class MicroBatcher:
         run: The batched call.
         max_batch: Most requests in one call (1: no batching).
         window: Seconds to wait for more requests after the first.
-        max_queue: Most requests waiting; one more is refused with :class:`Full`.
+        max_queue: Most requests queued besides one awaiting a slot; one more raises :class:`Full`.
         slots: Calls that may run at once (1 for a model in process).
         on_batch: Called with each batch's size and its requests' seconds in the queue.
     """
@@ -170,10 +162,7 @@ class MicroBatcher:
         return jobs
 
     async def _gather(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> list[_Job]:
-        """Those that arrive within the window after the first (with a slot held).
-
-        Added to ``jobs`` in place: a stop while waiting leaves none of them unsettled.
-        """
+        """Add those arriving within the window to ``jobs``, in place so a stop settles them."""
         deadline = loop.time() + self.window
         while len(jobs) < self.max_batch:
             try:

@@ -1,25 +1,6 @@
 """OpenAI-shaped errors: what each failure becomes on the wire, recognised by its type.
 
-Every error body is ``{"error": {"message", "type", "param", "code"}}``, as OpenAI's API
-answers, so the openai SDK and ``ChatOpenAI`` raise their usual exceptions:
-
-=======================================  ======  =========================================
-what                                     status  ``code``
-=======================================  ======  =========================================
-body not JSON, not an object             400     ``invalid_json``
-unknown field                            400     ``unknown_parameter`` (``param`` names it)
-bad value (empty messages, temperature)  400     ``invalid_value`` / ``missing_required_parameter``
-not a prompt (no user message...)        400     ``invalid_prompt`` (:class:`InputError`)
-prompt longer than the model's context   400     ``context_length_exceeded``
-wrong or missing key                     401     ``invalid_api_key``
-another model's name                     404     ``model_not_found``
-body over the size limit                 413     ``request_too_large``
-the engine failed                        500     the error's reason code
-the upstream failed after its retries    502     ``upstream_error``
-queue full                              503     ``server_overloaded`` (``Retry-After``)
-draining after SIGTERM                  503     ``server_shutting_down`` (``Retry-After``)
-on Ray: the replica died or was gone    503     ``replica_unavailable`` (``Retry-After``)
-=======================================  ======  =========================================
+Bodies are OpenAI's, so its SDK and ``ChatOpenAI`` raise their usual errors (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -134,10 +115,7 @@ def overloaded(retry_after: int, why: str) -> ServeError:
 
 
 def replica_unavailable(retry_after: int, why: str) -> ServeError:
-    """The 503 of a request whose Ray Serve replica died before it answered.
-
-    No answer was sent, so the client's retry is safe (:mod:`esi_guard.ray`).
-    """
+    """The 503 of a request whose Ray Serve replica died before answering: a retry is safe."""
     msg = f"the replica serving this request is gone ({why}): retry, another replica answers"
     return ServeError(503, msg, code="replica_unavailable", kind="server_error",
                       headers={"Retry-After": str(retry_after)})  # fmt: skip

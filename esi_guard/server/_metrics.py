@@ -1,22 +1,4 @@
-"""The server's Prometheus metrics, in a registry of its own (one per app).
-
-========================================  =========  =========================================
-metric                                    type       what
-========================================  =========  =========================================
-``esi_guard_requests_total``              counter    requests by ``endpoint`` and HTTP ``status``
-``esi_guard_decisions_total``             counter    answers by ``decision`` and ``reason``
-                                                     (``scored``, or the unscored reason code)
-``esi_guard_score``                       histogram  scores of the scored answers
-``esi_guard_step_seconds``                histogram  seconds per ``step``: ``queue`` (waiting
-                                                     for a batch), ``generate`` and ``force``
-                                                     (backend calls), ``guard`` (the batched
-                                                     call), ``request`` (end to end)
-``esi_guard_batch_size``                  histogram  requests per batched call
-``esi_guard_queue_depth``                 gauge      requests waiting for a batch
-``esi_guard_in_flight``                   gauge      chat requests being served
-``esi_guard_ready``                       gauge      1 once the model has answered
-========================================  =========  =========================================
-"""
+"""The server's Prometheus metrics, in a registry of its own per app; docs/serve.md lists them."""
 
 from __future__ import annotations
 
@@ -32,7 +14,7 @@ _SCORES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 
 
 
 class Metrics:
-    """Every metric of one server (see the module)."""
+    """Every metric of one server."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

@@ -1,9 +1,7 @@
 """The wire format: OpenAI's chat-completions request, and responses built from guarded messages.
 
-Pure (pydantic, no FastAPI): a request is validated here, field by field, and an unknown
-field is refused by name (``extra="forbid"``), never dropped. What the server does not
-honour is not in the schema: sampling settings other than greedy, ``n`` above 1, tools,
-logprobs.
+Pure pydantic: an unknown field is refused by name (``extra="forbid"``), never dropped; what the
+server does not honour (non-greedy sampling, ``n`` above 1, tools, logprobs) is not in the schema.
 """
 
 from __future__ import annotations
@@ -159,10 +157,8 @@ class ChatRequest(BaseModel):
 def whole_message_warning(chat: ChatRequest, longest: int) -> str | None:
     """The ``whole_message`` warning for a question over ``longest`` characters, or None.
 
-    The guard intervenes on the last user message as the question; when it is long, it is
-    probably a whole RAG message, whose instructions and passages are changed too (not
-    ESI, and a pass over all of it per variant). A client can act on it (the guard's
-    :class:`~esi_guard.exceptions.WholeMessageWarning` lands in a log no client reads).
+    A long last user message is probably a whole RAG message, intervened on whole (not ESI). The
+    guard's :class:`~esi_guard.exceptions.WholeMessageWarning` lands in a log no client reads.
     """
     size = len(chat.question())
     if size <= longest:
@@ -175,11 +171,7 @@ def whole_message_warning(chat: ChatRequest, longest: int) -> str | None:
 
 
 def esi_headers(info: dict[str, Any]) -> dict[str, str]:
-    """``X-ESI-Score`` (``none`` when unscored), ``X-ESI-Decision``, and any warnings'.
-
-    With a combined score, ``X-ESI-P-Wrong`` too (the number decided on; a guard without
-    ESI has no ESI score: its ``X-ESI-Score`` is ``none`` while its answer is scored).
-    """
+    """``X-ESI-Score`` (``none``: no ESI score), ``-Decision``, any ``-P-Wrong``, ``-Warning``."""
     headers = {"X-ESI-Score": _shown(info.get("score")), "X-ESI-Decision": str(info["decision"])}
     if info.get("p_wrong") is not None:
         headers["X-ESI-P-Wrong"] = _shown(info["p_wrong"])

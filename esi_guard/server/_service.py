@@ -1,10 +1,7 @@
 """What the server does with a request, apart from HTTP: the guard, the batcher, the answers.
 
-The server runs the guard it was given (its threshold, action, ``on_error`` and
-abstention text) through :meth:`ESIGuard.aassess`, once per prompt: each result comes
-back decided, an answer that could not be scored under the guard's own ``on_error``
-(withheld or flagged, never accepted); a routed answer's fallback runs here. A prompt
-longer than the context becomes a 400, an upstream failure a 502 (:mod:`._errors`).
+Each prompt runs once through :meth:`ESIGuard.aassess` under the guard's own decision rule (an
+unscored answer is withheld or flagged, never accepted); a routed answer's fallback runs here.
 """
 
 from __future__ import annotations
@@ -59,11 +56,7 @@ def noted(answer: Answer, warnings: list[str]) -> Answer:
 
 
 class Served(Protocol):
-    """What the app's routes ask of the answers' source.
-
-    :class:`Service` with the model in process, or the Ray front's service
-    (:mod:`esi_guard.ray`) with it in Ray Serve replicas.
-    """
+    """What the routes ask of the answers' source: :class:`Service`, or the Ray front's."""
 
     settings: ServeSettings
     metrics: Metrics
@@ -168,12 +161,7 @@ class Service:
         return self.answer(output)
 
     async def stream(self, chat: ChatRequest, limit: int, notes: list[str]) -> AsyncIterator[str]:
-        """Tokens as generated, then the scored ending (``esi_guard.server._stream``).
-
-        Returns once the answer's first piece is there: a failure before it (not a prompt,
-        a prompt over the context, the engine's) is raised as its :class:`ServeError`, the
-        HTTP error a non-streamed request gets, never a 200 whose only event is an error.
-        """
+        """Tokens, then the scored ending; a failure before the first token is an HTTP error."""
         events = live_events(self, chat, limit, notes)
         first = await anext(events)
         return _chained(first, events)
@@ -234,10 +222,7 @@ class Service:
             return exc
 
     def answer(self, output: Any) -> Answer:
-        """A guarded prompt's result as the wire shows it; a failure as its :class:`ServeError`.
-
-        ``output``: an :class:`ESIResult`, a :class:`Routed` one, or the error in its place.
-        """
+        """A result (or :class:`Routed`) as the wire shows it; a failure raised as ServeError."""
         routed = output.fallback if isinstance(output, Routed) else None
         result = output.result if isinstance(output, Routed) else output
         if not isinstance(result, ESIResult):
@@ -253,11 +238,7 @@ class Service:
         return answer
 
     def failure(self, output: Any) -> ServeError:
-        """A failure in place of an answer; a fallback's openai error is the upstream's.
-
-        The message names the model by its served name, never by the backend's model id
-        (a GGUF's is its path on the server).
-        """
+        """A failure as its error, naming the served model, not the backend's id (a GGUF path)."""
         error = output if isinstance(output, BaseException) else TypeError(type(output).__name__)
         openai = sys.modules.get("openai")
         if openai is not None and isinstance(error, openai.APIError):
@@ -291,12 +272,7 @@ GONE = object()
 
 
 async def wait(future: asyncio.Future[Any], gone: Gone, poll: float = 0.1) -> Any:
-    """The future's output (a failure as its exception), or :data:`GONE`.
-
-    :data:`GONE` (and the future cancelled) once ``gone()`` says the client went away;
-    cancelled itself, it cancels the future too: a request that leaves before its batch
-    starts is taken out of the queue.
-    """
+    """The future's output (a failure as its exception), or :data:`GONE` if the client left."""
     try:
         while True:
             done, _ = await asyncio.wait({future}, timeout=poll)
@@ -316,11 +292,7 @@ async def wait(future: asyncio.Future[Any], gone: Gone, poll: float = 0.1) -> An
 async def live_events(
     service: Service, chat: ChatRequest, limit: int, notes: list[str]
 ) -> AsyncIterator[str]:
-    """Tokens as generated, then the scored ending; an error after the start as an event.
-
-    A failure before the first event (the answer's first piece) is raised as its
-    :class:`ServeError`: nothing has been sent, so it is still the request's HTTP error.
-    """
+    """Tokens, then the scored ending; a failure is raised before the first event, sent after."""
     ident, model = f"chatcmpl-{uuid.uuid4().hex}", service.name
     guard = service.guard_for(limit)
     async with service.batcher.slot():

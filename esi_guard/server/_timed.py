@@ -1,10 +1,7 @@
 """A backend that times the one it wraps: the ``generate`` and ``force`` steps' seconds.
 
-The guard's batched call runs its steps inside ``abatch``, where no callback sees their
-timing (they are replayed into each prompt's run afterwards); the backend's own calls are
-where the time goes, so the server times them here. Everything else is the wrapped
-backend's (:class:`~esi_guard.backends._wrapped.Wrapped`): its identity, value kind,
-hidden states, streams and decoding, so a threshold file matches it.
+Timed here, as no callback sees them inside ``abatch``. All else is the wrapped backend's
+(:class:`~esi_guard.backends._wrapped.Wrapped`), so a threshold file matches it.
 """
 
 from __future__ import annotations

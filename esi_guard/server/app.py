@@ -1,17 +1,7 @@
 """The FastAPI app: OpenAI's chat-completions endpoint in front of a guard.
 
-``create_app(guard, settings)`` gives an ASGI app; ``esi-guard serve`` runs it with uvicorn.
-Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health`` (with
-``/health/live`` and ``/health/ready``), ``GET /metrics``. What each answers is in
-docs/serve.md; the request schema is :mod:`._schema`, the errors :mod:`._errors`.
-
-A stream is held until its answer is scored (then sent as chunks, the last with ``esi``),
-unless the guard flags (``action="flag"``, ``on_error="flag"``): then tokens go out as they
-are generated and the last chunk carries ``esi``. A client that disconnects while its
-request waits for a batch is taken out of the queue; a live stream whose client is gone
-stops generating. A request already in a running batch finishes with that batch. A long
-whole user message is warned to its caller (``esi.warnings``, ``X-ESI-Warning``). After
-SIGTERM, :func:`run` drains: ``/health`` answers 503 while the requests in flight finish.
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health`` (and ``/health/live``,
+``/health/ready``), ``GET /metrics``; docs/serve.md says what each answers.
 """
 
 from __future__ import annotations
@@ -58,7 +48,13 @@ ASGI = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Aw
 
 
 def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAPI:
-    """The server's ASGI app around ``guard`` (see the module).
+    """The server's ASGI app around ``guard``; ``esi-guard serve`` runs it with uvicorn.
+
+    A stream is held until its answer is scored, unless the guard only flags (``action`` and
+    ``on_error`` ``"flag"``): then tokens go out live, the last chunk with ``esi``. A client gone
+    while queued is taken out, a live stream's stops generating; a request in a running batch
+    finishes with it. A long whole user message is warned to its caller (``esi.warnings``,
+    ``X-ESI-Warning``).
 
     Raises:
         ConfigurationError: ``guard.on_error="raise"``: a server answers every request.
@@ -67,10 +63,7 @@ def create_app(guard: ESIGuard, settings: ServeSettings | None = None) -> FastAP
 
 
 def serving_app(service: Served) -> FastAPI:
-    """The app's routes in front of ``service``.
-
-    The model in process (:class:`Service`), or in Ray Serve replicas (:mod:`esi_guard.ray`).
-    """
+    """The routes in front of ``service``: :class:`Service`, or Ray's (:mod:`esi_guard.ray`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -150,11 +143,9 @@ def run(
 ) -> None:
     """Serve ``app`` with uvicorn until SIGINT/SIGTERM, logging ``esi_guard``'s INFO lines.
 
-    On the signal the server drains: ``/health`` answers 503, a new chat request gets a 503
-    (``server_shutting_down``), and the requests in flight get ``drain_seconds`` to finish
-    (streams included); then it stops listening and exits. (uvicorn alone closes the
-    listener first, so a probe would get a refused connection, not the 503.) A second
-    signal ends the drain at once; a third Ctrl-C is uvicorn's forced exit.
+    On the signal it drains: ``/health`` and new chat requests get a 503 while those in flight
+    (streams included) get ``drain_seconds`` to finish; only then does it stop listening, so a
+    probe sees the 503, not a refused connection. A second signal ends the drain at once.
     """
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG

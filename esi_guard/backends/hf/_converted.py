@@ -1,19 +1,10 @@
 """transformers' reading of a GGUF file, kept: the next load of the same file in a second.
 
-transformers dequantizes a GGUF file's weights in Python on every load: the embedded
-98 MB file takes about 30 s of one core on this project's 2-core Xeon, and every process
-that loads it pays that again (each CLI run, each test worker, each server replica). The
-first load keeps what it read (``save_pretrained``: safetensors weights, the config, the
-tokenizer with its chat template) in the cache folder, under the file's sha256 and the
-dtype asked for; the next loads read that folder instead (0.2 s for the embedded model,
-the same logits bit for bit: ``tests/integration/test_embedded_model.py``).
-
-A folder is written under a temporary name and renamed, so one cut short is never taken
-for a whole one and two processes writing it at once both end with a whole one. The kept
-folders together stay under :data:`CONVERTED_LIMIT` bytes: the least recently used go
-first, and a model larger than the limit is not kept. Keeping is best effort: a full or
-read-only disk costs the next load its 30 s, never this one its model.
-``HFBackend.from_pretrained(..., keep_converted=False)`` neither reads nor writes it.
+transformers dequantizes a GGUF in Python on every load (~30 s for the embedded file). The first
+load saves what it read in the cache folder, keyed by sha256 and dtype, written under a temporary
+name and renamed; later loads read it instead, with the same logits. Kept folders stay under
+:data:`CONVERTED_LIMIT` (least recently used dropped first). Best effort: a full or read-only disk
+costs the next load its time, never this one its model. ``keep_converted=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ from esi_guard.backends._identity import cache_dir
 __all__ = ["CONVERTED_LIMIT", "keep", "kept_folder", "read_kept"]
 
 CONVERTED_LIMIT = 8 << 30
-"""Bytes the kept folders may take together (8 GiB: the embedded model's is 0.5 GB, a 1.5B
-model's in float32 6 GB)."""
+"""Bytes the kept folders may take together (8 GiB: a 1.5B model in float32 takes 6 GB)."""
 
 _DONE = "esi_guard-converted"
 """A file written last in a kept folder: a folder without it is not whole."""
@@ -43,10 +33,7 @@ def kept_folder(digest: str, dtype: Any) -> Path:
 
 
 def read_kept(folder: Path, dtype: Any) -> tuple[Any, Any] | None:
-    """The kept ``(tokenizer, model)`` in ``folder``; None when there is none.
-
-    An unreadable one is removed (None too: the caller reads the GGUF file again).
-    """
+    """The kept ``(tokenizer, model)`` in ``folder``, else None (an unreadable one is removed)."""
     if not (folder / _DONE).is_file():
         return None
     from transformers import AutoModelForCausalLM, AutoTokenizer

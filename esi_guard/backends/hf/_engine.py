@@ -1,13 +1,7 @@
 """The transformers work of :class:`~esi_guard.backends.hf.HFBackend`.
 
-:class:`Engine` holds a loaded model and its tokenizer with what every call on them needs:
-the chat template, the end-of-sequence and padding ids, the name of the KV-cache argument,
-whether the output layer can be trimmed to the last positions, and the lock that serialises
-calls into the model. The forcing, sampling and streaming helpers take an ``Engine``; the
-backend keeps the batching settings and where the weights came from.
-
-Torch and transformers are imported inside the functions that use them, so that importing
-this module (and ``esi_guard``) stays light.
+:class:`Engine` holds a loaded model and tokenizer with what every call needs; the forcing,
+sampling and streaming helpers take one. Torch and transformers are imported lazily.
 """
 
 from __future__ import annotations
@@ -52,10 +46,9 @@ Out = TypeVar("Out")
 def split_on_oom(
     run: Callable[[list[Part]], list[Out]], items: list[Part]
 ) -> list[Out | BackendError]:
-    """``run(items)``; when the device runs out of memory, the halves, each the same way.
+    """``run(items)``; on running out of device memory, the halves, each the same way.
 
-    An item that does not fit alone gets an :class:`OutOfMemoryError` in place. Only
-    PyTorch's out-of-memory error is caught; the cache the failed pass held is freed first.
+    Only PyTorch's OOM is caught; an item too big alone gets an :class:`OutOfMemoryError` in place.
     """
     torch = import_torch()
     try:
@@ -148,11 +141,7 @@ class Engine:
         )
 
     def render(self, prompt: Messages) -> list[int]:
-        """Token ids of a prompt through the chat template, generation prompt added.
-
-        A tokenizer that starts every text with a BOS token (``add_bos_token``) gets one
-        where the template left it out; a template that writes it keeps its one.
-        """
+        """Prompt ids via the chat template: generation prompt, and BOS if ``add_bos_token``."""
         text = self.tokenizer.apply_chat_template(
             [{"role": m["role"], "content": m["content"]} for m in prompt],
             add_generation_prompt=True,
@@ -170,11 +159,7 @@ class Engine:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
     def prefill(self, input_ids: Any, attention_mask: Any = None) -> Any:
-        """Run ``input_ids`` once and return their KV cache, under either name.
-
-        ``attention_mask``: rows padded on the left; each row's positions count from its
-        first real token.
-        """
+        """Run ``input_ids`` (rows left-padded per ``attention_mask``) once; their KV cache."""
         if attention_mask is None:
             return self.model(input_ids=input_ids, use_cache=True)[self.cache_name]
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -210,10 +195,8 @@ class Engine:
     ) -> list[Generation | BackendError]:
         """Greedy answers to prompt ``rows`` in one ``generate`` call (the caller holds the lock).
 
-        ``streamer`` and ``halt`` are handed to ``generate`` (see ``_stream``). ``hidden``:
-        each answer's states too, read by hooks from the same passes. Every pass's last
-        column is the state behind the next top-k row: the last prompt token first (left
-        padding puts it last in every row), then the token just chosen.
+        ``streamer`` and ``halt`` go to ``generate`` (see ``_stream``); ``hidden``: each answer's
+        states, read by hooks from the same passes.
         """
         torch = import_torch()
         from transformers import GenerationConfig

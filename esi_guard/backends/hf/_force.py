@@ -1,10 +1,7 @@
 """Teacher forcing on a transformers model: many answers after many prompts, few passes.
 
-Requests are packed whole into passes of at most ``max_batch_rows`` rows; in a pass the
-prompt prefix every row shares runs once and its KV cache is expanded over the rows; the
-rows are padded so that every answer starts in one column, and the output layer runs at
-the answer positions only; only the top-k ids and values leave the device (and, for a
-request that asks, the original row's hidden states at the answer's top-k rows).
+A pass runs the shared prompt prefix once, aligns answers so the output layer runs at answer
+positions only, and moves only the top-k (and asked-for hidden states) off the device.
 """
 
 from __future__ import annotations
@@ -45,11 +42,7 @@ _shared = shared_prefix  # the name the tests know
 
 
 def _cost(group: Sequence[Rendered], reuse: bool) -> int:
-    """Token positions a pass over ``group`` computes.
-
-    The shared prefix once, then every row padded to the longest prompt plus the
-    longest answer (answers start in one column).
-    """
+    """Token positions a pass over ``group`` computes (the shared prefix once, rows padded)."""
     prompts = [row for item in group for row in item.rows]
     shared = _shared(prompts, reuse)
     answer = max(len(item.request.answer_ids) for item in group)
@@ -61,10 +54,8 @@ def pack(
 ) -> list[list[Rendered]]:
     """Pack whole requests into passes of at most ``max_rows`` sequences.
 
-    A request joins the first pass it fits in where that costs no more positions than
-    a pass of its own: requests after different long prefixes (RAG prompts with their
-    passages before the question) each keep their own shared prefix instead of padding
-    one pass to the longest of them.
+    A request joins the first pass where that costs no more than a pass of its own, so requests
+    after different long prefixes (RAG passages) each keep their own shared prefix.
     """
     groups: list[list[Rendered]] = []
     for request in requests:
@@ -86,9 +77,8 @@ def force_group(
 ) -> list[Forced | BackendError]:
     """One forward pass over a group's rows: the top-k at each answer position.
 
-    The caller holds the engine's lock. ``reuse_prefix``: run the prefix all rows share
-    once and expand its KV cache over them. A request with ``hidden`` (and
-    ``include_original``, which the backend checks) gets its original row's states.
+    The caller holds the engine's lock. ``reuse_prefix``: run the rows' shared prefix once. A
+    request with ``hidden`` (and ``include_original``) gets its original row's states.
     """
     import torch
 
@@ -97,10 +87,8 @@ def force_group(
     for item in group:
         prompts += item.rows
         answers += [list(item.request.answer_ids)] * len(item.rows)
-    # A shared prefix is run once; each row keeps at least its last prompt token,
-    # whose logits predict the first answer token. The rest of each prompt is padded on
-    # the left so that every row's answer starts in the same column: the output layer
-    # (the whole vocabulary) then runs only at the answer positions.
+    # Each row keeps at least its last prompt token (it predicts answer token 0); left padding
+    # starts every answer in one column, so the output layer runs at answer positions only.
     shared = _shared(prompts, reuse_prefix)
     tails = [p[shared:] for p in prompts]
     lead = max(len(t) for t in tails)
@@ -145,13 +133,7 @@ def force_group(
 def _original_states(
     engine: Engine, group: list[Rendered], lead: int
 ) -> tuple[Any, Callable[[dict[int, list[Any]]], list[HiddenStates | None]]]:
-    """Hooks reading the original rows' states for the requests that ask, and their reduction.
-
-    Answer row ``t``'s state sits in column ``lead - 1 + t`` of the forcing pass (the
-    shared prefix never holds one: every row keeps its last prompt token in the tail).
-    Returns the hooks' context (nothing hooked when no request asks) and a function of
-    what they kept giving each request's :class:`HiddenStates` or None.
-    """
+    """Hooks for the original rows' asked-for states, and the function reducing what they kept."""
     import torch
 
     wanted: list[tuple[int, int, HiddenSpec, int]] = []

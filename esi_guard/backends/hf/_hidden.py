@@ -1,11 +1,7 @@
 """Hidden states read from a transformers model's own forward passes, by forward hooks.
 
-A hook on decoder block ``L`` (its output: transformers' ``hidden_states[L + 1]``) and one
-on the final norm (:data:`~esi_guard.backends.hidden.FINAL`, the LM head's input:
-``hidden_states[-1]``) keep only the columns the caller selects, as float32 on the CPU, so
-a pass never holds more than those columns; ``output_hidden_states`` would keep every
-layer at every position. The hooks live only inside :func:`capture`: a call without
-``hidden`` runs the model untouched.
+Unlike ``output_hidden_states`` (every layer, every position), hooks keep only the selected
+columns, and only inside :func:`capture`: a call without ``hidden`` runs untouched.
 """
 
 from __future__ import annotations
@@ -30,11 +26,7 @@ _NORMS = ("norm", "final_layernorm", "ln_f", "norm_f")
 
 
 def decoder_parts(model: Any) -> tuple[Sequence[Any], Any]:
-    """The decoder blocks and the final norm of a causal LM.
-
-    A :class:`ConfigurationError` naming the model's class when its decoder keeps them
-    under names this backend does not know.
-    """
+    """A causal LM's decoder blocks and final norm; a :class:`ConfigurationError` if unknown."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     if not any(hasattr(decoder, name) for name in _BLOCKS):
         decoder = getattr(model, "model", decoder)
@@ -56,12 +48,9 @@ def capture(
 ) -> Iterator[dict[int, list[Any]]]:
     """Hooks keeping ``select(state)`` of each forward pass at each of ``layers``.
 
-    Yields ``{layer: [kept, ...]}``, one float32 tensor per forward pass in order, on the
-    model's device: a copy to the host inside the pass would wait for the device at every
-    hooked layer of every decoding step (on a GPU, the launch queue drained each time);
-    the caller moves them once, when the passes are done (:func:`on_host`). ``select`` takes
-    a layer's output, ``(batch, positions, d_model)``, and returns the part to keep. The
-    hooks are removed on exit, also on an error.
+    ``select`` takes a layer's ``(batch, positions, d_model)`` output. Yields, per layer, a list of
+    float32 tensors, one per pass, left on the device (a copy per pass stalls a GPU): move them once
+    with :func:`on_host`. The hooks are removed on exit, even on error.
     """
     import torch
 
@@ -105,11 +94,7 @@ def with_states(
 ) -> list[Generation | BackendError]:
     """A batch's generations with their states, from what ``generate``'s passes kept.
 
-    Each pass kept one ``(batch, d_model)`` state per layer, batch row ``i`` being
-    ``gens[i]``'s: the state behind that pass's top-k row. Only the last ``passes`` (as
-    many as top-k rows) count: a chunked prefill runs more passes than it makes rows.
-    Each answer reduces the rows of its kept length (rows past an end token or a stop
-    sequence are left out).
+    Only the last ``passes`` count (a chunked prefill runs extra ones); rows past a cut are dropped.
     """
     states = {layer: on_host(per_pass[-passes:], axis=1) for layer, per_pass in kept.items()}
     return [

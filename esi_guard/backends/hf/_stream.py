@@ -1,9 +1,6 @@
 """Streaming one answer out of transformers' ``generate`` while it runs in a worker thread.
 
-``generate`` hands each new token to a streamer (here: a queue) and checks a stopping
-criterion (here: an event) before each step, so the consumer reads tokens as they come and
-can end the generation early by closing the stream; the raw-logit top-k is still taken
-from ``generate``'s output when it returns.
+Closing the stream ends generation early; the top-k still comes from ``generate``'s output.
 """
 
 from __future__ import annotations
@@ -53,10 +50,9 @@ def _halt_criterion(halt: threading.Event) -> Any:
 
 
 def stream_tokens(run: Callable[[Any, Any], Any]) -> Iterator[list[int] | tuple[str, Any]]:
-    """New token ids as ``run(streamer, stopping_criterion)`` generates them.
+    """New token ids as ``run(streamer, stopping_criterion)`` makes them, then its outcome.
 
-    Then ``("result", value)`` or ``("error", exception)`` once it has returned.
-    Closing the iterator early sets the criterion, so generation stops at the next step.
+    The outcome is ``("result", value)`` or ``("error", exception)``; closing early stops it.
     """
     tokens: queue.Queue[list[int] | None] = queue.Queue()
     halt = threading.Event()

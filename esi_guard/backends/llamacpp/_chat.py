@@ -1,9 +1,7 @@
 """The chat template a GGUF model's prompts are rendered with, and the tokens of its text.
 
-The template comes from the caller, else from the GGUF's metadata
-(``tokenizer.chat_template``); a base model, whose file holds none, takes
-:data:`COMPLETION_TEMPLATE` (``chat_template="completion"``). :class:`Tokens` turns the
-rendered text into token ids and ids back into text, through the ``Llama``'s vocabulary.
+The template is the caller's, else the GGUF's ``tokenizer.chat_template``; a base model, whose file
+holds none, takes :data:`COMPLETION_TEMPLATE` (``chat_template="completion"``).
 """
 
 from __future__ import annotations
@@ -17,10 +15,7 @@ from esi_guard.exceptions import ConfigurationError
 __all__ = ["COMPLETION_TEMPLATE", "Tokens", "gguf_template"]
 
 COMPLETION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}Answer:"
-"""``chat_template="completion"``: for base models, whose GGUF holds no chat template.
-
-Each message's text, a blank line after each, then ``Answer:`` for the model to go on.
-"""
+"""``chat_template="completion"``, for base models: each message, a blank line, then ``Answer:``."""
 
 
 def gguf_template(
@@ -59,11 +54,7 @@ class Tokens:
         self._is_eog = llama_cpp.llama_vocab_is_eog
 
     def prompt(self, text: str) -> list[int]:
-        """Token ids of a rendered prompt.
-
-        A beginning-of-sequence token is put first when the model asks for one and the
-        template did not write it.
-        """
+        """Token ids of a rendered prompt (BOS put first if the model wants one the text lacks)."""
         tokens = self.tokenize(text, special=True)
         model = self.llama._model
         if model.add_bos_token() and model.token_bos() >= 0 and tokens[:1] != [model.token_bos()]:

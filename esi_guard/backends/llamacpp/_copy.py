@@ -1,19 +1,10 @@
 """A float copy of a quantized GGUF for teacher forcing (``forcing_precision="f16"``/``"f32"``).
 
-llama.cpp's CPU kernels for quantized weights are built for generation, one token at a
-time, where reading the weights is the cost; teacher forcing runs hundreds of tokens in
-one decode, where arithmetic is, and there its float matrix kernels are faster. One
-guarded question's forcing on the embedded Q4_1 model (11 rows, a 15-token answer, every
-core of this project's 2-core AVX2 machine;
-``python -m benchmarks.timing kernels``): the file's weights 3.10 s, a float32 copy 1.84 s, a
-float16 copy 1.51 s, transformers' torch float32 1.80 s.
-
-A quantized block dequantizes exactly to float32; float16 keeps 11 significant bits, and
-the llama.cpp kernels round the activations to float16 too: the float16 copy's top-k
-logits differ from the float32 copy's by 0.025 at most there (the Q4_1 weights' own
-kernels, which round activations to 8 bits, by 0.43). The copy is written once by
-llama.cpp's own ``llama_model_quantize`` (about a second for the embedded model) and kept
-in the cache folder under the source file's digest and its precision.
+llama.cpp's quantized CPU kernels suit one-token generation, where reading weights is the cost;
+forcing decodes hundreds of tokens at once, where its float kernels are about twice as fast
+(``python -m benchmarks.timing kernels``). float32 holds a quantized block exactly; float16 moves
+the top-k logits far less than the quantized kernels' own rounding does. The copy is written once
+by ``llama_model_quantize`` and kept in the cache folder under the source's digest and precision.
 """
 
 from __future__ import annotations
@@ -77,11 +68,7 @@ def file_precision(llama: Any) -> str | None:
 
 
 def forcing_llama(llama_cpp: Any, llama: Any, precision: str, n_threads: int | None) -> Any:
-    """The ``Llama`` forcing runs on beside ``llama`` in ``precision``; None: ``llama`` itself.
-
-    A copy is loaded for ``"f16"`` or ``"f32"`` unless the file already is in that
-    precision (:func:`load_forcing_copy`).
-    """
+    """The ``Llama`` forcing runs on in ``precision``, a loaded copy; None: ``llama`` itself."""
     if precision not in ("f16", "f32") or precision == file_precision(llama):
         return None
     digest = file_sha256(llama.model_path)
@@ -118,9 +105,8 @@ def forcing_copy(
 ) -> Path:
     """The ``precision`` (``"f16"`` or ``"f32"``) copy of ``source`` (sha256 ``digest``).
 
-    Written on first use, to a temporary name then renamed, so a copy cut short is never
-    taken for a whole one and two processes making it at once both end with a whole file;
-    with ``n_threads`` threads (None: up to 4 cores).
+    Written on first use (``n_threads`` None: up to 4 cores) under a temporary name, then renamed,
+    so a copy cut short or made by two processes at once is never taken for a whole one.
     """
     ftypes = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "f32": llama_cpp.LLAMA_FTYPE_ALL_F32}
     if precision not in ftypes:

@@ -1,27 +1,14 @@
-"""The CPU llama.cpp runs on, and the CPU it was built for: what is safe to load.
+"""The CPU llama.cpp runs on and the CPU it was built for: what is safe to load.
 
-Two ways a llama.cpp build crashes a process on a CPU, neither of which Python can catch:
+Two llama.cpp crashes Python cannot catch. A build with AMX kernels (``AMX_INT8 = 1`` in its system
+info) repacks quantized weights at load, and the first decode can segfault
+(ggml-org/llama.cpp#20824): :mod:`._loading` turns repacking off there. A ``-march=native`` wheel
+carried to a CPU lacking one of its instruction sets dies with ``Illegal instruction``:
+:func:`missing_features` sees it first. The project's build (``make demo``) names this CPU's
+instruction sets one by one, never AMX, and keys its wheel by them. Run as a script (standard
+library only, for the Makefile), this prints that build's ``cmake-args`` or ``key``::
 
-- **AMX**: a build with AMX kernels (``AMX_INT8 = 1`` in llama.cpp's system info: a native
-  build on a Sapphire/Granite Rapids Xeon, the CPU of many cloud machines) repacks a
-  quantized model's weights into its AMX buffer type when the model is loaded, and the
-  first decode can then segfault (ggml-org/llama.cpp#20824; ollama#17205, #17249). Loading
-  with the model parameter ``use_extra_bufts = False`` (no repacking) answers correctly on
-  the same build; :mod:`._loading` does that wherever llama.cpp reports AMX.
-- **A build for another CPU**: llama-cpp-python compiles for the machine it is built on
-  (``-march=native``) and pip caches the wheel under its version alone, so a cache, a
-  wheelhouse or an image layer carried to a CPU without, say, AVX-512 installs a library
-  that dies with ``Illegal instruction``. :func:`missing_features` compares what llama.cpp
-  was built for with the CPU's flags before anything is decoded.
-
-The project's own build (``make demo``) compiles llama.cpp for this CPU's instruction sets
-named one by one, never AMX, and keys its wheel by them (:func:`build_key`), so a wheel is
-only reused on a CPU that has every instruction it was built for. Run as a script, this
-module prints that build's CMake arguments and key (the Makefile uses it before the
-package is installed, so it imports nothing but the standard library)::
-
-    python esi_guard/backends/llamacpp/_cpu.py cmake-args
-    python esi_guard/backends/llamacpp/_cpu.py key
+    python esi_guard/backends/llamacpp/_cpu.py cmake-args|key
 """
 
 from __future__ import annotations
@@ -61,8 +48,7 @@ FEATURES: tuple[tuple[str | None, str, tuple[str, ...]], ...] = (
     ("GGML_AVX512_BF16", "AVX512_BF16", ("avx512_bf16",)),
     (None, "AMX_INT8", ("amx_int8", "amx_tile")),
 )
-"""The x86-64 instruction sets llama.cpp's CPU kernels use. AMX has no CMake option here:
-the project's build never turns it on (see the module)."""
+"""The x86-64 instruction sets llama.cpp's CPU kernels use; AMX has no CMake option: never on."""
 
 REBUILD = (
     'CMAKE_ARGS="$(esi-guard env --cmake-args)" '
@@ -127,11 +113,7 @@ def _x86(flags: frozenset[str] | None) -> bool:
 
 
 def cmake_args(flags: frozenset[str] | None = None) -> str:
-    """``CMAKE_ARGS`` that build llama.cpp for this CPU's instruction sets, AMX left out.
-
-    On a CPU this module cannot read (not x86-64 Linux), an empty string: llama.cpp's
-    own native build.
-    """
+    """``CMAKE_ARGS`` for this CPU's instruction sets, AMX left out (off x86-64 Linux: none)."""
     flags = cpu_flags() if flags is None else flags
     if not _x86(flags):
         return ""
@@ -145,10 +127,7 @@ def cmake_args(flags: frozenset[str] | None = None) -> str:
 
 
 def build_key(flags: frozenset[str] | None = None) -> str:
-    """A name for the build :func:`cmake_args` makes: the instruction sets it uses.
-
-    A wheel kept under this name runs on any CPU with the same key.
-    """
+    """The instruction sets :func:`cmake_args` builds for; its wheel runs on CPUs with this key."""
     flags = cpu_flags() if flags is None else flags
     if not _x86(flags):
         return f"native-{platform.machine().lower() or 'unknown'}"

@@ -1,9 +1,4 @@
-"""Token-by-token decoding on an :class:`~._engine.Engine`: greedy answers.
-
-The loops alone, on a context the caller holds (its lock taken, its KV cache cleared
-afterwards): :class:`~.backend.LlamaCppBackend` renders, checks lengths and turns what
-these return into its results.
-"""
+"""Greedy decoding loops on an :class:`~._engine.Engine`; the caller locks it, clears its cache."""
 
 from __future__ import annotations
 
@@ -24,10 +19,8 @@ __all__ = [
 ]
 
 GROUP_CELLS = 2048
-"""Most KV cells (prompts plus answer room) of the answers :func:`groups` steps together.
-
-A step's attention spans every cell its decode's sequences hold (one unified cache), so
-many long prompts stepped together would pay more for attention than they save."""
+"""Most KV cells (prompts plus answer room) :func:`groups` steps together: a step's attention
+spans every cell in the unified cache, so many long prompts would cost more than they save."""
 
 Greedy = tuple[list[int], np.ndarray, np.ndarray, dict[str, list[np.ndarray]]]
 """A greedy answer's tokens, its top-k ids and values per step, and the states read."""
@@ -45,12 +38,8 @@ def greedy(
     """Greedy decoding of up to ``room`` tokens after ``row``; yields each token as it comes.
 
     ``prefix``: the prompt's first tokens that go through :meth:`~._engine.Engine.load_prefix`.
-
-    Each token comes with its step's top-k; the last (an end token, or the ``room``-th)
-    only in the returned answer.
-
-    Returns (``yield from``) the tokens (the end token included when it came), the
-    raw-logit top-k at each step and, per tensor of ``names``, its row at each step.
+    The last token (an end token or the ``room``-th) comes only in the result: the tokens (end
+    included), the raw-logit top-k at each step and, per tensor of ``names``, its row per step.
     """
     states: dict[str, list[np.ndarray]] = {name: [] for name in names}
     tokens: list[int] = []
@@ -82,16 +71,12 @@ def greedy_group(
 ) -> list[Greedy]:
     """Greedy answers to several prompts (up to ``rooms[i]`` tokens each), stepped together.
 
-    Each prompt is decoded alone (its first ``prefixes[i]`` tokens through
-    :meth:`~._engine.Engine.load_prefix`), in an empty KV cache (a prompt decoded beside another
-    sequence's cells gets other numbers: the attention spans them), its cells copied out;
-    they go back in together, a sequence each, and each step decodes the next token of
-    every answer still going in one decode, one token a sequence. The answers are those
-    :func:`greedy` gives each prompt alone, to the bit: a one-token-a-sequence decode
-    rounds each token's numbers as a one-token decode does
-    (``tests/integration/test_llamacpp_batching.py``). A step is bound by reading the
-    weights, as a one-token decode is, so the answers share each read: 48 SciQ answers
-    took 1.9x less time in groups of 8 than one at a time (embedded model, 2 cores).
+    Each prompt is decoded alone in an empty KV cache (beside other cells its numbers would
+    differ; first ``prefixes[i]`` tokens through :meth:`~._engine.Engine.load_prefix`), then each
+    step decodes every live answer's next token in one decode, one token a sequence. The answers
+    are :func:`greedy`'s for each prompt alone, to the bit, and come faster: a step is bound by
+    reading the weights, and the answers share each read. Prompts decoded together would not
+    match: llama.cpp rounds a many-token decode's numbers with its size.
     """
     tokens: list[list[int]] = [[] for _ in rows]
     ids: list[list[np.ndarray]] = [[] for _ in rows]
@@ -128,9 +113,8 @@ def greedy_group(
 def groups(sizes: Sequence[int], *, most: int, cells: int) -> list[list[int]]:
     """The indices of ``sizes``, in order, in runs stepped together.
 
-    ``sizes``: each prompt's cells (its tokens plus its answer's room). A run holds at
-    most ``most`` prompts whose sizes add up to at most ``cells``; a prompt larger than
-    that goes alone.
+    ``sizes``: each prompt's cells (tokens plus answer room). A run holds at most ``most`` prompts
+    and ``cells`` cells; a larger prompt goes alone.
     """
     out: list[list[int]] = []
     used = cells + 1

@@ -1,29 +1,11 @@
 """The llama.cpp work of :class:`~esi_guard.backends.llamacpp.LlamaCppBackend`.
 
-The backend runs on a llama.cpp context of its own, made from the ``Llama``'s loaded
-model (the weights are shared, never loaded twice; the ``Llama``'s own context, which
-LangChain's ``ChatLlamaCpp`` uses, is never touched). That context has a unified KV cache
-with many sequences:
-
-* a prompt prefix several rows share is computed once and its KV cells are shared with
-  each row (``copy_prefix``: the cells get the row's sequence id, nothing is copied);
-  sampled answers share their prompt's cells the same way, in one decode;
-* logits are asked for only where they are needed (the answer positions when teacher
-  forcing, the last token when generating), so no full-vocabulary row is copied out
-  for the other positions, and only the top-k of each row is kept (numpy
-  ``argpartition``, never a Python sort of the vocabulary).
-
-The KV cache is cleared after every call: nothing of one call leaks into the next, but
-for the prompt prefixes :meth:`Engine.load_prefix` keeps (a chat template's system prompt
-and role header, the same for every question): their KV cells are computed in a decode
-of their own, in an empty cache, copied out, and put back for the next prompt that starts
-with them. Whether a prefix comes back from there or is computed anew, the decodes after
-it are the same, so a prompt's numbers do not depend on what ran before it.
-
-Hidden states come from the same decodes (:mod:`._tap`): :meth:`Engine.enable_taps` makes
-the context again with llama.cpp's eval callback, and a decode given ``names`` keeps those
-tensors' rows at its outputs (:attr:`Engine.states`). A context without the callback pays
-nothing for it.
+A llama.cpp context of the backend's own on the ``Llama``'s loaded model (weights shared, the
+``Llama``'s own context untouched), with a unified KV cache of many sequences: a prefix several
+rows share is computed once and its cells shared with each row; logits are asked only where needed
+and only each row's top-k is kept. The cache is cleared after every call, so nothing leaks between
+calls but the prefixes :meth:`Engine.load_prefix` keeps, restored bit for bit. Hidden states come
+from the same decodes (:mod:`._tap`, after :meth:`Engine.enable_taps`).
 """
 
 from __future__ import annotations
@@ -42,8 +24,7 @@ from esi_guard.exceptions import BackendError, ContextLengthError
 __all__ = ["PREFIX_CACHE_BYTES", "Engine", "Row", "topk_rows"]
 
 PREFIX_CACHE_BYTES = 64 * 2**20
-"""Most bytes of KV cells :meth:`Engine.load_prefix` keeps (least recently used dropped
-first): a 1.5B model's 21-token system prompt and role header take 0.6 MB."""
+"""Most bytes of KV cells :meth:`Engine.load_prefix` keeps, least recently used dropped first."""
 
 
 def topk_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,10 +41,8 @@ def topk_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 class Row:
     """One sequence's tokens in a decode.
 
-    ``tokens`` go at positions ``start, start + 1, ...`` of sequence ``seq``; positions
-    before ``start`` are already in the KV cache under that id (or come in the same
-    decode as a shared prefix). ``outputs`` are offsets into ``tokens`` whose logits the
-    decode returns, in order.
+    ``tokens`` go at positions ``start, start + 1, ...`` of sequence ``seq`` (the earlier ones are
+    cached, or a shared prefix in the same decode); ``outputs``: offsets whose logits it returns.
     """
 
     seq: int
@@ -79,10 +58,8 @@ class Engine:
         llama: The loaded ``llama_cpp.Llama`` (its model is used, its context is not).
         n_ctx: KV cells of the context: all rows of one decode together.
         n_seq_max: Most sequences (rows) in one decode.
-        n_threads: CPU threads for every decode; when None, the ``Llama``'s own settings:
-            ``n_threads`` for one-token decodes, ``n_threads_batch`` for larger ones.
-        prefix_cache: Most bytes of prefix KV cells kept between calls (0: none kept,
-            each prefix computed every time; the numbers are the same).
+        n_threads: CPU threads per decode; None: the ``Llama``'s (``n_threads_batch`` for many).
+        prefix_cache: Most bytes of prefix KV cells kept between calls (0: none; same numbers).
     """
 
     def __init__(
@@ -137,10 +114,7 @@ class Engine:
         return self._tap is not None
 
     def enable_taps(self, width: int) -> None:
-        """Make the context again with the eval callback, so decodes can read states.
-
-        Once on, it stays on (a decode that reads nothing pays ~1-4% per one-token step).
-        """
+        """Remake the context with the eval callback to read states; it stays on (~1-4% a step)."""
         if self._tap is not None:
             return
         tap = Tap(self._lib, width)
@@ -190,13 +164,7 @@ class Engine:
         self._context.close()
 
     def clear(self) -> None:
-        """Empty the KV cache: its cells marked free, their old values left in place.
-
-        Zeroing the buffers too (llama-cpp-python's ``kv_cache_clear``) takes ~16 ms on
-        an 8192-cell context, 4% of a guarded batch on the embedded model, and changes
-        nothing: a free cell is masked out of every attention (its old values, finite,
-        weigh exactly 0) until a decode writes it.
-        """
+        """Empty the KV cache: cells freed, not zeroed (a free cell is masked out until written)."""
         if self._context.memory is not None:
             self._lib.llama_memory_clear(self._context.memory, False)
 
@@ -228,12 +196,7 @@ class Engine:
             raise BackendError(msg)
 
     def load_prefix(self, tokens: Sequence[int]) -> None:
-        """Put ``tokens``' KV cells under sequence 0 of the empty cache: kept, or computed.
-
-        A prefix not kept is decoded alone (no logits), then copied out and kept, so the
-        cells are the same bits either way. Callers copy them to other sequences
-        (:meth:`copy_prefix`) and decode the rest of their rows after them.
-        """
+        """Put ``tokens``' KV cells under sequence 0 of the empty cache: kept, or decoded alone."""
         key = tuple(tokens)
         data = self._prefixes.get(key)
         if data is not None:
@@ -252,11 +215,7 @@ class Engine:
             self._prefixes.popitem(last=False)
 
     def prompt(self, row: Sequence[int], prefix: int, names: Sequence[str] = ()) -> np.ndarray:
-        """Decode a prompt into the empty cache as sequence 0; its last token's logits.
-
-        Its first ``prefix`` tokens come through :meth:`load_prefix` (0: none), the rest
-        in a decode after them.
-        """
+        """Decode ``row`` as sequence 0 (``prefix`` tokens via :meth:`load_prefix`); last logits."""
         if prefix:
             self.load_prefix(row[:prefix])
         return self.decode([], [Row(0, row[prefix:], prefix, [len(row) - 1 - prefix])], names)
@@ -271,12 +230,10 @@ class Engine:
     ) -> np.ndarray:
         """One ``llama_decode``: shared prefixes, then rows; the logits asked for, in order.
 
-        ``shared`` holds ``(tokens, seq_ids)`` pairs: tokens at positions ``shared_at..``
-        that belong to all those sequences. Returns a ``(n_outputs, n_vocab)`` float32 view of
-        llama.cpp's logits buffer, not a copy (a forced answer's rows are tens of MB): it
-        holds until the next decode on this context, so callers reduce it at once.
-        ``names``: graph tensors to read (:meth:`enable_taps` first); their rows at the
-        outputs are then in :attr:`states`.
+        ``shared``: ``(tokens, seq_ids)`` pairs at positions ``shared_at..`` of all those sequences;
+        ``names``: graph tensors to read into :attr:`states` (:meth:`enable_taps` first). Returns
+        a ``(n_outputs, n_vocab)`` float32 view of llama.cpp's buffer, not a copy: it holds until
+        the next decode, so callers reduce it at once.
         """
         views = self._views
         seq_id = self._batch.seq_id

@@ -1,10 +1,4 @@
-"""Greedy answers for :class:`~.backend.LlamaCppBackend`, from rendered prompts.
-
-:func:`greedy_rows` runs :mod:`._decoding`'s group loop over every prompt, each group
-under the engine's lock and with its KV cache emptied after it; :func:`finish` makes a
-greedy answer its :class:`~esi_guard.backends.Generation` (cut at the end and stop
-sequences, its hidden states reduced).
-"""
+"""Greedy answers for :class:`~.backend.LlamaCppBackend`, from rendered prompts."""
 
 from __future__ import annotations
 
@@ -43,11 +37,8 @@ def greedy_rows(
 ) -> list[Greedy]:
     """The greedy answer after each of ``rows`` (up to its room), in order.
 
-    ``prefixes``: each row's first tokens that go through the engine's prefix cache.
-
-    The prompts go in runs of :func:`._decoding.groups` (at most ``n_seq_max`` prompts and
-    :data:`._decoding.GROUP_CELLS` cells), each run stepped together by
-    :func:`._decoding.greedy_group` under ``lock``, the KV cache emptied after it.
+    Runs of :func:`._decoding.groups` are stepped together under ``lock``, the KV cache emptied
+    after each. ``prefixes``: each row's first tokens that go through the prefix cache.
     """
     cells = min(engine.n_ctx, GROUP_CELLS)
     sizes = [len(row) + room for row, room in zip(rows, rooms, strict=True)]
@@ -79,7 +70,7 @@ def finish(
     decode: Callable[[Sequence[int]], str],
     model_id: str,
 ) -> Generation | BackendError:
-    """A greedy answer's :class:`Generation` (its states reduced when asked for)."""
+    """A greedy answer's :class:`Generation`, cut at its end and stop sequences, states reduced."""
     tokens, ids, values, states = answer
     gen = finish_greedy(
         tokens,

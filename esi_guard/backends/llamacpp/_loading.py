@@ -1,13 +1,8 @@
 """Loading a ``llama_cpp.Llama`` that runs on this CPU (see :mod:`._cpu` for why it might not).
 
-:func:`load_llama` is ``llama_cpp.Llama(model_path, **kwargs)`` with two checks around it:
-llama.cpp must not have been built for instructions this CPU lacks, and where llama.cpp has
-AMX kernels the weights are loaded without repacking (``use_extra_bufts = False``), which
-is what keeps its first decode from crashing there. Elsewhere repacking stays on (it gives
-Q4_0 / Q4_K models llama.cpp's faster interleaved CPU kernels; the float and Q4_1 files
-the guard loads by default are not repacked either way). Every ``Llama`` the backend
-loads (the user's GGUF, the embedded one, the float16/float32 forcing copy) goes through
-it; :func:`check_llama` refuses a ``Llama`` loaded elsewhere with repacking into AMX.
+Every ``Llama`` the backend loads (the user's GGUF, the embedded one, the forcing copy) goes through
+:func:`load_llama`; :func:`check_llama` refuses one loaded elsewhere with repacking into AMX.
+Without AMX kernels repacking stays on: it gives Q4_0 / Q4_K models faster interleaved kernels.
 """
 
 from __future__ import annotations
@@ -68,12 +63,10 @@ def check_build() -> None:
 def load_llama(model_path: str | Path, **kwargs: Any) -> Any:
     """A ``llama_cpp.Llama`` on ``model_path`` that is safe to decode on this CPU.
 
-    The same as ``llama_cpp.Llama(model_path=str(model_path), **kwargs)``, except that where
-    llama.cpp was built with AMX kernels (``AMX_INT8 = 1`` in ``esi-guard env``) the weights
-    are loaded without repacking, since repacked AMX weights crash the first decode on
-    some of those CPUs; and that a llama-cpp-python built for instructions this CPU lacks
-    is refused with a :class:`~esi_guard.exceptions.ModelLoadError` before it can die with
-    'Illegal instruction'.
+    As ``llama_cpp.Llama(model_path=str(model_path), **kwargs)``, but where llama.cpp has AMX
+    kernels (``AMX_INT8 = 1``) the weights load without repacking (repacked, they can crash the
+    first decode); a build for instructions this CPU lacks raises
+    :class:`~esi_guard.exceptions.ModelLoadError` (before 'Illegal instruction' kills the process).
 
     Args:
         model_path: The ``.gguf`` file.
@@ -114,8 +107,7 @@ def check_llama(llama: Any) -> None:
     """Refuse a ``Llama`` whose weights llama.cpp repacked for its AMX kernels.
 
     Raises:
-        ConfigurationError: Its first decode could crash the process; the message says how
-            to load it safely.
+        ConfigurationError: Its first decode could crash; the message says how to load it safely.
     """
     if repacking_off() and bool(llama.model_params.use_extra_bufts):
         msg = (
@@ -130,8 +122,8 @@ def check_arguments(llama: Any, n_seq_max: int, n_ctx: int | None = None) -> Non
     """Refuse what :class:`~.backend.LlamaCppBackend` cannot run on, naming it.
 
     Raises:
-        ConfigurationError: ``llama`` is not a ``llama_cpp.Llama`` (or one
-            :func:`check_llama` refuses), ``n_seq_max < 1`` or ``n_ctx < 2``.
+        ConfigurationError: ``llama`` is not a ``llama_cpp.Llama`` (or :func:`check_llama`
+            refuses it), ``n_seq_max < 1`` or ``n_ctx < 2``.
     """
     if not isinstance(llama, import_llama_cpp().Llama):
         msg = f"LlamaCppBackend takes a llama_cpp.Llama, got {type(llama).__name__}"
@@ -150,9 +142,8 @@ def open_gguf(
 ) -> Any:
     """The ``Llama`` that :meth:`~.backend.LlamaCppBackend.from_path` loads from ``path``.
 
-    Its own context is small (the backend decodes on one of its own); ``n_threads`` are its
-    one-token and batch threads. A file that is missing or that llama.cpp cannot load is a
-    :class:`ModelLoadError`.
+    Its own context is small (the backend decodes on one of its own); a file missing or that
+    llama.cpp cannot load is a :class:`ModelLoadError`.
     """
     check_model_path(str(path))
     where = Path(path).expanduser()

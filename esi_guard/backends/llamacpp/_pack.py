@@ -1,30 +1,11 @@
 """Teacher forcing with a request's rows packed into few ``llama_decode`` calls.
 
-A request's rows (the original prompt when asked for, then each variant) share a prompt
-prefix and are each followed by the same answer. The prefix's first part, what the chat
-template writes before the question (:attr:`Job.cached`), comes through the engine's
-prefix cache (:meth:`~._engine.Engine.load_prefix`): computed once for every request under
-the same instructions, not once a request. :func:`plan` (pure) puts a request's
-rows into as few decodes as the context allows: at most ``n_seq_max`` rows (one
-sequence each) and ``n_ctx`` tokens per decode, the prefix counted once. :func:`run`
-decodes a plan on an :class:`~._engine.Engine`:
-
-* the shared prefix is computed once: its cached part loaded and shared with each row
-  (:meth:`~._engine.Engine.copy_prefix`), the rest in the decode that holds the first
-  rows, its tokens tagged with each of those rows' sequence ids (one KV cell for them all);
-* rows that do not fit go on in the next decode: the prefix stays in the KV cache under
-  sequence 0 and is shared with them (:meth:`~._engine.Engine.copy_prefix`), never
-  computed again;
-* each row's logits are reduced (to their top-k) as soon as its decode returns, so a
-  batch never holds more than one decode's full-vocabulary rows;
-* the hidden states asked for are read on the first row: the decode's tapped tensors
-  hold its outputs in order, the first row's first.
-
-A decode never holds two requests' rows, and the KV cache is emptied between requests:
-a request gets the same bits whatever it is batched with (a threshold file's numbers are
-reproduced at run time). Rows of several requests in one decode would save one decode
-per request and were no faster on a CPU (measured: the larger decode's attention spans
-every request's KV cells), and would make a request's numbers depend on its neighbours.
+A request's rows (the original when asked for, then each variant) share a prompt prefix and are
+each followed by the same answer. :func:`plan` (pure) packs them into as few decodes as
+``n_seq_max`` and ``n_ctx`` allow; :func:`run` computes the prefix once (its chat-template part
+from the prefix cache), shares its KV cells with every row and reduces logits to top-k at once. A
+decode never holds two requests' rows and the cache is emptied between requests, so a request gets
+the same bits whatever it is batched with (mixing requests was no faster on a CPU).
 """
 
 from __future__ import annotations
@@ -56,10 +37,9 @@ TopRows = tuple[np.ndarray, np.ndarray]
 class Job:
     """One request's forcing: the same answer after each of its rows.
 
-    ``rows``: the rendered prompts (the original first when it is asked for);
-    ``shared``: how many leading tokens all rows share, computed once (0: none);
-    ``names``: graph tensors to read on the first row; ``cached``: how many of the
-    ``shared`` tokens come through the engine's prefix cache (the chat template's part).
+    ``rows``: the rendered prompts (the original first when asked for); ``shared``: leading tokens
+    all rows share, computed once; ``names``: graph tensors read on the first row; ``cached``: how
+    many ``shared`` tokens come through the engine's prefix cache (the chat template's part).
     """
 
     rows: Sequence[Sequence[int]]
@@ -90,12 +70,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Part:
-    """One decode: rows ``rows`` of job ``job``.
-
-    ``prefix``: the job's prefix is computed in this decode, its tokens tagged with each
-    row's sequence id; False: it is held in the KV cache under sequence 0 since the
-    decode before.
-    """
+    """One decode: rows ``rows`` of job ``job``; ``prefix``: the job's prefix is computed in it."""
 
     job: int
     rows: range
@@ -103,11 +78,7 @@ class Part:
 
 
 def plan(jobs: Sequence[Job], *, n_ctx: int, n_seq_max: int) -> list[Part]:
-    """The decodes that force ``jobs``, in order; every row in exactly one.
-
-    A job's rows go in order, as many to a decode as fit: at most ``n_seq_max`` rows and
-    ``n_ctx`` tokens, the prefix counted once. A decode holds one job's rows only, so a
-    request's numbers do not depend on the requests batched with it.
+    """The decodes that force ``jobs``, in order; every row in exactly one, one job per decode.
 
     Raises:
         BackendError: A row that does not fit a decode alone (callers check lengths).
@@ -138,9 +109,8 @@ def run(
 ) -> tuple[list[list[T]], list[dict[str, np.ndarray]]]:
     """Decode a :func:`plan`: each job's rows' logits through ``reduce``, and its states.
 
-    Returns, per job, ``reduce`` of each row's ``(len(answer), n_vocab)`` logits in row
-    order, and the tensors ``names`` read on its first row (``{}`` without names). The
-    KV cache is left empty.
+    Returns, per job, ``reduce`` of each row's ``(len(answer), n_vocab)`` logits in row order, and
+    the tensors ``names`` read on its first row (``{}`` without names). The KV cache is left empty.
     """
     out: list[list[T]] = [[] for _ in jobs]
     states: list[dict[str, np.ndarray]] = [{} for _ in jobs]
@@ -176,10 +146,7 @@ def run(
 def run_alone(
     engine: Engine, jobs: Sequence[Job], reduce: Callable[[np.ndarray], T]
 ) -> tuple[list[list[T]], list[dict[str, np.ndarray]]]:
-    """As :func:`run`, each row in a decode of its own (after one for the prefix).
-
-    Every row's numbers are then those it gets alone, bit for bit.
-    """
+    """As :func:`run`, each row in a decode of its own: its numbers are those it gets alone."""
     out: list[list[T]] = []
     states: list[dict[str, np.ndarray]] = []
     for job in jobs:
@@ -207,9 +174,8 @@ def force(
 ) -> tuple[list[list[TopRows]], list[dict[str, np.ndarray]]]:
     """Each job's rows' top-k and its first row's states; the KV cache left empty.
 
-    :func:`run` on a :func:`plan` with ``pack_rows``, else :func:`run_alone`. ``taps``:
-    the hidden size, to turn the engine's taps on where a job reads states (a forcing
-    copy's engine, whose taps no probe turned on).
+    :func:`run` on a :func:`plan` with ``pack_rows``, else :func:`run_alone`. ``taps``: the hidden
+    size, to turn taps on where a job reads states (a forcing copy's engine, never probed).
     """
     if taps is not None and any(job.names for job in jobs):
         engine.enable_taps(taps)

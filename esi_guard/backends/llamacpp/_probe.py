@@ -1,11 +1,8 @@
-"""One token decoded by llama.cpp, in a process of its own (``esi-guard env`` runs it).
+"""One token decoded by llama.cpp in a process of its own, for ``esi-guard env``.
 
-A crash in llama.cpp's kernels (an instruction the CPU lacks, AMX's repacked weights) kills
-the process it happens in, so ``esi-guard env`` runs this module as a child and reads
-what it printed before it died. It prints one JSON line as soon as llama-cpp-python is
-imported (its version and system info), then one when the token is decoded::
-
-    python -m esi_guard.backends.llamacpp._probe [model.gguf]
+A crash in llama.cpp's kernels kills its process, so ``esi-guard env`` runs this as a child and
+reads what it printed: a JSON line once llama-cpp-python is imported (version, system info), one
+once the token is decoded: ``python -m esi_guard.backends.llamacpp._probe [model.gguf]``.
 """
 
 from __future__ import annotations

@@ -37,9 +37,8 @@ def close_at_exit(backend: _Closable) -> None:
 def _close_all() -> None:
     """Free the live backends' llama.cpp objects at exit, while llama_cpp is whole.
 
-    Left to the garbage collector, they are freed after llama_cpp's module globals are
-    gone (a ``TypeError`` traceback from ``free_model`` at exit), and llama_cpp's two
-    ``/dev/null`` files are never closed (a ``ResourceWarning``).
+    Else they are freed after its globals are gone (a ``TypeError`` from ``free_model``), and its
+    two ``/dev/null`` files are never closed (a ``ResourceWarning``).
     """
     for backend in list(_OPEN):
         backend.close()

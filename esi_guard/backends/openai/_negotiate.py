@@ -1,9 +1,4 @@
-"""Settling how to talk to the server: echo or chat mode, and the echo logprob layout.
-
-``mode="auto"`` probes the server once with an echo request; ``echo_alignment="auto"``
-lets it continue a counting prompt greedily, echoes that, and checks which layout makes
-each greedy token the top-1 of its own distribution. What a probe finds is remembered.
-"""
+"""Settling how to talk to the server (echo or chat mode, the echo layout) once, by probing."""
 
 from __future__ import annotations
 
@@ -51,9 +46,7 @@ class _Negotiator:
     def resolve(self) -> Literal["echo", "chat"]:
         """Settle ``auto`` mode and alignment, probing the server once.
 
-        In ``auto`` mode a server that answers the echo probe with a client error or without
-        logprobs gets chat mode; an unreachable or failing server (retryable errors) decides
-        nothing: the error is raised and the next call probes again.
+        A client error or no logprobs means chat; a retryable error is raised and settles nothing.
         """
         if self.mode == "chat" or (self.mode == "echo" and self.alignment != "auto"):
             return self.mode

@@ -1,9 +1,7 @@
 """Sending requests to an OpenAI-compatible server: clients, retries, concurrency, errors.
 
-429, 5xx, timeouts and connection errors are retried with exponential jitter (tenacity);
-other failures are not. What still fails becomes an :class:`~esi_guard.APIError` (an
-:class:`~esi_guard.exceptions.APIContextLengthError` for a prompt past the context
-window). The API key lives only in the SDK clients.
+What fails after retries becomes an :class:`~esi_guard.APIError` (or
+:class:`~esi_guard.exceptions.APIContextLengthError`). The API key lives only in the SDK clients.
 """
 
 from __future__ import annotations
@@ -42,11 +40,7 @@ class RequestStats:
 
 
 class _Transport:
-    """The clients of one backend and the sending of its requests, with retries.
-
-    The settings are plain attributes, read when a request is made (the sync semaphore is
-    sized once, at creation; an async one at the first request on its event loop).
-    """
+    """The clients of one backend and the sending of its requests, with retries."""
 
     def __init__(
         self,
@@ -174,11 +168,7 @@ class _Transport:
             return list(pool.map(one, calls))
 
     async def asend_all(self, calls: list[_Call]) -> list[Any]:
-        """Async :meth:`send_all`; cancelling the caller cancels every request in flight.
-
-        Without a client of the user's, each call opens and closes its own: an async
-        client belongs to the event loop it was made in.
-        """
+        """Async :meth:`send_all`; cancelling it cancels every request in flight."""
         if self._async_client is not None:
             client = self._async_client.with_options(max_retries=0, timeout=self.timeout)
             return await self._agather(client, calls)

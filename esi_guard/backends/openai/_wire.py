@@ -1,8 +1,6 @@
 """The wire format of OpenAI-compatible servers: request arguments and response parsing.
 
-Pure functions only: no client, no I/O. Parsers take the SDK's response objects (read by
-attribute, so any object of the same shape does) and raise :class:`~esi_guard.APIError`
-on a response the backend cannot use.
+Pure: no client, no I/O. Parsers read responses by attribute and raise :class:`~esi_guard.APIError`.
 """
 
 from __future__ import annotations
@@ -76,8 +74,7 @@ def _completion_args(prompt: str, max_tokens: int, top_k: int) -> dict[str, Any]
 
 
 def _echo_args(prompt: str, top_k: int) -> dict[str, Any]:
-    # max_tokens=1, not 0: llama-cpp-python reads 0 as "no limit". The one extra token is
-    # located and dropped by _locate.
+    # max_tokens=1, not 0: llama-cpp-python reads 0 as "no limit"; _locate drops the extra token.
     return {
         "prompt": prompt,
         "max_tokens": 1,
@@ -192,13 +189,7 @@ def _tail_text(choice: Any, sent: str) -> str:
 def _locate(
     tokens: list[str], tail: str, *, pieces: list[str] | None = None, text: str = ""
 ) -> tuple[int, int]:
-    """Entries ``[start, end)`` of an echo response that hold the answer.
-
-    The answer ends the prompt, so its entries end the list, or sit just before the one
-    token the server generated when it lists that one too (``tail`` is that token's text).
-    With the answer's token strings (``pieces``) known, the span must repeat them; with
-    only its ``text``, entries are taken back from the end until they spell it.
-    """
+    """Entries ``[start, end)`` of an echo response holding the answer (``pieces`` or ``text``)."""
     drops = (1, 0) if tail and tokens and tokens[-1] == tail else (0, 1)
     for drop in drops:
         end = len(tokens) - drop
@@ -235,10 +226,7 @@ def _argmax(row: Mapping[str, float] | None) -> str | None:
 def _echo_answer_rows(
     response: Any, prompt: str, pieces: list[str], alignment: str
 ) -> list[dict[str, float]]:
-    """The answer's top-k rows in an echo of ``prompt`` (which ends with the answer).
-
-    ``alignment`` is the server's echo layout: ``"next"`` takes each row one entry early.
-    """
+    """The answer's top-k rows in an echo of ``prompt`` (ending with the answer; ``alignment``)."""
     choice = _first_choice(response, chat=False)
     entries = _echo_entries(choice)
     start, end = _locate(entries.tokens, _tail_text(choice, prompt), pieces=pieces)
@@ -289,12 +277,7 @@ def _guarded(parse: Callable[[Any], T], response: Any) -> T | BackendError:
 def _parse_generation(
     response: Any, vocab: _Vocab, *, echo: bool, stop: Sequence[str] = ()
 ) -> Generation:
-    """The answer; cut back to whole tokens when a stop sequence ended it.
-
-    Servers cut the text at the stop sequence but still return the logprobs of the
-    token that held it (llama.cpp: text ``"The "``, tokens ``The``, `` capital`` for
-    stop ``capital``): the answer keeps the tokens before that one, and their text.
-    """
+    """The answer, cut back to whole tokens before the one that held a stop sequence."""
     if echo:
         choice = _first_choice(response, chat=False)
         tokens = _completion_tokens(choice)
@@ -377,12 +360,7 @@ def _forced(
 
 
 class _Streamed:
-    """A streamed generation's chunks gathered into the shape of a whole response.
-
-    Each chunk carries its new text and the logprobs of its new tokens; :meth:`add` returns
-    those tokens' strings and :meth:`response` the whole answer as the non-streamed
-    parsers read it.
-    """
+    """A streamed generation's chunks gathered into the shape of a whole response."""
 
     def __init__(self, *, chat: bool) -> None:
         self.chat = chat

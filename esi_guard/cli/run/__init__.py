@@ -1,17 +1,9 @@
 """A run: a QA set scored by a guard into a resumable JSONL cache, labelled and reported.
 
-The cache's first line, its header (:class:`RunHeader`), records what the run is: what was
-asked for (``request``: the command's model and scoring options, its prompts), the
-dataset hash, and what the loaded model turned out to be (``model``, ``engine``,
-``model_sha256``, the full ``scoring`` configuration). A rerun with the same cache skips
-the examples already there; one that finds every example in a cache written for the same
-request and data needs no model at all, as the header says everything a threshold file
-records about the model. Labels are written into the records after each run: ``labels``
-maps each label method's name to right (true) or wrong (false), so the labels a threshold
-rests on can be audited beside the answers.
-
-By job: :mod:`.cache` (the header and the file), :mod:`.score` (a guard's results into
-it, through ``ESIGuard.assess``), :mod:`.labelled` (load, score, label, report).
+The cache's header (:class:`RunHeader`) records what was asked and what the model turned out to
+be: a rerun skips the examples already there, and a complete cache of the same request and data
+needs no model. Each record's ``labels`` maps a label method to right (true) or wrong (false), to
+audit beside the answers. By job: :mod:`.cache`, :mod:`.score` (``assess``), :mod:`.labelled`.
 """
 
 from esi_guard.cli.run.cache import CACHE_KIND, CACHE_VERSION, RunHeader

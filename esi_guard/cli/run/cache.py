@@ -1,9 +1,7 @@
 """The run's JSONL cache: its typed header, and reading, checking and rewriting the file.
 
-The first line, the header, records what the run is (:class:`RunHeader`); each later line
-is one example's record. A cache whose scores were computed otherwise (another model,
-engine, scoring or data; the request aside) is refused rather than mixed in, and a cache
-from before headers had a ``version`` is refused by name.
+The first line is the header (:class:`RunHeader`), each later one an example's record. A cache
+scored otherwise (model, engine, scoring or data; not the request) is refused, not mixed in.
 """
 
 from __future__ import annotations
@@ -47,9 +45,8 @@ Records = dict[int, dict[str, Any]]
 class RunHeader:
     """What identifies a run: a cache is only reused by a run with the same header.
 
-    ``request`` is what the command was asked for (JSON values), known before any model
-    is loaded; the rest comes from the guard and its backend: what a threshold file
-    records of the model and scoring (:meth:`ThresholdFile.from_run`).
+    ``request`` is what the command asked for, known before any model loads; the rest is what a
+    threshold file records of the model and scoring (:meth:`ThresholdFile.from_run`).
     """
 
     request: dict[str, Any]
@@ -111,15 +108,11 @@ class RunHeader:
 
 
 _SCORED_REQUEST = ("chat_template", "dtype")
-"""What a request names that changes the answers and scores, and the rest of the header
-does not record (the model's id, engine and scoring are the same under any)."""
+"""Request keys that change the answers and scores, and nothing else in the header records."""
 
 
 def _identity(header: dict[str, Any]) -> dict[str, Any]:
-    """What the scores depend on: all but the request (two requests may score alike).
-
-    Save the parts of the request no other field records (the chat template, the dtype).
-    """
+    """What the scores depend on: the header, its request cut to ``_SCORED_REQUEST``'s keys."""
     request = header.get("request") or {}
     same = {key: value for key, value in header.items() if key != "request"}
     return {**same, "request": {key: request.get(key) for key in _SCORED_REQUEST}}
@@ -189,12 +182,7 @@ def open_cache(path: Path, header: RunHeader) -> Records:
 def complete_cache(
     path: Path, request: dict[str, Any], dataset_sha256: str, n: int
 ) -> tuple[RunHeader, list[dict[str, Any]]] | None:
-    """The header and ``n`` records of a finished cache for this request and data, or None.
-
-    None when there is no such cache or examples are missing from it: then the model is
-    needed. A cache of another request or data set is left for :func:`open_cache` to
-    refuse once the model is loaded.
-    """
+    """The header and ``n`` records of a finished cache for this request and data, else None."""
     found = load(path)
     if found is None:
         return None
@@ -207,11 +195,7 @@ def complete_cache(
 
 
 def donor_cache(paths: Sequence[Path], header: RunHeader) -> tuple[Path, Records] | None:
-    """A cache of the same run without hidden states (the first of ``paths`` that is one).
-
-    The same model, engine, scoring and data as ``header`` (a run that keeps states), its
-    ``hidden_states`` aside: its answers and scores are what that run would compute.
-    """
+    """A cache of ``header``'s run without hidden states (the first of ``paths``), or None."""
     wanted = {k: v for k, v in _identity(header.as_json()).items() if k != "hidden_states"}
     for path in paths:
         found = load(path) if path.exists() else None
@@ -221,10 +205,7 @@ def donor_cache(paths: Sequence[Path], header: RunHeader) -> tuple[Path, Records
 
 
 def write_labels(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    """Rewrite the cache's records (their ``labels`` included), its header unchanged.
-
-    The new file replaces the old one at once, so a kill leaves one or the other.
-    """
+    """Rewrite the cache's records (``labels`` included) atomically, its header unchanged."""
     with path.open(encoding="utf-8") as handle:
         header = handle.readline()
     partial = path.with_suffix(".partial" + path.suffix)  # esi-cache-*.jsonl: ignored too

@@ -43,8 +43,7 @@ class Run(NamedTuple):
     template: str | None
     records: list[dict[str, Any]]
     header: RunHeader
-    """The cache's header: the model, engine, digest and scoring the scores were computed
-    with."""
+    """The cache's header: the model, engine, digest and scoring behind the scores."""
 
     @property
     def scoring(self) -> ScoringConfig:
@@ -66,10 +65,7 @@ class Source(NamedTuple):
 def _label(
     records: list[dict[str, Any]], examples: list[Example], labeller: Any
 ) -> tuple[list[float], list[int], int]:
-    """Scores and wrong-answer labels of the scored examples, and how many were unscored.
-
-    Each scored record's ``labels`` gets this labeller's verdict under its name.
-    """
+    """Scores and wrong labels of the scored examples, the unscored count; sets their ``labels``."""
     usable = [(r, e) for r, e in zip(records, examples, strict=True) if r["scored"]]
     right = labeller.label(
         [e.question for _, e in usable], [r["prediction"] for r, _ in usable],
@@ -91,9 +87,8 @@ def _reuse(
 ) -> Path:  # fmt: skip
     """A run that keeps hidden states reuses a run without them: only the states computed.
 
-    The donor: the cache this command wrote without ``--features ...,hidden`` (its default
-    path), or ``--cache`` itself when it holds that run (the states' run then goes beside
-    it, ``-hidden`` added to its name). Returns the cache the run writes to.
+    The donor: the default cache without states, or ``--cache`` (the run then writes beside it,
+    ``-hidden`` added). Returns the cache the run writes to.
     """
     plain = {key: value for key, value in request.items() if key != "hidden_states"}
     paths = [p for p in (given, default_cache(source.data, plain, digest)) if p is not None]
@@ -131,10 +126,8 @@ def score_run(
 ) -> Run:
     """Load, score (resumably) and label; an error or a missing extra ends it with code 2.
 
-    ``guard`` is only called when some example is missing from the cache: a rerun from a
-    complete cache written for the same ``request`` (the options that build the guard)
-    loads no model. With ``workers`` the batches are scored by that many Ray actors
-    (:class:`esi_guard.ray.ScoringPool`), each calling ``guard`` once: the same records.
+    ``guard`` is only called when the cache for this ``request`` lacks an example. ``workers``:
+    that many Ray actors (:class:`esi_guard.ray.ScoringPool`) score the batches, same records.
     """
     try:
         question_field, answers_field, incorrect_field = source.fields
@@ -202,11 +195,7 @@ def summary(
     scores: Sequence[float], wrong: Sequence[int], resamples: int, unit: str = "answers",
     clusters: Sequence[int] | None = None,
 ) -> dict[str, Estimate]:  # fmt: skip
-    """Every reported metric with its interval, saying first that it is bootstrapping.
-
-    ``clusters``: one label per item where items come in dependent groups (a prompt's
-    sentences): each resample draws whole groups.
-    """
+    """Every metric with its interval, bootstrapped (whole ``clusters`` if given), saying so."""
     drawn = f"{len(scores)} {unit}" if clusters is None else (
         f"the {len(set(clusters))} answers of {len(scores)} {unit}")  # fmt: skip
     progress(f"bootstrapping 95% intervals ({resamples} resamples of {drawn})...")

@@ -1,9 +1,4 @@
-"""Scoring examples with a guard (``ESIGuard.assess``) into the run's cache, in batches.
-
-Each scored example is appended to the cache as one JSON line as soon as its batch is
-done, so a run killed halfway resumes where it stopped: a rerun skips the examples already
-there.
-"""
+"""Scoring examples with a guard into the run's cache a batch at a time, so a killed run resumes."""
 
 from __future__ import annotations
 
@@ -60,20 +55,14 @@ class Pool(Protocol):
 
 _READER = CombinedScore(features=("nll",), mean=(0.0,), scale=(1.0,), weights=(0.0,),
                         intercept=0.0, strength=0.0, n_fit=0)  # fmt: skip
-"""A combined score that reads no ESI: a guard with it answers and reads the states
-without forcing any variant (:func:`fill_states`; its decision is not used)."""
+"""A score reading no ESI: its guard reads states, forcing no variant (:func:`fill_states`)."""
 
 
 def _assess(
     guard: ESIGuard, examples: Examples, chunk: Sequence[int],
     system_prompt: str | None, template: str | None,
 ) -> list[ESIResult | BaseException]:  # fmt: skip
-    """The guard's results (or errors) for the examples ``chunk``, asked as a run asks.
-
-    With ``template`` each example is rendered through :class:`TemplatedPrompt`
-    (``{question}``, and ``{context}`` from the example's passage), so only the question
-    is intervened on; an example that does not render has its error in its place.
-    """
+    """The guard's results (errors in place) for ``chunk``; a template varies only the question."""
     if template is None:
         prompts: list[Any] = [_prompt(examples[i].question, system_prompt) for i in chunk]
         return list(guard.assess(prompts))
@@ -94,8 +83,7 @@ def renderer_for(
 ) -> TemplatedPrompt:
     """``template`` (after ``system_prompt``) as a prompt intervened on ``question_key`` only.
 
-    The system prompt is text, as the guard sends it (``asked``), not a template: its braces
-    are its own, and a ``{question}`` in it is not the question.
+    The system prompt is sent as text, not a template: a ``{question}`` in it is not the question.
     """
     from langchain_core.messages import SystemMessage
     from langchain_core.prompts import ChatPromptTemplate
@@ -147,11 +135,8 @@ def score_examples(
 ) -> list[dict[str, Any]]:
     """One record per example (index, question, answers, prediction, score, scored, reason).
 
-    Examples already in ``cache`` are not scored again. The examples left are cut into
-    batches of ``batch_size``, scored by ``guard`` here or by the workers of ``pool``
-    (the same batches: the same records), each written to the cache as it finishes.
-    ``on_batch(n)`` is called after each batch with the number of examples it added (for a
-    progress bar); it is also called once at the start with the number found in the cache.
+    Those not in ``cache`` are scored in batches by ``guard`` or ``pool`` and written as each ends;
+    ``on_batch(n)`` gets the count found in the cache, then each batch's.
     """
     done = open_cache(cache, header)
     if on_batch is not None:
@@ -224,9 +209,8 @@ def fill_states(
 ) -> int:
     """Write ``donor``'s scored records into ``cache`` with their hidden states added.
 
-    Each answer is generated again with its states read (no variant forced: ESI and the
-    signals are the donor's); one whose answer comes out otherwise is left for full
-    scoring. Returns how many records were written.
+    Answers are generated again to read states (no variant forced); one that comes out otherwise
+    is left for full scoring. Returns how many records were written.
     """
     done = open_cache(cache, header)
     todo = [i for i, r in sorted(donor.items())

@@ -1,12 +1,9 @@
 """A labelled QA set asked ``k`` questions at a time, scored and labelled per sentence.
 
-``esi-guard calibrate --granularity sentence``: the set's questions are grouped into
-prompts of ``--questions-per-prompt`` numbered questions (with their passage for SQuAD
-2.0), each asking for one sentence per question
-(:mod:`esi_guard.calibration.long_answers`); the guard answers each prompt, intervening on
-the numbered questions only; each sentence of the answer gets its score
-(``ESIResult.sentences``) and, aligned to its question, its label. Records are cached one
-per prompt, as the answer-level run's are, so a run killed halfway resumes.
+Each prompt numbers its questions and asks one sentence each
+(:mod:`esi_guard.calibration.long_answers`); only the questions are intervened on. Each sentence
+gets its score (``ESIResult.sentences``) and, aligned to its question, its label. Records are
+cached one per prompt, so a killed run resumes.
 """
 
 from __future__ import annotations
