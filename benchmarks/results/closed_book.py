@@ -29,16 +29,9 @@ from benchmarks.baselines import (
 from benchmarks.cache import Cache
 from benchmarks.common import Answering, Clock, token_entropies, token_logprobs
 from benchmarks.nli import NLIModel
-from esi_guard import (
-    ConfigurationError,
-    FixedVariants,
-    HFBackend,
-    LlamaCppBackend,
-    SkipOneChar,
-    esi_score,
-)
+from esi_guard import ConfigurationError, FixedVariants, HFBackend, SkipOneChar, esi_score
 from esi_guard.backends import ChatMessage, ForcingRequest, Generation
-from esi_guard.backends.sampling import Sample, sample
+from esi_guard.backends.sampling import SAMPLERS, Sample, sample
 from esi_guard.calibration.combined_fit import fit_combined
 from esi_guard.calibration.data import Example, load_examples
 from esi_guard.calibration.labels import Containment, Labeller, Semantic
@@ -80,9 +73,6 @@ NOTES = {
     "ESI(SOC) exact words": "ceil(p*n) eligible words edited, as the authors' code",
     "ESI(SOC) kl": "KL(original || variant), the paper's direction",
 }
-
-SAMPLERS: tuple[type, ...] = (HFBackend, LlamaCppBackend)
-"""The backends :func:`esi_guard.backends.sampling.sample` draws answers from."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from esi_guard.backends.hf._engine import Engine as HFEngine
     from esi_guard.backends.llamacpp._engine import Engine as LlamaEngine
 
-__all__ = ["Sample", "make_sample", "sample"]
+__all__ = ["SAMPLERS", "Sample", "make_sample", "sample"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class Sample:
 
 
 Drawn = list[list[Sample] | BackendError]
+SAMPLERS = (HFBackend, LlamaCppBackend)
+"""The backends :func:`sample` draws answers from."""
 
 
 def sample(
@@ -69,13 +71,13 @@ def sample(
     if n < 1 or temperature <= 0:
         msg = f"sample needs n >= 1 and temperature > 0, got n={n}, temperature={temperature}"
         raise ConfigurationError(msg)
+    if not isinstance(backend, SAMPLERS):
+        name = type(backend).__name__
+        msg = f"{name} cannot sample: the sampling baselines need an HFBackend or a LlamaCppBackend"
+        raise ConfigurationError(msg)
     if isinstance(backend, HFBackend):
         return _hf(backend, prompts, n, temperature, max_new_tokens, seed, stop)
-    if isinstance(backend, LlamaCppBackend):
-        return _llamacpp(backend, prompts, n, temperature, max_new_tokens, seed, stop)
-    name = type(backend).__name__
-    msg = f"{name} cannot sample: the sampling baselines need an HFBackend or a LlamaCppBackend"
-    raise ConfigurationError(msg)
+    return _llamacpp(backend, prompts, n, temperature, max_new_tokens, seed, stop)
 
 
 def make_sample(
